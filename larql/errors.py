@@ -1,0 +1,48 @@
+"""The larql error hierarchy. Every error a user can cause is one of these.
+
+Each error renders as one line that names the thing at fault (a file, a tensor, an alias) and how
+to fix it. The CLI prints `str(err)` and exits non-zero; tracebacks appear only with `--debug`.
+
+    LarqlError
+    ├── ModelError              loading or running a model
+    │   ├── ModelFormatError    a model file is missing, truncated or corrupt (also a ValueError)
+    │   ├── UnsupportedError    an architecture, quant type or feature we do not handle
+    │   └── ContextLengthError  a prompt longer than the model's context
+    ├── QuantError              a quant kernel got data of the wrong type, shape or size
+    ├── TokenizerError          a tokenizer cannot be built from the metadata given
+    └── UnknownModelError       an alias or path that names no model (also a LookupError)
+"""
+
+from __future__ import annotations
+
+
+class LarqlError(Exception):
+    """Base of every error larql raises on purpose."""
+
+
+class ModelError(LarqlError):
+    """Loading or running a model failed."""
+
+
+class ModelFormatError(ModelError, ValueError):
+    """A model file is missing, truncated or corrupt."""
+
+
+class UnsupportedError(ModelError):
+    """An architecture, quant type or option that larql does not support."""
+
+
+class ContextLengthError(ModelError, ValueError):
+    """A prompt (plus the tokens to generate) does not fit in the model's context."""
+
+
+class QuantError(LarqlError, ValueError):
+    """A quant kernel was given data of the wrong dtype, shape or byte size."""
+
+
+class TokenizerError(LarqlError):
+    """A tokenizer could not be built or used."""
+
+
+class UnknownModelError(LarqlError, LookupError):
+    """A model alias or path that names nothing larql can load."""

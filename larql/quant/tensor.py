@@ -1,0 +1,100 @@
+"""QuantMatrix: a weight matrix kept as its raw GGUF blocks, with checked dequantize / matmul."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from larql.errors import QuantError
+from larql.quant import kernels
+from larql.quant.types import BLOCK_LAYOUT, GGMLType, row_bytes
+
+# Above this many activation rows a weight is dequantized in chunks and multiplied with BLAS; at
+# or below it, `matmul_small` streams the blocks once (cheaper than writing float32 weights).
+SMALL_BATCH = 16
+# Rows dequantized at once on the BLAS path (bounds the scratch to CHUNK_ROWS * n_cols floats).
+CHUNK_ROWS = 4096
+
+
+@dataclass(frozen=True)
+class QuantMatrix:
+    """`n_rows x n_cols` weights (row-major, as GGUF stores them: one row per output feature).
+
+    `raw` is uint8 `[n_rows, row_bytes]`, usually a zero-copy view into a memory map.
+    """
+
+    name: str
+    qtype: GGMLType
+    n_rows: int
+    n_cols: int
+    raw: NDArray[np.uint8]
+
+    def __post_init__(self) -> None:
+        expected = (self.n_rows, row_bytes(self.qtype, self.n_cols))
+        if self.raw.dtype != np.uint8 or self.raw.shape != expected:
+            raise QuantError(
+                f"{self.name}: {self.qtype.name} data is {self.raw.dtype}{list(self.raw.shape)}, "
+                f"expected uint8{list(expected)} for {self.n_rows}x{self.n_cols} weights"
+            )
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.n_rows, self.n_cols)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.raw.nbytes)
+
+    def _args(self, raw: NDArray[np.uint8]) -> tuple:  # type: ignore[type-arg]
+        block_size, type_size = BLOCK_LAYOUT[self.qtype]
+        table = kernels.BF16_TO_F32 if self.qtype == GGMLType.BF16 else kernels.F16_TO_F32
+        return int(self.qtype), block_size, type_size, raw, raw.view(np.int8), table
+
+    def dequantize(self, rows: slice = slice(None)) -> NDArray[np.float32]:
+        """Float32 `[rows, n_cols]`, bit-identical to gguf-py's dequantization."""
+        raw = self.raw[rows]
+        if self.qtype == GGMLType.F32:
+            return np.array(raw.view(np.float32))
+        out = np.empty((raw.shape[0], self.n_cols), dtype=np.float32)
+        kernels.dequantize_rows(*self._args(raw), out)
+        return out
+
+    def row(self, index: int) -> NDArray[np.float32]:
+        """One dequantized row, e.g. a token's embedding."""
+        if not 0 <= index < self.n_rows:
+            raise QuantError(f"{self.name}: row {index} out of range 0..{self.n_rows - 1}")
+        return self.dequantize(slice(index, index + 1))[0]
+
+    def rows(self, indices: NDArray[np.int64]) -> NDArray[np.float32]:
+        """Dequantized rows gathered by index (embedding lookup)."""
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.n_rows):
+            raise QuantError(f"{self.name}: row index out of range 0..{self.n_rows - 1}")
+        raw = np.ascontiguousarray(self.raw[idx])
+        return QuantMatrix(self.name, self.qtype, len(idx), self.n_cols, raw).dequantize()
+
+    def matmul(self, x: NDArray[np.float32]) -> NDArray[np.float32]:
+        """x `[k]` or `[t, k]` (k = n_cols) -> x @ W.T, `[n_rows]` or `[t, n_rows]` float32."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.shape[-1] != self.n_cols or x.ndim not in (1, 2):
+            raise QuantError(
+                f"{self.name}: cannot multiply {self.n_rows}x{self.n_cols} weights by an input "
+                f"of shape {list(x.shape)} (last axis must be {self.n_cols})"
+            )
+        if self.qtype == GGMLType.F32:
+            return x @ self.raw.view(np.float32).T
+        if x.ndim == 1:
+            out = np.empty(self.n_rows, dtype=np.float32)
+            kernels.matvec(*self._args(self.raw), x, out)
+            return out
+        if x.shape[0] <= SMALL_BATCH:
+            out = np.empty((x.shape[0], self.n_rows), dtype=np.float32)
+            kernels.matmul_small(*self._args(self.raw), x, out)
+            return out
+        out = np.empty((x.shape[0], self.n_rows), dtype=np.float32)
+        for start in range(0, self.n_rows, CHUNK_ROWS):
+            rows = slice(start, min(start + CHUNK_ROWS, self.n_rows))
+            np.matmul(x, self.dequantize(rows).T, out=out[:, rows])
+        return out
