@@ -1,0 +1,9 @@
+"""larql: a language model as a database."""
+
+from __future__ import annotations
+
+from larql.model import Model, load
+
+__version__ = "0.1.0"
+
+__all__ = ["Model", "__version__", "load"]

@@ -1,0 +1,108 @@
+"""RoPE, the KV cache and grouped-query attention with causal and sliding-window masks (numpy, float32)."""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+F32 = NDArray[np.float32]
+
+
+class RopeTable:
+    """cos/sin of position x frequency for one (base, head_dim), grown on demand.
+
+    Built as HF does, in float32: inv_freq = 1 / base^(2i/d), angle = position * inv_freq.
+    """
+
+    def __init__(self, base: float, head_dim: int) -> None:
+        exponent = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+        self.inv_freq = (np.float32(1.0) / np.power(np.float32(base), exponent)).astype(np.float32)
+        self.cos = np.empty((0, head_dim // 2), dtype=np.float32)
+        self.sin = np.empty((0, head_dim // 2), dtype=np.float32)
+
+    def get(self, start: int, stop: int) -> tuple[F32, F32]:
+        if stop > len(self.cos):
+            n = max(stop, 2 * len(self.cos), 256)
+            angles = np.arange(n, dtype=np.float32)[:, None] * self.inv_freq[None, :]  # (n, d/2)
+            self.cos, self.sin = np.cos(angles), np.sin(angles)
+        return self.cos[start:stop], self.sin[start:stop]
+
+
+def apply_rope(x: F32, cos: F32, sin: F32, interleaved: bool) -> F32:
+    """Rotate x `(T, heads, d)` by position. cos/sin are `(T, d/2)`.
+
+    Rotate-half layout (HF, Gemma GGUF): pairs (x[i], x[i + d/2]).
+    Interleaved layout (GGUF llama, whose q/k rows llama.cpp's converter permuted): pairs (x[2i], x[2i+1]).
+    """
+    c, s = cos[:, None, :], sin[:, None, :]  # (T, 1, d/2)
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]  # (T, heads, d/2) each
+        out = np.empty_like(x)
+        out[..., 0::2] = x1 * c - x2 * s
+        out[..., 1::2] = x2 * c + x1 * s
+        return out
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+class KVCache:
+    """Per-layer keys and values `(n_kv_heads, capacity, head_dim)`; `length` positions are filled."""
+
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int = 256) -> None:
+        self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
+        self.capacity = capacity
+        self.k = [np.zeros((n_kv_heads, capacity, head_dim), dtype=np.float32) for _ in range(n_layers)]
+        self.v = [np.zeros((n_kv_heads, capacity, head_dim), dtype=np.float32) for _ in range(n_layers)]
+        self.length = 0
+
+    def reserve(self, total: int) -> None:
+        """Make room for `total` positions (doubling, so appends stay amortised O(1))."""
+        if total <= self.capacity:
+            return
+        new_cap = max(total, 2 * self.capacity)
+        for store in (self.k, self.v):
+            for i, old in enumerate(store):
+                grown = np.zeros((self.n_kv_heads, new_cap, self.head_dim), dtype=np.float32)
+                grown[:, : self.length] = old[:, : self.length]
+                store[i] = grown
+        self.capacity = new_cap
+
+    def write(self, layer: int, start: int, k: F32, v: F32) -> tuple[F32, F32]:
+        """Store k/v `(T, n_kv, d)` at positions start.. and return all keys/values so far."""
+        stop = start + k.shape[0]
+        self.k[layer][:, start:stop] = k.transpose(1, 0, 2)
+        self.v[layer][:, start:stop] = v.transpose(1, 0, 2)
+        return self.k[layer][:, :stop], self.v[layer][:, :stop]  # (n_kv, S, d)
+
+
+def attention(q: F32, keys: F32, values: F32, start: int, scale: float, window: int, softcap: float) -> F32:
+    """Causal grouped-query attention.
+
+    q `(T, n_heads, d)` for positions start..start+T-1; keys/values `(n_kv, S, d)` for positions 0..S-1.
+    Query i sees key j when j <= i and, with a sliding window, i - j < window. Returns `(T, n_heads * d)`.
+    """
+    t, n_heads, d = q.shape
+    n_kv, s, _ = keys.shape
+    group = n_heads // n_kv
+    first = 0
+    if window and start + t > window:  # keys no query can see are skipped, not masked
+        first = max(0, start - window + 1)
+        keys, values = keys[:, first:], values[:, first:]
+    qg = q.transpose(1, 0, 2).reshape(n_kv, group * t, d)  # (n_kv, group*T, d)
+    scores = np.matmul(qg, keys.transpose(0, 2, 1)) * np.float32(scale)  # (n_kv, group*T, S')
+    scores = scores.reshape(n_kv, group, t, s - first)
+    if softcap:
+        scores = np.tanh(scores / np.float32(softcap)) * np.float32(softcap)
+    if t > 1 or window:
+        qpos = np.arange(start, start + t)[:, None]  # (T, 1)
+        kpos = np.arange(first, s)[None, :]  # (1, S')
+        allowed = kpos <= qpos
+        if window:
+            allowed &= (qpos - kpos) < window
+        scores = np.where(allowed, scores, np.float32(-np.inf))
+    scores -= scores.max(axis=-1, keepdims=True)
+    probs = np.exp(scores)
+    probs /= probs.sum(axis=-1, keepdims=True)  # (n_kv, group, T, S')
+    out = np.matmul(probs.reshape(n_kv, group * t, s - first), values)  # (n_kv, group*T, d)
+    return out.reshape(n_kv, group, t, d).transpose(2, 0, 1, 3).reshape(t, n_heads * d)

@@ -1,0 +1,142 @@
+"""The forward pass, top to bottom, for Gemma 3 and Llama-family models.
+
+Activations are float32 `(T, hidden)` for the T new positions; the KV cache holds the earlier ones,
+so prefill (T = prompt length) and decode (T = 1) are the same code. Every stage passes a named
+hook point (TransformerLens names, see `hooks.py`); with no hooks the cost is one `if` per point.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import numpy as np
+from numpy.typing import NDArray
+
+from larql.model.attention import KVCache, RopeTable, apply_rope, attention
+from larql.model.config import ModelConfig
+from larql.model.hooks import LayerHookNames, layer_hook_names
+from larql.model.weights import LayerWeights, Weights
+
+F32 = NDArray[np.float32]
+HookFn = Callable[[F32, str], "F32 | None"]
+Hooks = Mapping[str, HookFn]
+
+_GELU_C = np.float32(np.sqrt(2.0 / np.pi))
+
+
+def rms_norm(x: F32, weight: F32, eps: float) -> F32:
+    """x `(..., n)` / rms(x) * weight; weight already includes Gemma's +1."""
+    ms = np.mean(np.square(x), axis=-1, keepdims=True, dtype=np.float32)  # (..., 1)
+    return (x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps)))) * weight
+
+
+def gelu_tanh(x: F32) -> F32:
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(_GELU_C * (x + np.float32(0.044715) * x * x * x)))
+
+
+def silu(x: F32) -> F32:
+    return x / (np.float32(1.0) + np.exp(-x))
+
+
+def _hook(hooks: Hooks, name: str, x: F32) -> F32:
+    fn = hooks.get(name)
+    if fn is None:
+        return x
+    out = fn(x, name)
+    return x if out is None else out
+
+
+class Forward:
+    """Runs the layers of one model over a KV cache."""
+
+    def __init__(self, cfg: ModelConfig, weights: Weights) -> None:
+        self.cfg, self.w = cfg, weights
+        self.names: tuple[LayerHookNames, ...] = layer_hook_names(cfg.n_layers)
+        self.ropes = {base: RopeTable(base, cfg.head_dim) for base in {cfg.rope_base, cfg.rope_base_local}}
+        self.act = gelu_tanh if cfg.activation == "gelu_tanh" else silu
+
+    def embed(self, ids: NDArray[np.int64]) -> F32:
+        x = self.w.token_embd.rows(ids)  # (T, hidden)
+        if self.cfg.embed_scale != 1.0:
+            x = x * np.float32(self.cfg.embed_scale)
+        return x
+
+    def attention_block(self, i: int, lw: LayerWeights, x: F32, cache: KVCache, start: int,
+                        hooks: Hooks | None) -> F32:
+        cfg, n = self.cfg, self.names[i]
+        t = x.shape[0]
+        h = rms_norm(x, lw.attn_norm, cfg.norm_eps)  # (T, hidden)
+        q = lw.q.matmul(h)  # (T, n_heads * head_dim)
+        k = lw.k.matmul(h)  # (T, n_kv * head_dim)
+        v = lw.v.matmul(h)  # (T, n_kv * head_dim)
+        if lw.q_bias is not None:
+            q, k, v = q + lw.q_bias, k + lw.k_bias, v + lw.v_bias
+        q = q.reshape(t, cfg.n_heads, cfg.head_dim)  # (T, n_heads, d)
+        k = k.reshape(t, cfg.n_kv_heads, cfg.head_dim)  # (T, n_kv, d)
+        v = v.reshape(t, cfg.n_kv_heads, cfg.head_dim)  # (T, n_kv, d)
+        if cfg.qk_norm:
+            q = rms_norm(q, lw.q_norm, cfg.norm_eps)
+            k = rms_norm(k, lw.k_norm, cfg.norm_eps)
+        cos, sin = self.ropes[cfg.layer_rope_base(i)].get(start, start + t)  # (T, d/2)
+        q = apply_rope(q, cos, sin, cfg.rope_interleaved)
+        k = apply_rope(k, cos, sin, cfg.rope_interleaved)
+        if hooks:
+            q, k, v = _hook(hooks, n.q, q), _hook(hooks, n.k, k), _hook(hooks, n.v, v)
+        keys, values = cache.write(i, start, k, v)  # (n_kv, S, d) each
+        z = attention(q, keys, values, start, cfg.attn_scale, cfg.layer_window(i), cfg.attn_softcap)  # (T, n_heads*d)
+        out = lw.o.matmul(z)  # (T, hidden)
+        if hooks:
+            out = _hook(hooks, n.attn_out, out)
+        return out
+
+    def mlp_block(self, i: int, lw: LayerWeights, x: F32, hooks: Hooks | None) -> F32:
+        n = self.names[i]
+        h = rms_norm(x, lw.ffn_norm, self.cfg.norm_eps)  # (T, hidden)
+        gate = lw.gate.matmul(h)  # (T, ffn)
+        if hooks:
+            gate = _hook(hooks, n.mlp_pre, gate)
+        act = self.act(gate) * lw.up.matmul(h)  # (T, ffn)
+        if hooks:
+            act = _hook(hooks, n.mlp_post, act)
+        out = lw.down.matmul(act)  # (T, hidden)
+        if hooks:
+            out = _hook(hooks, n.mlp_out, out)
+        return out
+
+    def layer(self, i: int, x: F32, cache: KVCache, start: int, hooks: Hooks | None) -> F32:
+        lw, n, eps = self.w.layers[i], self.names[i], self.cfg.norm_eps
+        if hooks:
+            x = _hook(hooks, n.resid_pre, x)
+        a = self.attention_block(i, lw, x, cache, start, hooks)  # (T, hidden)
+        if lw.post_attn_norm is not None:
+            a = rms_norm(a, lw.post_attn_norm, eps)
+        x = x + a  # (T, hidden)
+        if hooks:
+            x = _hook(hooks, n.resid_mid, x)
+        m = self.mlp_block(i, lw, x, hooks)  # (T, hidden)
+        if lw.post_ffn_norm is not None:
+            m = rms_norm(m, lw.post_ffn_norm, eps)
+        x = x + m  # (T, hidden)
+        if hooks:
+            x = _hook(hooks, n.resid_post, x)
+        return x
+
+    def __call__(self, ids: NDArray[np.int64], cache: KVCache, hooks: Hooks | None = None,
+                 all_logits: bool = False) -> F32:
+        """Run positions cache.length.. for `ids`; logits `(T, vocab)` if all_logits else `(vocab,)` of the last."""
+        start = cache.length
+        cache.reserve(start + len(ids))
+        x = self.embed(ids)  # (T, hidden)
+        if hooks:
+            x = _hook(hooks, "hook_embed", x)
+        for i in range(self.cfg.n_layers):
+            x = self.layer(i, x, cache, start, hooks)
+        cache.length = start + len(ids)
+        x = rms_norm(x if all_logits else x[-1], self.w.output_norm, self.cfg.norm_eps)  # (T|, hidden)
+        if hooks:
+            x = _hook(hooks, "hook_final_norm", x)
+        logits = self.w.output.matmul(x)  # (T|, vocab)
+        if self.cfg.final_softcap:
+            cap = np.float32(self.cfg.final_softcap)
+            logits = np.tanh(logits / cap) * cap
+        return logits

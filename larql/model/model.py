@@ -1,0 +1,110 @@
+"""Model: config + memory-mapped weights + tokenizer, with tokenize / forward / generate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+from numpy.typing import NDArray
+
+from larql.errors import ContextLengthError, ModelError
+from larql.model.attention import KVCache
+from larql.model.config import ModelConfig
+from larql.model.forward import Forward, Hooks
+from larql.model.generate import Generation, SamplingParams, sample
+from larql.model.tokenizer import TextTokenizer
+from larql.model.weights import Weights
+
+
+class Model:
+    """A loaded model. Build one with `larql.load(src)`."""
+
+    def __init__(self, name: str, source: Path, cfg: ModelConfig, weights: Weights, tokenizer: TextTokenizer) -> None:
+        self.name, self.source, self.config = name, source, cfg
+        self.weights, self.tokenizer = weights, tokenizer
+        self._forward = Forward(cfg, weights)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return f"Model({self.name!r}, arch={c.arch}, layers={c.n_layers}, hidden={c.hidden}, vocab={c.vocab})"
+
+    @property
+    def vocab_size(self) -> int:
+        return self.weights.output.n_rows
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of `text`, with BOS when the model's tokenizer adds one."""
+        return self.tokenizer.encode(text)
+
+    def detokenize(self, ids: list[int] | NDArray[np.int64]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def new_cache(self, capacity: int = 256) -> KVCache:
+        c = self.config
+        return KVCache(c.n_layers, c.n_kv_heads, c.head_dim, capacity)
+
+    def _check_ids(self, ids: list[int] | NDArray[np.int64], extra: int = 0) -> NDArray[np.int64]:
+        arr = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if arr.size == 0:
+            raise ModelError(f"{self.name}: no tokens to run (an empty prompt needs a BOS token)")
+        if arr.min() < 0 or arr.max() >= self.vocab_size:
+            raise ModelError(f"{self.name}: token id {int(arr.max() if arr.max() >= self.vocab_size else arr.min())} "
+                             f"is outside the vocabulary 0..{self.vocab_size - 1}")
+        if arr.size + extra > self.config.context_length:
+            raise ContextLengthError(
+                f"{self.name}: {arr.size} prompt tokens + {extra} new tokens exceed the context of "
+                f"{self.config.context_length}; shorten the prompt or ask for fewer tokens"
+            )
+        return arr
+
+    def forward(self, ids: list[int] | NDArray[np.int64], hooks: Hooks | None = None) -> NDArray[np.float32]:
+        """Logits `[seq, vocab]` float32 for every position of `ids` (a fresh cache each call)."""
+        arr = self._check_ids(ids)
+        return self._forward(arr, self.new_cache(len(arr)), hooks, all_logits=True)
+
+    def next_logits(self, ids: list[int] | NDArray[np.int64], cache: KVCache | None = None,
+                    hooks: Hooks | None = None) -> NDArray[np.float32]:
+        """Logits `[vocab]` after `ids`, appending them to `cache` (a fresh one if None)."""
+        arr = self._check_ids(ids, 0 if cache is None else cache.length)
+        return self._forward(arr, cache if cache is not None else self.new_cache(len(arr)), hooks)
+
+    def stream(self, prompt: str | list[int], max_new_tokens: int = 32, temperature: float = 0.0,
+               top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop_at_eos: bool = True,
+               hooks: Hooks | None = None) -> Iterator[tuple[int, str]]:
+        """Yield (token id, newly decodable text) as each token is generated."""
+        prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        arr = self._check_ids(prompt_ids, max_new_tokens)
+        params = SamplingParams(temperature, top_k, top_p, seed)
+        rng = np.random.default_rng(seed)
+        cache = self.new_cache(len(arr) + max_new_tokens)
+        logits = self._forward(arr, cache, hooks)
+        new: list[int] = []
+        emitted = ""
+        for _ in range(max_new_tokens):
+            tok = sample(logits, params, rng)
+            new.append(tok)
+            text = self.detokenize(new)
+            if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
+                yield tok, text[len(emitted):]
+                emitted = text
+            else:
+                yield tok, ""
+            if stop_at_eos and tok in self.tokenizer.eos_ids:
+                return
+            if len(new) == max_new_tokens:
+                return
+            logits = self._forward(np.array([tok], dtype=np.int64), cache, hooks)
+
+    def generate(self, prompt: str | list[int], max_new_tokens: int = 32, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop_at_eos: bool = True,
+                 hooks: Hooks | None = None) -> Generation:
+        """Generate up to `max_new_tokens` tokens; greedy unless temperature > 0."""
+        prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        gen = Generation(prompt_ids=prompt_ids)
+        for tok, _ in self.stream(prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos, hooks):
+            gen.ids.append(tok)
+        if gen.ids and stop_at_eos and gen.ids[-1] in self.tokenizer.eos_ids:
+            gen.finish_reason = "stop"
+        gen.text = self.detokenize(gen.ids)
+        return gen

@@ -1,0 +1,182 @@
+"""Tokenizers built with the `tokenizers` library from GGUF metadata or an HF tokenizer.json.
+
+GGUF `tokenizer.ggml.model`:
+- `llama` (SentencePiece vocab with scores, e.g. Gemma): a BPE model with byte fallback whose merges
+  are derived from the vocab and its scores (every split of a piece into two pieces of the vocab,
+  ranked by the merged piece's score), a normalizer turning " " into "▁", and the decoder
+  Replace("▁" -> " "), ByteFallback, Fuse.
+- `gpt2` (byte-level BPE, e.g. SmolLM2): the merges stored in the GGUF, with the pre-tokenizer the
+  `tokenizer.ggml.pre` key names.
+Token types: 3 (control) become special added tokens, 4 (user-defined, e.g. Gemma's runs of
+newlines) plain added tokens matched before BPE, as llama.cpp does. Building Gemma's 515k merges
+takes a few seconds, so the built tokenizer is cached as JSON keyed by a hash of the vocabulary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+from larql.errors import TokenizerError
+
+CONTROL, USER_DEFINED = 3, 4
+_STOP_NAMES = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LARQL_CACHE", Path.home() / ".cache" / "larql"))
+
+
+class TextTokenizer:
+    """encode/decode plus the ids generation needs (BOS, the stop tokens)."""
+
+    def __init__(self, tok: Tokenizer, bos_id: int | None, eos_ids: tuple[int, ...]) -> None:
+        self.tok = tok
+        self.bos_id = bos_id
+        self.eos_ids = eos_ids
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=True).ids)
+
+    def decode(self, ids: list[int] | np.ndarray) -> str:
+        return str(self.tok.decode([int(i) for i in ids], skip_special_tokens=False))
+
+    def token_text(self, token_id: int) -> str:
+        """How one token reads on its own (for tables of next-token candidates)."""
+        return self.decode([token_id])
+
+    def token_to_id(self, text: str) -> int | None:
+        return self.tok.token_to_id(text)
+
+
+def _bos_processor(bos: str, bos_id: int) -> processors.TemplateProcessing:
+    return processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, bos_id)])
+
+
+def _spm_merges(tokens: list[str], scores: np.ndarray) -> list[tuple[str, str]]:
+    vocab = {t: i for i, t in enumerate(tokens)}
+    ranked: list[tuple[float, str, str]] = []
+    for piece, score in zip(tokens, scores.tolist()):
+        local = [(vocab[piece[:cut]], vocab[piece[cut:]]) for cut in range(1, len(piece))
+                 if piece[:cut] in vocab and piece[cut:] in vocab]
+        ranked.extend((score, tokens[left], tokens[right]) for left, right in sorted(local))
+    # highest merged-piece score first; the sort is stable, so ties keep vocabulary order
+    ranked.sort(key=lambda r: -r[0])
+    return [(left, right) for _, left, right in ranked]
+
+
+def _added_tokens(tok: Tokenizer, tokens: list[str], types: np.ndarray | None) -> None:
+    if types is None:
+        return
+    special = [AddedToken(tokens[i], special=True, normalized=False) for i in np.flatnonzero(types == CONTROL)]
+    user = [AddedToken(tokens[i], special=False, normalized=False) for i in np.flatnonzero(types == USER_DEFINED)]
+    tok.add_special_tokens(special)
+    tok.add_tokens(user)
+
+
+def _build_from_gguf(meta: dict[str, Any], source: str) -> Tokenizer:
+    kind = meta.get("tokenizer.ggml.model")
+    tokens: list[str] = meta["tokenizer.ggml.tokens"]
+    types = meta.get("tokenizer.ggml.token_type")
+    types = np.asarray(types) if types is not None else None
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if kind == "llama":
+        scores = np.asarray(meta.get("tokenizer.ggml.scores", np.zeros(len(tokens))), dtype=np.float64)
+        unk_id = int(meta.get("tokenizer.ggml.unknown_token_id", 0))
+        tok = Tokenizer(models.BPE(vocab, _spm_merges(tokens, scores), unk_token=tokens[unk_id],
+                                   byte_fallback=True, fuse_unk=True))
+        norms = [normalizers.Replace(" ", "▁")]
+        if meta.get("tokenizer.ggml.add_space_prefix", False):
+            norms.insert(0, normalizers.Prepend("▁"))
+        tok.normalizer = normalizers.Sequence(norms)
+        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    elif kind == "gpt2":
+        merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+        tok = Tokenizer(models.BPE(vocab, merges))
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        pre = meta.get("tokenizer.ggml.pre", "default")
+        if pre in ("smollm", "starcoder", "refact"):
+            tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        elif pre in ("llama3", "llama-bpe", "qwen2", "deepseek-llm"):
+            split = pre_tokenizers.Split(Regex(
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+"), behavior="isolated")
+            tok.pre_tokenizer = pre_tokenizers.Sequence(
+                [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        else:
+            tok.pre_tokenizer = byte_level
+        tok.decoder = decoders.ByteLevel()
+    else:
+        raise TokenizerError(f"{source}: tokenizer model {kind!r} is not supported (llama or gpt2)")
+    _added_tokens(tok, tokens, types)
+    bos_id = meta.get("tokenizer.ggml.bos_token_id")
+    if meta.get("tokenizer.ggml.add_bos_token", kind == "llama") and bos_id is not None:
+        tok.post_processor = _bos_processor(tokens[int(bos_id)], int(bos_id))
+    return tok
+
+
+def _stop_ids(tok: Tokenizer, eos: list[int]) -> tuple[int, ...]:
+    ids = list(eos)
+    for name in _STOP_NAMES:
+        i = tok.token_to_id(name)
+        if i is not None and i not in ids:
+            ids.append(i)
+    return tuple(ids)
+
+
+def tokenizer_from_gguf(meta: dict[str, Any], source: str) -> TextTokenizer:
+    if "tokenizer.ggml.tokens" not in meta:
+        raise TokenizerError(f"{source}: the GGUF has no tokenizer (tokenizer.ggml.tokens is missing)")
+    h = hashlib.sha256()
+    for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.add_bos_token",
+                "tokenizer.ggml.add_space_prefix", "tokenizer.ggml.bos_token_id"):
+        h.update(repr(meta.get(key)).encode())
+    h.update("\x00".join(meta["tokenizer.ggml.tokens"]).encode("utf-8", "surrogatepass"))
+    for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
+        if key in meta:
+            h.update(np.asarray(meta[key]).tobytes())
+    if "tokenizer.ggml.merges" in meta:
+        h.update("\x00".join(meta["tokenizer.ggml.merges"]).encode())
+    cached = cache_dir() / "tokenizers" / f"{h.hexdigest()[:32]}.json"
+    tok = None
+    if cached.is_file():
+        try:
+            tok = Tokenizer.from_file(str(cached))
+        except Exception:  # a corrupt cache entry is rebuilt, never trusted
+            tok = None
+    if tok is None:
+        tok = _build_from_gguf(meta, source)
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cached.with_suffix(f".tmp{os.getpid()}")
+            tok.save(str(tmp))
+            os.replace(tmp, cached)
+        except OSError:
+            pass  # caching is an optimisation; a read-only home still works
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    return TextTokenizer(tok, None if bos is None else int(bos), _stop_ids(tok, [] if eos is None else [int(eos)]))
+
+
+def tokenizer_from_hf(directory: Path, hf_config: dict[str, Any]) -> TextTokenizer:
+    path = directory / "tokenizer.json"
+    if not path.is_file():
+        raise TokenizerError(f"{directory}: no tokenizer.json")
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:
+        raise TokenizerError(f"{path}: cannot read tokenizer ({e})") from e
+    eos = hf_config.get("eos_token_id")
+    gen = directory / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id", eos)
+    eos_list = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    bos = hf_config.get("bos_token_id")
+    return TextTokenizer(tok, bos, _stop_ids(tok, eos_list))

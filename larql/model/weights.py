@@ -1,0 +1,177 @@
+"""Named weight handles per layer, from a GGUF file or an HF safetensors directory.
+
+Weights stay in their stored form (quant blocks, f16, bf16, f32) as QuantMatrix views over the
+memory map; only the small norm vectors become float32 arrays. Names follow GGUF
+(`blk.{L}.attn_q.weight`), the HF source translates to them. Norm vectors follow the GGUF
+convention too: Gemma's `(1 + w)` is stored as `w + 1`, so the forward pass always multiplies.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from larql.errors import ModelFormatError
+from larql.model.config import ModelConfig
+from larql.quant import GGMLType, QuantMatrix
+
+Vec = NDArray[np.float32]
+
+
+class WeightSource(Protocol):
+    def has(self, name: str) -> bool: ...
+    def matrix(self, name: str) -> QuantMatrix: ...
+    def vector(self, name: str) -> Vec: ...
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    attn_norm: Vec
+    q: QuantMatrix  # (n_heads * head_dim, hidden)
+    k: QuantMatrix  # (n_kv_heads * head_dim, hidden)
+    v: QuantMatrix  # (n_kv_heads * head_dim, hidden)
+    o: QuantMatrix  # (hidden, n_heads * head_dim)
+    ffn_norm: Vec
+    gate: QuantMatrix  # (ffn, hidden)
+    up: QuantMatrix  # (ffn, hidden)
+    down: QuantMatrix  # (hidden, ffn)
+    q_bias: Vec | None = None
+    k_bias: Vec | None = None
+    v_bias: Vec | None = None
+    q_norm: Vec | None = None  # (head_dim,)
+    k_norm: Vec | None = None
+    post_attn_norm: Vec | None = None
+    post_ffn_norm: Vec | None = None
+
+
+@dataclass(frozen=True)
+class Weights:
+    token_embd: QuantMatrix  # (vocab, hidden)
+    output_norm: Vec
+    output: QuantMatrix  # (vocab, hidden); token_embd itself when tied
+    layers: tuple[LayerWeights, ...]
+
+
+def load_weights(src: WeightSource, cfg: ModelConfig) -> Weights:
+    def opt(name: str) -> Vec | None:
+        return src.vector(name) if src.has(name) else None
+
+    layers = []
+    for i in range(cfg.n_layers):
+        p = f"blk.{i}."
+        layers.append(LayerWeights(
+            attn_norm=src.vector(p + "attn_norm.weight"),
+            q=src.matrix(p + "attn_q.weight"), k=src.matrix(p + "attn_k.weight"),
+            v=src.matrix(p + "attn_v.weight"), o=src.matrix(p + "attn_output.weight"),
+            ffn_norm=src.vector(p + "ffn_norm.weight"),
+            gate=src.matrix(p + "ffn_gate.weight"), up=src.matrix(p + "ffn_up.weight"),
+            down=src.matrix(p + "ffn_down.weight"),
+            q_bias=opt(p + "attn_q.bias"), k_bias=opt(p + "attn_k.bias"), v_bias=opt(p + "attn_v.bias"),
+            q_norm=opt(p + "attn_q_norm.weight"), k_norm=opt(p + "attn_k_norm.weight"),
+            post_attn_norm=opt(p + "post_attention_norm.weight"),
+            post_ffn_norm=opt(p + "post_ffw_norm.weight"),
+        ))
+    _check_shapes(layers, cfg)
+    embd = src.matrix("token_embd.weight")
+    output = embd if cfg.tied_embeddings else src.matrix("output.weight")
+    return Weights(embd, src.vector("output_norm.weight"), output, tuple(layers))
+
+
+def _check_shapes(layers: list[LayerWeights], cfg: ModelConfig) -> None:
+    q_out, kv_out = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    for i, lw in enumerate(layers):
+        expected = {"q": (q_out, cfg.hidden), "k": (kv_out, cfg.hidden), "v": (kv_out, cfg.hidden),
+                    "o": (cfg.hidden, q_out), "gate": (cfg.ffn, cfg.hidden), "up": (cfg.ffn, cfg.hidden),
+                    "down": (cfg.hidden, cfg.ffn)}
+        for field, shape in expected.items():
+            m: QuantMatrix = getattr(lw, field)
+            if m.shape != shape:
+                raise ModelFormatError(f"layer {i}: {m.name} has shape {m.shape}, the config implies {shape}")
+
+
+# --- HF safetensors directories ---------------------------------------------------------------
+
+_HF_DTYPES = {"F32": GGMLType.F32, "F16": GGMLType.F16, "BF16": GGMLType.BF16}
+
+# GGUF name part -> HF name part, per layer
+_HF_LAYER = {
+    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+_HF_LAYER_SANDWICH = {"post_attention_norm": "post_attention_layernorm",
+                      "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+_HF_LAYER_PLAIN = {"ffn_norm": "post_attention_layernorm"}
+_HF_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+              "output.weight": "lm_head.weight"}
+
+
+class SafetensorsSource:
+    """Every *.safetensors file of a directory, memory-mapped, under GGUF tensor names."""
+
+    def __init__(self, directory: Path, cfg_arch: str, norm_offset: float) -> None:
+        self.directory = directory
+        self.norm_offset = norm_offset  # Gemma stores w for (1 + w); we keep w + 1
+        layer_map = {**_HF_LAYER, **(_HF_LAYER_SANDWICH if cfg_arch == "gemma3" else _HF_LAYER_PLAIN)}
+        self._layer_map = layer_map
+        self._entries: dict[str, tuple[np.memmap, str, list[int], int, int]] = {}
+        files = sorted(directory.glob("*.safetensors"))
+        if not files:
+            raise ModelFormatError(f"{directory}: no *.safetensors files")
+        for f in files:
+            self._index(f)
+
+    def _index(self, path: Path) -> None:
+        data = np.memmap(path, dtype=np.uint8, mode="r")
+        if len(data) < 8:
+            raise ModelFormatError(f"{path}: truncated safetensors file")
+        header_len = int(data[:8].view(np.uint64)[0])
+        if header_len > len(data) - 8:
+            raise ModelFormatError(f"{path}: truncated safetensors header")
+        try:
+            header = json.loads(data[8:8 + header_len].tobytes())
+        except ValueError as e:
+            raise ModelFormatError(f"{path}: corrupt safetensors header ({e})") from e
+        base = 8 + header_len
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            start, end = entry["data_offsets"]
+            if base + end > len(data):
+                raise ModelFormatError(f"{path}: truncated file: tensor {name} runs past the end")
+            self._entries[name] = (data, entry["dtype"], entry["shape"], base + start, base + end)
+
+    def _hf_name(self, name: str) -> str:
+        if name in _HF_GLOBAL:
+            return _HF_GLOBAL[name]
+        _, layer, part, kind = name.split(".", 3)
+        return f"model.layers.{layer}.{self._layer_map.get(part, part)}.{kind}"
+
+    def has(self, name: str) -> bool:
+        try:
+            return self._hf_name(name) in self._entries
+        except ValueError:
+            return False
+
+    def matrix(self, name: str) -> QuantMatrix:
+        hf = self._hf_name(name)
+        if hf not in self._entries:
+            raise ModelFormatError(f"{self.directory}: missing tensor {hf}")
+        data, dtype, shape, start, end = self._entries[hf]
+        if dtype not in _HF_DTYPES:
+            raise ModelFormatError(f"{self.directory}: tensor {hf} has dtype {dtype}; expected F32, F16 or BF16")
+        n_cols = int(shape[-1]) if shape else 1
+        n_rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+        return QuantMatrix(hf, _HF_DTYPES[dtype], n_rows, n_cols, data[start:end].reshape(n_rows, -1))
+
+    def vector(self, name: str) -> Vec:
+        vec = self.matrix(name).dequantize().reshape(-1)
+        if name.endswith("norm.weight") and self.norm_offset:
+            vec = (vec + np.float32(self.norm_offset)).astype(np.float32)
+        return vec
