@@ -58,6 +58,10 @@ class Model:
             )
         return arr
 
+    def check_fits(self, ids: list[int], max_new_tokens: int = 0) -> None:
+        """Raise ContextLengthError (or ModelError for bad ids) unless ids + new tokens fit."""
+        self._check_ids(ids, max_new_tokens)
+
     def forward(self, ids: list[int] | NDArray[np.int64], hooks: Hooks | None = None) -> NDArray[np.float32]:
         """Logits `[seq, vocab]` float32 for every position of `ids` (a fresh cache each call)."""
         arr = self._check_ids(ids)

@@ -245,46 +245,39 @@ def _dot_generic(qtype, w, wi8, tab, x, buf, type_size, block_size):
     return _lane_sum(acc)
 
 
+@njit(cache=True, fastmath=True, inline="always")
+def _row_dot(qtype, block_size, type_size, w, wi8, tab, x):
+    if qtype == T_Q8_0:
+        return _dot_q8_0(w, wi8, tab, x)
+    if qtype == T_Q4_0:
+        return _dot_q4(w, tab, x, 18, False)
+    if qtype == T_Q4_1:
+        return _dot_q4(w, tab, x, 20, True)
+    if qtype == T_Q5_0:
+        return _dot_q5(w, tab, x, 22, False)
+    if qtype == T_Q5_1:
+        return _dot_q5(w, tab, x, 24, True)
+    if qtype == T_Q4_K:
+        return _dot_q4_k(w, tab, x)
+    if qtype == T_Q6_K:
+        return _dot_q6_k(w, wi8, tab, x)
+    buf = np.empty(block_size, dtype=np.float32)
+    return _dot_generic(qtype, w, wi8, tab, x, buf, type_size, block_size)
+
+
 @njit(cache=True, fastmath=True, parallel=True)
 def matvec(qtype, block_size, type_size, w, wi8, tab, x, out):
     """out[r] = dot(dequantized w[r], x) for every row r; w uint8 `[n, row_bytes]`, x float32 `[k]`."""
     for r in prange(w.shape[0]):
-        if qtype == T_Q8_0:
-            out[r] = _dot_q8_0(w[r], wi8[r], tab, x)
-        elif qtype == T_Q4_0:
-            out[r] = _dot_q4(w[r], tab, x, 18, False)
-        elif qtype == T_Q4_1:
-            out[r] = _dot_q4(w[r], tab, x, 20, True)
-        elif qtype == T_Q5_0:
-            out[r] = _dot_q5(w[r], tab, x, 22, False)
-        elif qtype == T_Q5_1:
-            out[r] = _dot_q5(w[r], tab, x, 24, True)
-        elif qtype == T_Q4_K:
-            out[r] = _dot_q4_k(w[r], tab, x)
-        elif qtype == T_Q6_K:
-            out[r] = _dot_q6_k(w[r], wi8[r], tab, x)
-        else:
-            buf = np.empty(block_size, dtype=np.float32)
-            out[r] = _dot_generic(qtype, w[r], wi8[r], tab, x, buf, type_size, block_size)
+        out[r] = _row_dot(qtype, block_size, type_size, w[r], wi8[r], tab, x)
 
 
 @njit(cache=True, fastmath=True, parallel=True)
 def matmul_small(qtype, block_size, type_size, w, wi8, tab, xs, out):
     """out[t, r] = dot(dequantized w[r], xs[t]) for a few rows of activations xs `[t, k]`.
 
-    Each weight row is dequantized once into a buffer and reused for every t, so the weights are
-    read from memory once however many tokens there are.
+    Row by row, so each weight row comes from memory once and from cache for the other t.
     """
-    n_rows, n_cols, n_tok = w.shape[0], xs.shape[1], xs.shape[0]
-    n_blocks = w.shape[1] // type_size
-    n_chunks = min(n_rows, 64)
-    for ch in prange(n_chunks):
-        row = np.empty(n_cols, dtype=np.float32)
-        for r in range(ch * n_rows // n_chunks, (ch + 1) * n_rows // n_chunks):
-            for k in range(n_blocks):
-                _dequant_block(qtype, w[r], wi8[r], k * type_size, tab, row, k * block_size)
-            for t in range(n_tok):
-                acc = np.float32(0.0)
-                for i in range(n_cols):
-                    acc += row[i] * xs[t, i]
-                out[t, r] = acc
+    for r in prange(w.shape[0]):
+        for t in range(xs.shape[0]):
+            out[t, r] = _row_dot(qtype, block_size, type_size, w[r], wi8[r], tab, xs[t])

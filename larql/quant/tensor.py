@@ -85,10 +85,10 @@ class QuantMatrix:
             )
         if self.qtype == GGMLType.F32:
             return x @ self.raw.view(np.float32).T
-        if x.ndim == 1:
+        if x.ndim == 1 or x.shape[0] == 1:
             out = np.empty(self.n_rows, dtype=np.float32)
-            kernels.matvec(*self._args(self.raw), x, out)
-            return out
+            kernels.matvec(*self._args(self.raw), x.reshape(-1), out)
+            return out if x.ndim == 1 else out.reshape(1, -1)
         if x.shape[0] <= SMALL_BATCH:
             out = np.empty((x.shape[0], self.n_rows), dtype=np.float32)
             kernels.matmul_small(*self._args(self.raw), x, out)

@@ -1,0 +1,137 @@
+"""The `larql` command line. Every LarqlError becomes one line on stderr and exit code 1;
+tracebacks appear only with --debug."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Sequence
+
+from larql.errors import LarqlError
+
+
+def _threads(n: int | None) -> None:
+    """Pin numba's (and BLAS's) thread count before any kernel runs."""
+    if n:
+        import numba
+
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+
+
+def _top_table(model, logits, k: int) -> list[dict[str, object]]:  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    from larql.model.generate import log_softmax
+
+    logp = log_softmax(logits)
+    top = np.argsort(-logits, kind="stable")[:k]
+    return [{"rank": r + 1, "id": int(i), "token": model.tokenizer.token_text(int(i)),
+             "logit": float(logits[i]), "prob": float(np.exp(logp[i]))} for r, i in enumerate(top)]
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    import larql
+
+    _threads(args.threads)
+    model = larql.load(args.model)
+    out = sys.stdout
+    if args.top:
+        ids = model.tokenize(args.prompt)
+        t0 = time.perf_counter()
+        rows = _top_table(model, model.next_logits(ids), args.top)
+        elapsed = time.perf_counter() - t0
+        if args.json:
+            json.dump({"model": model.name, "prompt": args.prompt, "ids": ids, "top": rows,
+                       "seconds": round(elapsed, 4)}, out, ensure_ascii=False)
+            out.write("\n")
+            return 0
+        table = Table(title=f"next token after {args.prompt!r} ({model.name})")
+        for col in ("rank", "id", "token", "logit", "prob"):
+            table.add_column(col, justify="left" if col == "token" else "right")
+        for r in rows:
+            table.add_row(str(r["rank"]), str(r["id"]), repr(r["token"]), f"{r['logit']:.3f}", f"{r['prob']:.4f}")
+        Console(file=out).print(table)
+        return 0
+    t0 = time.perf_counter()
+    prompt_ids = model.tokenize(args.prompt)
+    model.check_fits(prompt_ids, args.max_tokens)  # fail before anything is printed
+    ids: list[int] = []
+    first = None
+    if not args.json:
+        out.write(args.prompt)
+        out.flush()
+    for tok, piece in model.stream(prompt_ids, max_new_tokens=args.max_tokens, temperature=args.temperature,
+                                   top_k=args.top_k, top_p=args.top_p, seed=args.seed):
+        first = first or time.perf_counter()
+        ids.append(tok)
+        if not args.json:
+            out.write(piece)
+            out.flush()
+    end = time.perf_counter()
+    decode_tps = (len(ids) - 1) / (end - first) if first and len(ids) > 1 else 0.0
+    if args.json:
+        json.dump({"model": model.name, "prompt": args.prompt, "ids": ids, "text": model.detokenize(ids),
+                   "seconds": round(end - t0, 4), "decode_tokens_per_second": round(decode_tps, 2)},
+                  out, ensure_ascii=False)
+    out.write("\n")
+    if not args.json and args.stats:
+        sys.stderr.write(f"[{len(ids)} tokens, {end - t0:.2f}s, decode {decode_tps:.1f} tok/s]\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="larql", description="A language model as a database.")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="generate text from a model (streams tokens as they come)")
+    run.add_argument("model", help="alias (gemma3-270m, smollm2-135m), a .gguf file or an HF directory")
+    run.add_argument("prompt")
+    run.add_argument("--max-tokens", type=int, default=32, help="tokens to generate (default 32)")
+    run.add_argument("--top", type=int, default=0, metavar="K", help="print the next-token distribution instead")
+    run.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    run.add_argument("--top-k", type=int, default=0)
+    run.add_argument("--top-p", type=float, default=1.0)
+    run.add_argument("--seed", type=int, default=None)
+    run.add_argument("--threads", type=int, default=None, help="numba threads (default: all cores)")
+    run.add_argument("--json", action="store_true", help="one JSON object instead of streamed text")
+    run.add_argument("--stats", action="store_true", help="print token count and speed to stderr")
+    run.set_defaults(func=cmd_run)
+    return parser
+
+
+def _validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    if getattr(args, "max_tokens", 1) < 1:
+        parser.error("--max-tokens must be at least 1")
+    if getattr(args, "top", 0) < 0:
+        parser.error("--top must be positive")
+    if not 0.0 < getattr(args, "top_p", 1.0) <= 1.0:
+        parser.error("--top-p must be in (0, 1]")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _validate(args, parser)
+    try:
+        return int(args.func(args))
+    except LarqlError as e:
+        if args.debug:
+            raise
+        sys.stderr.write(f"larql: error: {e}\n")
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("\n")
+        return 130
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

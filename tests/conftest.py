@@ -1,0 +1,54 @@
+"""Session fixtures: the two real models, their golden references, and small synthetic models."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+import larql
+from tests.synthetic import TinySpec, hf_weights, write_gguf, write_hf_dir
+
+# the references live next to the repository (../shared/golden); LARQL_GOLDEN overrides
+GOLDEN = Path(os.environ.get("LARQL_GOLDEN", Path(__file__).resolve().parents[2] / "shared" / "golden"))
+REAL_MODELS = ("gemma3-270m", "smollm2-135m")
+
+
+def golden(key: str, engine: str) -> list[dict]:
+    return json.loads((GOLDEN / f"{key}.{engine}.json").read_text())["prompts"]
+
+
+@pytest.fixture(scope="session")
+def golden_dir() -> Path:
+    assert GOLDEN.is_dir(), f"golden references not found at {GOLDEN}"
+    return GOLDEN
+
+
+@pytest.fixture(scope="session", params=REAL_MODELS)
+def real_model(request: pytest.FixtureRequest) -> larql.Model:
+    return larql.load(request.param)
+
+
+@pytest.fixture(scope="session")
+def gemma() -> larql.Model:
+    return larql.load("gemma3-270m")
+
+
+@pytest.fixture(scope="session", params=["llama", "gemma3"])
+def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A tiny seeded model as an HF directory and as F32 and Q8_0 GGUF files."""
+    spec = TinySpec(arch=request.param)
+    weights = hf_weights(spec, seed=7)
+    root = tmp_path_factory.mktemp(f"tiny-{spec.arch}")
+    f32_held = write_gguf(root / "f32.gguf", spec, weights)
+    q8_held = write_gguf(root / "q8.gguf", spec, weights, gguf.GGMLQuantizationType.Q8_0)
+    write_hf_dir(root / "hf", spec, weights)
+    return {"spec": spec, "weights": weights, "root": root, "f32_held": f32_held, "q8_held": q8_held}
+
+
+def rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(np.asarray(b, np.float64)))

@@ -1,0 +1,58 @@
+"""Forward pass against HF transformers float32 (weights dequantized from the same GGUF)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import larql
+from larql.model.generate import log_softmax
+from tests.conftest import GOLDEN, golden, rel_err
+
+
+def test_top1_and_logprobs_match_hf(real_model: larql.Model) -> None:
+    diffs = []
+    for p in golden(real_model.name, "hf"):
+        logits = real_model.next_logits(p["ids"])
+        assert int(np.argmax(logits)) == p["top20_ids"][0], p["prompt"]
+        logp = log_softmax(logits)
+        diffs.append(np.abs(logp[p["top20_ids"][:5]] - np.array(p["top20_logprobs"][:5])).mean())
+    assert float(np.mean(diffs)) <= 0.01 and max(diffs) <= 0.01, f"mean |dlogp| {np.mean(diffs):.2e}, max {max(diffs):.2e}"
+
+
+def test_full_forward_logits_match_last_position(real_model: larql.Model) -> None:
+    z = np.load(GOLDEN / f"{real_model.name}.hf.npz")
+    ids = golden(real_model.name, "hf")[1]["ids"]
+    all_logits = real_model.forward(ids)
+    assert all_logits.shape == (len(ids), real_model.vocab_size) and all_logits.dtype == np.float32
+    assert rel_err(all_logits[-1], z["p1.logits_last"]) <= 1e-4
+
+
+def test_per_layer_activations_match_hf(real_model: larql.Model) -> None:
+    z = np.load(GOLDEN / f"{real_model.name}.hf.npz")
+    n_layers = real_model.config.n_layers
+    worst = 0.0
+    for i, p in enumerate(golden(real_model.name, "hf")[:6]):
+        captured: dict[str, np.ndarray] = {}
+
+        def keep(x: np.ndarray, name: str) -> None:
+            captured[name] = x.copy()
+
+        names = ["hook_embed"] + [f"blocks.{layer}.{kind}" for layer in range(n_layers)
+                                  for kind in ("hook_resid_post", "hook_attn_out", "hook_mlp_out")]
+        real_model.forward(p["ids"], hooks={n: keep for n in names})
+        assert rel_err(captured["hook_embed"], z[f"p{i}.hook_embed"]) <= 1e-6
+        for layer in range(n_layers):
+            for ours, theirs in (("hook_resid_post", "hook_resid_post"), ("hook_attn_out", "hook_attn_out"),
+                                 ("hook_mlp_out", "hook_mlp_post")):
+                err = rel_err(captured[f"blocks.{layer}.{ours}"], z[f"p{i}.blocks.{layer}.{theirs}"])
+                worst = max(worst, err)
+                assert err <= 1e-4, f"prompt {i} layer {layer} {ours}: relative error {err:.2e}"
+
+
+@pytest.mark.slow
+def test_greedy_24_tokens_match_hf(real_model: larql.Model) -> None:
+    for p in golden(real_model.name, "hf"):
+        gen = real_model.generate(p["prompt"], max_new_tokens=24, stop_at_eos=False)
+        assert gen.ids == p["greedy24_ids"], p["prompt"]
+        assert gen.text == real_model.detokenize(p["greedy24_ids"])

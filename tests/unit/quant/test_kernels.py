@@ -1,0 +1,82 @@
+"""Numba kernels and numpy references against gguf-py, on seeded random blocks of every type."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+from larql.errors import QuantError
+from larql.quant import BLOCK_LAYOUT, GGMLType, QuantMatrix, dequantize_reference, row_bytes
+
+ALL_TYPES = list(BLOCK_LAYOUT)
+# byte offsets of f16 scale fields per block; random bytes there could be inf/nan, so they are
+# replaced by finite random halves
+_F16_FIELDS = {GGMLType.Q4_0: [0], GGMLType.Q4_1: [0, 2], GGMLType.Q5_0: [0], GGMLType.Q5_1: [0, 2],
+               GGMLType.Q8_0: [0], GGMLType.Q4_K: [0, 2], GGMLType.Q5_K: [0, 2], GGMLType.Q6_K: [208]}
+
+
+def random_matrix(qtype: GGMLType, n_rows: int, n_cols: int, seed: int = 0) -> QuantMatrix:
+    rng = np.random.default_rng(seed)
+    if qtype == GGMLType.F32:
+        raw = rng.standard_normal((n_rows, n_cols)).astype(np.float32).view(np.uint8)
+    elif qtype in (GGMLType.F16, GGMLType.BF16):
+        vals = rng.standard_normal((n_rows, n_cols)).astype(np.float32)
+        raw = (vals.astype(np.float16) if qtype == GGMLType.F16 else (vals.view(np.uint32) >> 16).astype(np.uint16)).view(np.uint8)
+    else:
+        _, type_size = BLOCK_LAYOUT[qtype]
+        blocks = rng.integers(0, 256, size=(n_rows * row_bytes(qtype, n_cols) // type_size, type_size), dtype=np.uint8)
+        for off in _F16_FIELDS[qtype]:
+            halves = (rng.standard_normal(len(blocks)) * 0.01).astype(np.float16)
+            blocks[:, off:off + 2] = halves.view(np.uint8).reshape(-1, 2)
+        raw = blocks.reshape(n_rows, -1)
+    return QuantMatrix("test", qtype, n_rows, n_cols, np.ascontiguousarray(raw).reshape(n_rows, -1))
+
+
+def gguf_dequant(m: QuantMatrix) -> np.ndarray:
+    return gguf.quants.dequantize(m.raw, gguf.GGMLQuantizationType(int(m.qtype))).reshape(m.shape)
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_dequantize_is_bit_exact_against_gguf(qtype: GGMLType) -> None:
+    m = random_matrix(qtype, 37, 512, seed=int(qtype))
+    expected = gguf_dequant(m).astype(np.float32)
+    ours = m.dequantize()
+    ref = dequantize_reference(m.raw, qtype, m.n_cols)
+    assert np.array_equal(ours.view(np.uint32), expected.view(np.uint32)), f"{qtype.name}: numba kernel differs"
+    assert np.array_equal(ref.view(np.uint32), expected.view(np.uint32)), f"{qtype.name}: numpy reference differs"
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok", [1, 3, 40])  # matvec, matmul_small, chunked BLAS
+def test_matmul_matches_float_matmul(qtype: GGMLType, n_tok: int) -> None:
+    m = random_matrix(qtype, 70, 512, seed=1 + int(qtype))
+    w = gguf_dequant(m).astype(np.float64)
+    x = np.random.default_rng(5).standard_normal((n_tok, 512)).astype(np.float32)
+    expected = x.astype(np.float64) @ w.T
+    got = m.matmul(x)
+    assert got.shape == (n_tok, 70) and got.dtype == np.float32
+    err = np.abs(got - expected).max() / np.abs(expected).max()
+    assert err < 2e-6, f"{qtype.name} x{n_tok}: relative error {err:.2e}"
+    if n_tok == 1:
+        assert np.allclose(m.matmul(x[0]), got[0], rtol=0, atol=0)
+
+
+def test_rows_gathers_embeddings() -> None:
+    m = random_matrix(GGMLType.Q8_0, 50, 64)
+    full = m.dequantize()
+    idx = np.array([3, 3, 49, 0])
+    assert np.array_equal(m.rows(idx), full[idx])
+    assert np.array_equal(m.row(7), full[7])
+
+
+def test_wrong_shapes_raise_quant_error() -> None:
+    m = random_matrix(GGMLType.Q4_K, 4, 256)
+    with pytest.raises(QuantError, match=r"cannot multiply 4x256 weights by an input of shape \[3\]"):
+        m.matmul(np.zeros(3, np.float32))
+    with pytest.raises(QuantError, match="not a whole number of 256-weight blocks"):
+        row_bytes(GGMLType.Q4_K, 100)
+    with pytest.raises(QuantError, match=r"expected uint8\[4, 144\]"):
+        QuantMatrix("bad", GGMLType.Q4_K, 4, 256, np.zeros((4, 143), np.uint8))
+    with pytest.raises(QuantError, match="row 9 out of range"):
+        m.row(9)
