@@ -87,7 +87,12 @@ class QuantMatrix:
             return x @ self.raw.view(np.float32).T
         if x.ndim == 1 or x.shape[0] == 1:
             out = np.empty(self.n_rows, dtype=np.float32)
-            kernels.matvec(*self._args(self.raw), x.reshape(-1), out)
+            args = self._args(self.raw)
+            kernel = kernels.MATVEC.get(args[0])
+            if kernel is not None:
+                kernel(*args[3:], x.reshape(-1), out)
+            else:
+                kernels.matvec_generic(*args, x.reshape(-1), out)
             return out if x.ndim == 1 else out.reshape(1, -1)
         if x.shape[0] <= SMALL_BATCH:
             out = np.empty((x.shape[0], self.n_rows), dtype=np.float32)
