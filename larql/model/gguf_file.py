@@ -43,17 +43,40 @@ class _Cursor:
     """Bounds-checked sequential reads; running off the end is a truncated file."""
 
     def __init__(self, buf: np.ndarray, path: Path) -> None:
-        self.buf, self.pos, self.path = buf, 0, path
+        self.buf, self.pos, self.path = memoryview(buf), 0, path  # type: ignore[arg-type]
 
-    def take(self, n: int) -> bytes:
+    def _need(self, n: int) -> None:
         if n < 0 or self.pos + n > len(self.buf):
             raise ModelFormatError(f"{self.path}: truncated GGUF header (needed {n} bytes at offset {self.pos})")
-        out = self.buf[self.pos:self.pos + n].tobytes()
+
+    def take(self, n: int) -> bytes:
+        self._need(n)
+        out = bytes(self.buf[self.pos:self.pos + n])
         self.pos += n
         return out
 
     def scalar(self, code: str, size: int) -> Any:
-        return struct.unpack("<" + code, self.take(size))[0]
+        self._need(size)
+        value = struct.unpack_from("<" + code, self.buf, self.pos)[0]
+        self.pos += size
+        return value
+
+    def strings(self, count: int) -> list[str]:
+        """`count` strings in a row (a vocabulary): the hot loop of opening a GGUF."""
+        buf, pos, end, out = self.buf, self.pos, len(self.buf), []
+        unpack = struct.Struct("<Q").unpack_from
+        for _ in range(count):
+            if pos + 8 > end:
+                break
+            (n,) = unpack(buf, pos)
+            if pos + 8 + n > end:
+                break
+            out.append(str(buf[pos + 8:pos + 8 + n], "utf-8", "replace"))
+            pos += 8 + n
+        self.pos = pos
+        if len(out) < count:
+            self._need(8 + (end - pos) + 1)  # raises: the array runs past the end
+        return out
 
     def string(self) -> str:
         n = self.scalar("Q", 8)
@@ -73,6 +96,8 @@ class _Cursor:
             if item_type in _NUMPY:  # numeric arrays in one read (token scores, types)
                 dtype = np.dtype(_NUMPY[item_type])
                 return np.frombuffer(self.take(count * dtype.itemsize), dtype=dtype).copy()
+            if item_type == 8:
+                return self.strings(count)
             return [self.value(item_type) for _ in range(count)]
         raise ModelFormatError(f"{self.path}: corrupt GGUF metadata (unknown value type {vtype} at offset {self.pos})")
 
