@@ -10,6 +10,7 @@ to fix it. The CLI prints `str(err)` and exits non-zero; tracebacks appear only 
     │   └── ContextLengthError  a prompt longer than the model's context
     ├── QuantError              a quant kernel got data of the wrong type, shape or size
     ├── TokenizerError          a tokenizer cannot be built from the metadata given
+    ├── VindexError             a vindex is missing, damaged, or asked for something it lacks
     └── UnknownModelError       an alias or path that names no model (also a LookupError)
 """
 
@@ -42,6 +43,10 @@ class QuantError(LarqlError, ValueError):
 
 class TokenizerError(LarqlError):
     """A tokenizer could not be built or used."""
+
+
+class VindexError(LarqlError, ValueError):
+    """A vindex is missing, truncated, corrupt, or lacks what an operation needs."""
 
 
 class UnknownModelError(LarqlError, LookupError):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Iterator, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -57,29 +57,46 @@ class Weights:
     layers: tuple[LayerWeights, ...]
 
 
-def load_weights(src: WeightSource, cfg: ModelConfig) -> Weights:
-    def opt(name: str) -> Vec | None:
-        return src.vector(name) if src.has(name) else None
+# LayerWeights field -> GGUF tensor name inside `blk.{L}.`; vectors are the norms and biases
+LAYER_TENSORS: dict[str, str] = {
+    "attn_norm": "attn_norm.weight", "q": "attn_q.weight", "k": "attn_k.weight", "v": "attn_v.weight",
+    "o": "attn_output.weight", "ffn_norm": "ffn_norm.weight", "gate": "ffn_gate.weight",
+    "up": "ffn_up.weight", "down": "ffn_down.weight", "q_bias": "attn_q.bias", "k_bias": "attn_k.bias",
+    "v_bias": "attn_v.bias", "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
+    "post_attn_norm": "post_attention_norm.weight", "post_ffn_norm": "post_ffw_norm.weight",
+}
+_MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
+_REQUIRED_VECTORS = ("attn_norm", "ffn_norm")
 
+
+def load_weights(src: WeightSource, cfg: ModelConfig) -> Weights:
     layers = []
     for i in range(cfg.n_layers):
-        p = f"blk.{i}."
-        layers.append(LayerWeights(
-            attn_norm=src.vector(p + "attn_norm.weight"),
-            q=src.matrix(p + "attn_q.weight"), k=src.matrix(p + "attn_k.weight"),
-            v=src.matrix(p + "attn_v.weight"), o=src.matrix(p + "attn_output.weight"),
-            ffn_norm=src.vector(p + "ffn_norm.weight"),
-            gate=src.matrix(p + "ffn_gate.weight"), up=src.matrix(p + "ffn_up.weight"),
-            down=src.matrix(p + "ffn_down.weight"),
-            q_bias=opt(p + "attn_q.bias"), k_bias=opt(p + "attn_k.bias"), v_bias=opt(p + "attn_v.bias"),
-            q_norm=opt(p + "attn_q_norm.weight"), k_norm=opt(p + "attn_k_norm.weight"),
-            post_attn_norm=opt(p + "post_attention_norm.weight"),
-            post_ffn_norm=opt(p + "post_ffw_norm.weight"),
-        ))
+        fields: dict[str, object] = {}
+        for field, part in LAYER_TENSORS.items():
+            name = f"blk.{i}.{part}"
+            if field in _MATRICES:
+                fields[field] = src.matrix(name)
+            elif field in _REQUIRED_VECTORS or src.has(name):
+                fields[field] = src.vector(name)
+        layers.append(LayerWeights(**fields))  # type: ignore[arg-type]
     _check_shapes(layers, cfg)
     embd = src.matrix("token_embd.weight")
     output = embd if cfg.tied_embeddings else src.matrix("output.weight")
     return Weights(embd, src.vector("output_norm.weight"), output, tuple(layers))
+
+
+def named_tensors(weights: Weights) -> Iterator[tuple[str, QuantMatrix | Vec]]:
+    """Every tensor under its GGUF name, as stored (matrices) or as float32 (vectors), in file order."""
+    yield "token_embd.weight", weights.token_embd
+    for i, lw in enumerate(weights.layers):
+        for field, part in LAYER_TENSORS.items():
+            value = getattr(lw, field)
+            if value is not None:
+                yield f"blk.{i}.{part}", value
+    yield "output_norm.weight", weights.output_norm
+    if weights.output is not weights.token_embd:
+        yield "output.weight", weights.output
 
 
 def _check_shapes(layers: list[LayerWeights], cfg: ModelConfig) -> None:

@@ -1,0 +1,180 @@
+"""Model -> vindex, streaming one layer at a time (peak memory: the unembedding plus one layer).
+
+Stages: tokenizer, embeddings, gate vectors, down_meta (each feature's top output tokens, exact),
+and from the inference level the model's tensors in their stored encoding. See
+vindex_spec/FORMAT.md for the bytes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+import larql
+from larql.errors import UnsupportedError, VindexError
+from larql.model import Model
+from larql.model.load import load, resolve
+from larql.model.weights import named_tensors
+from larql.quant import GGMLType, QuantMatrix
+from larql.vindex import layout
+from larql.vindex.writer import VindexWriter
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+VOCAB_CHUNK = 16384  # unembedding rows per GEMM in down_meta
+
+
+@njit(cache=True, parallel=True)
+def _topk_update(scores, base, top_ids, top_vals):  # pragma: no cover - numba
+    """Merge scores `(features, chunk)` for tokens base.. into each feature's running top-k.
+
+    Kept sorted by score descending; an equal score never displaces an earlier (lower) token id.
+    """
+    k = top_ids.shape[1]
+    for f in prange(scores.shape[0]):
+        threshold = top_vals[f, k - 1]
+        for c in range(scores.shape[1]):
+            s = scores[f, c]
+            if s > threshold:
+                j = k - 1
+                while j > 0 and top_vals[f, j - 1] < s:
+                    top_vals[f, j] = top_vals[f, j - 1]
+                    top_ids[f, j] = top_ids[f, j - 1]
+                    j -= 1
+                top_vals[f, j] = s
+                top_ids[f, j] = base + c
+                threshold = top_vals[f, k - 1]
+
+
+def down_top_tokens(down: QuantMatrix, unembed: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each feature f (a column of W_down `[hidden, ffn]`), the top_k tokens t by U[t] . W_down[:, f].
+
+    Exact float32, in vocabulary chunks: one GEMM `(ffn, hidden) @ (hidden, chunk)` per chunk and a
+    running top-k, so the `[ffn, vocab]` score matrix never exists whole.
+    """
+    d_t = np.ascontiguousarray(down.dequantize().T)  # (ffn, hidden)
+    n_feat = d_t.shape[0]
+    top_ids = np.zeros((n_feat, top_k), dtype=np.uint32)
+    top_vals = np.full((n_feat, top_k), -np.inf, dtype=np.float32)
+    scores = np.empty((n_feat, VOCAB_CHUNK), dtype=np.float32)
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)  # BLAS has the cores; numba's spinning workers would steal them
+    try:
+        for start in range(0, unembed.shape[0], VOCAB_CHUNK):
+            chunk = unembed[start:start + VOCAB_CHUNK]  # (chunk, hidden)
+            out = scores[:, : len(chunk)]
+            np.matmul(d_t, chunk.T, out=out)  # (ffn, chunk)
+            _topk_update(out, start, top_ids, top_vals)
+    finally:
+        numba.set_num_threads(threads)
+    return top_ids, top_vals
+
+
+def _sha256_path(path: Path) -> tuple[str, int]:
+    h, size = hashlib.sha256(), 0
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for f in files:
+        with open(f, "rb") as fh:
+            while block := fh.read(1 << 22):
+                h.update(block)
+                size += len(block)
+    return h.hexdigest(), size
+
+
+def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dtype: str = "f16",
+            quant: str = "source", top_k: int = 10, overwrite: bool = False,
+            progress: Progress | None = None) -> Path:
+    """Extract a vindex from a model alias, GGUF file, HF directory or loaded Model.
+
+    Args:
+        level: "browse" (embeddings, gate vectors, down_meta, tokenizer) or "inference"/"all"
+            (plus every model tensor, so the vindex alone runs the model).
+        dtype: "f16" or "f32" for embeddings and gate vectors.
+        quant: "source" keeps model tensors in their stored encoding (GGUF blocks copied as they are).
+        top_k: output tokens kept per feature in down_meta.
+    Returns:
+        The vindex directory.
+    """
+    if level not in layout.LEVELS:
+        raise VindexError(f"unknown extract level {level!r} (choose one of: {', '.join(layout.LEVELS)})")
+    if dtype not in layout.DTYPES:
+        raise VindexError(f"unknown dtype {dtype!r} (choose f16 or f32)")
+    if quant == "q4k":
+        raise UnsupportedError("--quant q4k (requantizing safetensors weights) is not implemented yet; use --quant source")
+    if quant != "source":
+        raise VindexError(f"unknown quant {quant!r} (choose source)")
+    if not 1 <= top_k <= 1000:
+        raise VindexError(f"down top-k must be between 1 and 1000, got {top_k}")
+    report = progress or (lambda stage, done, total: None)
+    model = src if isinstance(src, Model) else load(src)
+    source_path = model.source if isinstance(src, Model) else resolve(src)[1]
+    cfg, w = model.config, model.weights
+    np_dtype = layout.DTYPES[dtype]
+    source_sha, source_size = _sha256_path(Path(source_path))
+
+    with VindexWriter(Path(out), overwrite=overwrite) as writer:
+        report("tokenizer", 0, 1)
+        writer.text(layout.TOKENIZER_FILE, model.tokenizer.tok.to_str())
+        report("tokenizer", 1, 1)
+
+        embeddings = writer.binary(layout.EMBEDDINGS_FILE)
+        for start in range(0, w.token_embd.n_rows, VOCAB_CHUNK):
+            rows = slice(start, min(start + VOCAB_CHUNK, w.token_embd.n_rows))
+            embeddings.write(w.token_embd.dequantize(rows).astype(np_dtype))
+            report("embeddings", rows.stop, w.token_embd.n_rows)
+
+        gates = writer.binary(layout.GATE_FILE)
+        down_meta = writer.binary(layout.DOWN_META_FILE)
+        header = layout.DOWN_META_MAGIC + np.array([layout.DOWN_META_VERSION, cfg.n_layers, top_k], "<u4").tobytes()
+        down_meta.write(header.ljust(layout.DOWN_META_HEADER, b"\0"))
+        unembed = w.output.dequantize()  # (vocab, hidden) float32: the one big allocation
+        layers = []
+        for i, lw in enumerate(w.layers):
+            gate = lw.gate.dequantize().astype(np_dtype)  # (ffn, hidden)
+            gate_offset = gates.write_aligned(gate)
+            ids, vals = down_top_tokens(lw.down, unembed, top_k)
+            dm_offset = down_meta.write_aligned(ids)
+            down_meta.write(vals)
+            layers.append({"layer": i, "num_features": int(gate.shape[0]), "gate_offset": gate_offset,
+                           "gate_length": int(gate.nbytes), "down_meta_offset": dm_offset,
+                           "down_meta_length": int(ids.nbytes + vals.nbytes)})
+            report("gate vectors + down_meta", i + 1, cfg.n_layers)
+        del unembed
+
+        if level != "browse":
+            manifest = []
+            blob = writer.binary(layout.WEIGHTS_FILE)
+            tensors = list(named_tensors(w))
+            for n, (name, value) in enumerate(tensors):
+                if isinstance(value, QuantMatrix):
+                    offset = blob.write_aligned(value.raw)
+                    entry = {"type": value.qtype.name, "shape": [value.n_rows, value.n_cols], "nbytes": value.nbytes}
+                else:
+                    vec = np.ascontiguousarray(value, dtype=np.float32)
+                    offset = blob.write_aligned(vec)
+                    entry = {"type": GGMLType.F32.name, "shape": [int(vec.size)], "nbytes": int(vec.nbytes)}
+                manifest.append({"name": name, **entry, "offset": offset})
+                report("model weights", n + 1, len(tensors))
+            writer.text(layout.MANIFEST_FILE, json.dumps(manifest, indent=0))
+
+        index = {
+            "format": layout.FORMAT_NAME, "version": layout.FORMAT_VERSION, "larql_version": larql.__version__,
+            "model": model.name, "family": cfg.arch,
+            "source": {"path": str(Path(source_path).resolve()), "sha256": source_sha, "size": source_size,
+                       "extracted_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
+            "extract_level": level, "dtype": dtype, "quant": "none" if level == "browse" else quant,
+            "num_layers": cfg.n_layers, "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn,
+            "vocab_size": w.token_embd.n_rows, "embed_scale": cfg.embed_scale, "down_top_k": top_k,
+            "has_model_weights": level != "browse", "layer_bands": layout.layer_bands(cfg.n_layers),
+            "layers": layers, "model_config": {**asdict(cfg), "global_layers": list(cfg.global_layers)},
+            "tokenizer": {"bos_id": model.tokenizer.bos_id, "eos_ids": list(model.tokenizer.eos_ids)},
+        }
+        return writer.finish(index)

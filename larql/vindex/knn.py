@@ -1,0 +1,51 @@
+"""Gate KNN with faiss: exact top-k features by |gate . query|, sign kept.
+
+faiss's flat inner-product index returns the largest scores; searching with q and with -q gives
+the k most positive and the k most negative, and the k largest by magnitude are among those 2k.
+Per-layer indexes are built on first use (a float32 copy of the layer's gate vectors) and kept.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import faiss
+import numpy as np
+from numpy.typing import NDArray
+
+from larql.errors import VindexError
+
+if TYPE_CHECKING:
+    from larql.vindex.store import Vindex
+
+
+def _layer_index(v: Vindex, layer: int) -> faiss.IndexFlatIP:
+    cache: dict[int, faiss.IndexFlatIP] = v.__dict__.setdefault("_faiss_layers", {})
+    if layer not in cache:
+        gates = np.ascontiguousarray(v.gate_vectors(layer), dtype=np.float32)  # (features, hidden)
+        index = faiss.IndexFlatIP(gates.shape[1])
+        index.add(gates)
+        cache[layer] = index
+    return cache[layer]
+
+
+def gate_knn(v: Vindex, layer: int, query: NDArray[np.float32], k: int = 10) -> list[tuple[int, float]]:
+    """[(feature, score)] for the k largest |score| at `layer`, sorted by |score| descending."""
+    n = v.num_features(layer)
+    q = np.asarray(query, dtype=np.float32).reshape(-1)
+    if q.shape[0] != v.hidden:
+        raise VindexError(f"gate KNN query has {q.shape[0]} values; this vindex's hidden size is {v.hidden}")
+    if k < 1:
+        raise VindexError(f"gate KNN needs k >= 1, got {k}")
+    k = min(k, n)
+    index = _layer_index(v, layer)
+    both = np.stack([q, -q])  # (2, hidden)
+    scores, ids = index.search(both, k)  # (2, k) each
+    cand_ids = np.concatenate([ids[0], ids[1]])
+    cand_scores = np.concatenate([scores[0], -scores[1]])
+    keep = cand_ids >= 0
+    cand_ids, cand_scores = cand_ids[keep], cand_scores[keep]
+    _, first = np.unique(cand_ids, return_index=True)  # a feature can appear in both lists when n < 2k
+    cand_ids, cand_scores = cand_ids[first], cand_scores[first]
+    order = np.lexsort((cand_ids, -np.abs(cand_scores)))[:k]
+    return [(int(cand_ids[i]), float(cand_scores[i])) for i in order]

@@ -1,0 +1,41 @@
+"""Vindex layout constants: the only place they are defined. They mirror vindex_spec/FORMAT.md,
+and a test reads FORMAT.md to check that they still agree."""
+
+from __future__ import annotations
+
+import numpy as np
+
+FORMAT_NAME = "larql-vindex"
+FORMAT_VERSION = 1
+ALIGNMENT = 64  # every binary block starts at a multiple of this many bytes
+
+INDEX_FILE = "index.json"
+TOKENIZER_FILE = "tokenizer.json"
+EMBEDDINGS_FILE = "embeddings.bin"
+GATE_FILE = "gate_vectors.bin"
+DOWN_META_FILE = "down_meta.bin"
+WEIGHTS_FILE = "weights.bin"
+MANIFEST_FILE = "weights.json"
+BROWSE_FILES = (TOKENIZER_FILE, EMBEDDINGS_FILE, GATE_FILE, DOWN_META_FILE)
+INFERENCE_FILES = (WEIGHTS_FILE, MANIFEST_FILE)
+
+DOWN_META_MAGIC = b"LQDM"
+DOWN_META_VERSION = 1
+DOWN_META_HEADER = 64  # bytes: magic, u32 version, u32 num_layers, u32 top_k, zero padding
+
+LEVELS = ("browse", "inference", "all")
+DTYPES: dict[str, type[np.floating]] = {"f16": np.float16, "f32": np.float32}
+
+
+def align(offset: int) -> int:
+    """The first multiple of ALIGNMENT at or after `offset`."""
+    return -(-offset // ALIGNMENT) * ALIGNMENT
+
+
+def layer_bands(n_layers: int) -> dict[str, list[int]]:
+    """Syntax / knowledge / output layer ranges (inclusive): the first two fifths, the next two,
+    the last fifth (LARQL's fallback rule; its per-family tables agree with it to a layer or two)."""
+    a, b = 2 * n_layers // 5, 4 * n_layers // 5
+    if n_layers < 5:
+        return {"syntax": [0, 0], "knowledge": [0, n_layers - 1], "output": [n_layers - 1, n_layers - 1]}
+    return {"syntax": [0, a - 1], "knowledge": [a, b - 1], "output": [b, n_layers - 1]}

@@ -1,0 +1,244 @@
+"""The read-only vindex store: validated on open, every layer a zero-copy view of a memory map."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from larql.errors import VindexError
+from larql.vindex import layout
+
+
+@lru_cache(maxsize=1)
+def _schema_validator() -> Any:
+    import jsonschema
+
+    schema = json.loads((Path(__file__).with_name("index.schema.json")).read_text())
+    return jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+
+
+def validate_index(index: Any, where: str) -> None:
+    """Raise VindexError naming the first schema violation of an index.json document."""
+    errors = sorted(_schema_validator().iter_errors(index), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        at = "/".join(str(p) for p in e.absolute_path) or "(top level)"
+        raise VindexError(f"{where}: index.json fails its schema at {at}: {e.message}")
+
+
+@dataclass(frozen=True)
+class FeatureMeta:
+    """What feature `feature` of `layer` writes: its top output tokens by score."""
+
+    layer: int
+    feature: int
+    token_ids: tuple[int, ...]
+    tokens: tuple[str, ...]
+    scores: tuple[float, ...]
+
+    @property
+    def top_token(self) -> str:
+        return self.tokens[0]
+
+    @property
+    def c_score(self) -> float:
+        return self.scores[0]
+
+
+class Vindex:
+    """An opened vindex. Build one with `larql.open_vindex(path)`."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        index_path = self.path / layout.INDEX_FILE
+        if not self.path.is_dir():
+            raise VindexError(f"{self.path}: no such vindex directory")
+        if not index_path.is_file():
+            raise VindexError(f"{self.path}: not a vindex (no {layout.INDEX_FILE})")
+        try:
+            self.index: dict[str, Any] = json.loads(index_path.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise VindexError(f"{index_path}: not valid JSON ({e})") from e
+        validate_index(self.index, str(index_path))
+        self._check_files()
+        self.num_layers: int = self.index["num_layers"]
+        self.hidden: int = self.index["hidden_size"]
+        self.vocab_size: int = self.index["vocab_size"]
+        self.dtype = np.dtype(layout.DTYPES[self.index["dtype"]])
+        self.top_k: int = self.index["down_top_k"]
+        self._maps: dict[str, np.memmap] = {}
+        self._check_layers()
+        self._check_down_meta_header()
+
+    # -- validation ---------------------------------------------------------------------------
+
+    def _check_files(self) -> None:
+        for name, entry in self.index["files"].items():
+            f = self.path / name
+            if not f.is_file():
+                raise VindexError(f"{f}: missing file listed in index.json")
+            size = f.stat().st_size
+            if size != entry["size"]:
+                raise VindexError(f"{f}: size {size} bytes, index.json says {entry['size']} (truncated or replaced)")
+        if self.index["has_model_weights"]:
+            for name in layout.INFERENCE_FILES:
+                if name not in self.index["files"]:
+                    raise VindexError(f"{self.path}: has_model_weights is true but {name} is not listed")
+
+    def _check_layers(self) -> None:
+        layers = self.index["layers"]
+        if len(layers) != self.num_layers or [e["layer"] for e in layers] != list(range(self.num_layers)):
+            raise VindexError(f"{self.path}: index.json layers must list layers 0..{self.num_layers - 1} in order")
+        gate_size = self.index["files"][layout.GATE_FILE]["size"]
+        dm_size = self.index["files"][layout.DOWN_META_FILE]["size"]
+        for e in layers:
+            if e["gate_length"] != e["num_features"] * self.hidden * self.dtype.itemsize:
+                raise VindexError(f"{self.path}: layer {e['layer']} gate_length does not match num_features x hidden")
+            if e["gate_offset"] + e["gate_length"] > gate_size:
+                raise VindexError(f"{self.path / layout.GATE_FILE}: layer {e['layer']} runs past the end of the file")
+            if e["down_meta_length"] != e["num_features"] * self.top_k * 8:
+                raise VindexError(f"{self.path}: layer {e['layer']} down_meta_length does not match num_features x top_k")
+            if e["down_meta_offset"] + e["down_meta_length"] > dm_size:
+                raise VindexError(f"{self.path / layout.DOWN_META_FILE}: layer {e['layer']} runs past the end of the file")
+
+    def _check_down_meta_header(self) -> None:
+        head = self._map(layout.DOWN_META_FILE)[: layout.DOWN_META_HEADER]
+        where = self.path / layout.DOWN_META_FILE
+        if len(head) < 16 or head[:4].tobytes() != layout.DOWN_META_MAGIC:
+            raise VindexError(f"{where}: bad magic (expected {layout.DOWN_META_MAGIC.decode()})")
+        version, n_layers, top_k = (int(v) for v in head[4:16].view("<u4"))
+        if version != layout.DOWN_META_VERSION:
+            raise VindexError(f"{where}: format version {version}, this larql reads {layout.DOWN_META_VERSION}")
+        if n_layers != self.num_layers or top_k != self.top_k:
+            raise VindexError(f"{where}: header says {n_layers} layers x top {top_k}, index.json says "
+                              f"{self.num_layers} x {self.top_k}")
+
+    def verify(self) -> list[str]:
+        """Hash every file against index.json; returns the names that differ (empty: all good)."""
+        bad = []
+        for name, entry in self.index["files"].items():
+            h = hashlib.sha256()
+            with open(self.path / name, "rb") as f:
+                while block := f.read(1 << 22):
+                    h.update(block)
+            if h.hexdigest() != entry["sha256"]:
+                bad.append(name)
+        return bad
+
+    # -- access -------------------------------------------------------------------------------
+
+    def _map(self, name: str) -> np.memmap:
+        if name not in self._maps:
+            f = self.path / name
+            self._maps[name] = np.memmap(f, dtype=np.uint8, mode="r") if f.stat().st_size else np.zeros(0, np.uint8)
+        return self._maps[name]
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.index
+
+    @property
+    def has_model_weights(self) -> bool:
+        return bool(self.index["has_model_weights"])
+
+    @property
+    def embed_scale(self) -> float:
+        return float(self.index["embed_scale"])
+
+    def _layer(self, layer: int) -> dict[str, Any]:
+        if not isinstance(layer, (int, np.integer)) or not 0 <= layer < self.num_layers:
+            raise VindexError(f"{self.path}: layer {layer} out of range 0..{self.num_layers - 1}")
+        return self.index["layers"][int(layer)]
+
+    def num_features(self, layer: int) -> int:
+        return int(self._layer(layer)["num_features"])
+
+    def gate_vectors(self, layer: int) -> NDArray[np.floating]:
+        """Layer `layer`'s gate vectors `[features, hidden]`, a read-only view in the stored dtype."""
+        e = self._layer(layer)
+        raw = self._map(layout.GATE_FILE)[e["gate_offset"]: e["gate_offset"] + e["gate_length"]]
+        return raw.view(self.dtype).reshape(e["num_features"], self.hidden)
+
+    @cached_property
+    def embeddings(self) -> NDArray[np.floating]:
+        """Token embeddings `[vocab, hidden]` (unscaled), a read-only view."""
+        return self._map(layout.EMBEDDINGS_FILE).view(self.dtype).reshape(self.vocab_size, self.hidden)
+
+    def down_meta(self, layer: int) -> tuple[NDArray[np.uint32], NDArray[np.float32]]:
+        """(token ids `[features, top_k]`, scores `[features, top_k]`) for a layer."""
+        e = self._layer(layer)
+        n = e["num_features"] * self.top_k
+        raw = self._map(layout.DOWN_META_FILE)[e["down_meta_offset"]: e["down_meta_offset"] + e["down_meta_length"]]
+        ids = raw[: 4 * n].view("<u4").reshape(-1, self.top_k)
+        scores = raw[4 * n:].view("<f4").reshape(-1, self.top_k)
+        return ids, scores
+
+    @cached_property
+    def tokenizer(self) -> Any:
+        from larql.model.tokenizer import TextTokenizer
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(self.path / layout.TOKENIZER_FILE))
+        meta = self.index["tokenizer"]
+        return TextTokenizer(tok, meta["bos_id"], tuple(meta["eos_ids"]))
+
+    def feature_meta(self, layer: int, feature: int) -> FeatureMeta:
+        n = self.num_features(layer)
+        if not isinstance(feature, (int, np.integer)) or not 0 <= feature < n:
+            raise VindexError(f"{self.path}: feature {feature} out of range 0..{n - 1} at layer {layer}")
+        ids, scores = self.down_meta(layer)
+        token_ids = tuple(int(t) for t in ids[feature])
+        return FeatureMeta(int(layer), int(feature), token_ids,
+                           tuple(self.tokenizer.token_text(t) for t in token_ids),
+                           tuple(float(s) for s in scores[feature]))
+
+    def token_embedding(self, token_id: int, scaled: bool = True) -> NDArray[np.float32]:
+        if not 0 <= token_id < self.vocab_size:
+            raise VindexError(f"{self.path}: token id {token_id} out of range 0..{self.vocab_size - 1}")
+        row = self.embeddings[token_id].astype(np.float32)
+        return row * np.float32(self.embed_scale) if scaled else row
+
+    def entity_embedding(self, text: str, scaled: bool = True) -> NDArray[np.float32]:
+        """Mean embedding of the tokens of `text` (no BOS), as DESCRIBE queries with."""
+        ids = [i for i in self.tokenizer.tok.encode(text, add_special_tokens=False).ids]
+        if not ids:
+            raise VindexError(f"{text!r}: tokenizes to nothing")
+        rows = self.embeddings[ids].astype(np.float32).mean(axis=0)
+        return rows * np.float32(self.embed_scale) if scaled else rows
+
+    def gate_knn(self, layer: int, query: NDArray[np.float32], k: int = 10) -> list[tuple[int, float]]:
+        """The k features whose gate scores `gate . query` are largest in absolute value, sign kept."""
+        from larql.vindex.knn import gate_knn
+
+        return gate_knn(self, layer, query, k)
+
+    def close(self) -> None:
+        self._maps.clear()
+
+    def __enter__(self) -> Vindex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        i = self.index
+        return (f"Vindex({str(self.path)!r}, model={i['model']!r}, level={i['extract_level']}, "
+                f"layers={self.num_layers}, features={i['intermediate_size']}, dtype={i['dtype']})")
+
+
+def open_vindex(path: str | Path) -> Vindex:
+    """Open a vindex read-only, validating index.json against its schema, file sizes and headers.
+
+    Example:
+        >>> v = open_vindex("g.vindex")
+        >>> v.gate_knn(10, v.entity_embedding("France"), k=5)
+    """
+    return Vindex(path)

@@ -1,0 +1,121 @@
+"""Atomic vindex writing: everything goes to a hidden temporary directory next to the target, which
+is renamed into place only after index.json (written last) is complete. An interrupted or failed
+extraction leaves no directory that looks like a vindex."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from types import TracebackType
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from larql.errors import VindexError
+from larql.vindex.layout import INDEX_FILE, align
+
+
+class BinaryFile:
+    """A file written sequentially, hashed as it goes, with aligned blocks."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._f: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed by close()
+        self._hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes | memoryview | np.ndarray) -> int:
+        """Append bytes; returns the offset they start at."""
+        buf = memoryview(np.ascontiguousarray(data)).cast("B") if isinstance(data, np.ndarray) else memoryview(data)
+        start = self.size
+        self._f.write(buf)
+        self._hash.update(buf)
+        self.size += len(buf)
+        return start
+
+    def pad(self) -> int:
+        """Zero-fill up to the next ALIGNMENT boundary; returns the new (aligned) offset."""
+        gap = align(self.size) - self.size
+        if gap:
+            self.write(bytes(gap))
+        return self.size
+
+    def write_aligned(self, data: bytes | memoryview | np.ndarray) -> int:
+        self.pad()
+        return self.write(data)
+
+    def close(self) -> dict[str, Any]:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        return {"size": self.size, "sha256": self._hash.hexdigest()}
+
+
+class VindexWriter:
+    """Context manager: `with VindexWriter(target) as w: ...; w.finish(index)`."""
+
+    def __init__(self, target: Path, overwrite: bool = False) -> None:
+        self.target = Path(target)
+        self.overwrite = overwrite
+        if self.target.exists() and not overwrite:
+            raise VindexError(f"{self.target}: already exists; choose another path or pass --force")
+        self.tmp = self.target.parent / f".{self.target.name}.tmp-{os.getpid()}"
+        self.files: dict[str, dict[str, Any]] = {}
+        self._open: list[tuple[str, BinaryFile]] = []
+        self._done = False
+
+    def __enter__(self) -> VindexWriter:
+        try:
+            self.target.parent.mkdir(parents=True, exist_ok=True)
+            if self.tmp.exists():
+                shutil.rmtree(self.tmp)
+            self.tmp.mkdir()
+        except OSError as e:
+            raise VindexError(f"{self.target}: cannot create the output directory ({e})") from e
+        return self
+
+    def binary(self, name: str) -> BinaryFile:
+        f = BinaryFile(self.tmp / name)
+        self._open.append((name, f))
+        return f
+
+    def text(self, name: str, content: str) -> None:
+        data = content.encode()
+        (self.tmp / name).write_bytes(data)
+        self.files[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+    def copy(self, name: str, source: Path) -> None:
+        shutil.copyfile(source, self.tmp / name)
+        data = (self.tmp / name).read_bytes()
+        self.files[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+    def finish(self, index: dict[str, Any]) -> Path:
+        """Close every file, write index.json (with the file table), then rename into place."""
+        for name, f in self._open:
+            self.files[name] = f.close()
+        self._open.clear()
+        index = {**index, "files": dict(sorted(self.files.items()))}
+        (self.tmp / INDEX_FILE).write_text(json.dumps(index, indent=1))
+        if self.target.exists():  # overwrite: move the old one aside first, so a crash loses nothing
+            old = self.target.parent / f".{self.target.name}.old-{os.getpid()}"
+            os.rename(self.target, old)
+            os.rename(self.tmp, self.target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(self.tmp, self.target)
+        self._done = True
+        return self.target
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        for _, f in self._open:
+            try:
+                f._f.close()
+            except OSError:
+                pass
+        if not self._done:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
