@@ -85,6 +85,43 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_extract(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from larql.vindex import extract
+
+    _threads(args.threads)
+    console = Console(stderr=True)
+    t0 = time.perf_counter()
+    with Progress(TextColumn("{task.description:<26}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, disable=args.quiet) as bar:
+        tasks: dict[str, object] = {}
+
+        def report(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total)
+            bar.update(tasks[stage], completed=done)  # type: ignore[arg-type]
+
+        path = extract(args.src, args.output, level=args.level, dtype=args.dtype, quant=args.quant,
+                       top_k=args.top_k, overwrite=args.force, progress=report)
+    size = sum(f.stat().st_size for f in path.iterdir())
+    console.print(f"wrote {path} ({size / 1e6:.1f} MB, level {args.level}) in {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from larql.vindex import open_vindex
+
+    v = open_vindex(args.path)
+    bad = v.verify()
+    if bad:
+        sys.stderr.write(f"larql: error: {args.path}: checksum mismatch in {', '.join(bad)}\n")
+        return 1
+    print(f"{args.path}: ok ({len(v.index['files'])} files match index.json)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="larql", description="A language model as a database.")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
@@ -102,6 +139,23 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="one JSON object instead of streamed text")
     run.add_argument("--stats", action="store_true", help="print token count and speed to stderr")
     run.set_defaults(func=cmd_run)
+
+    ex = sub.add_parser("extract", help="decompile a model into a vindex directory")
+    ex.add_argument("src", help="alias, .gguf file or HF directory")
+    ex.add_argument("-o", "--output", required=True, help="the vindex directory to create (e.g. g.vindex)")
+    ex.add_argument("--level", choices=["browse", "inference", "all"], default="browse")
+    ex.add_argument("--dtype", choices=["f16", "f32"], default="f16", help="embeddings and gate vectors")
+    ex.add_argument("--quant", choices=["source", "q4k"], default="source",
+                    help="model weights: keep the source encoding (default) or requantize")
+    ex.add_argument("--top-k", type=int, default=10, help="output tokens kept per feature (default 10)")
+    ex.add_argument("--force", action="store_true", help="replace an existing vindex")
+    ex.add_argument("--threads", type=int, default=None)
+    ex.add_argument("--quiet", action="store_true", help="no progress bars")
+    ex.set_defaults(func=cmd_extract)
+
+    ve = sub.add_parser("verify", help="check every file of a vindex against its sha256 in index.json")
+    ve.add_argument("path")
+    ve.set_defaults(func=cmd_verify)
     return parser
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from larql.errors import LarqlError, ModelFormatError, UnknownModelError
-from larql.model.config import config_from_gguf, config_from_hf
+from larql.model.config import ModelConfig, config_from_gguf, config_from_hf
 from larql.model.gguf_file import GGUFFile
 from larql.model.model import Model
 from larql.model.tokenizer import tokenizer_from_gguf, tokenizer_from_hf
@@ -69,9 +69,32 @@ def load(src: str | Path) -> Model:
         >>> m.generate("The capital of France is", max_new_tokens=4).text
     """
     name, path = resolve(src)
+    if path.is_dir() and (path / "index.json").is_file():
+        return _load_vindex(name, path)
     if path.is_dir():
         return _load_hf_dir(name, path)
     return _load_gguf(name, path)
+
+
+def _load_vindex(name: str, path: Path) -> Model:
+    """Run a model from an inference-level vindex alone (the vindex package is imported lazily:
+    model/ does not depend on vindex/)."""
+    from larql.errors import VindexError
+    from larql.vindex.store import open_vindex
+    from larql.vindex.weights import VindexWeightSource
+
+    v = open_vindex(path)
+    if not v.has_model_weights:
+        raise VindexError(f"{path}: a browse-level vindex has no model weights; "
+                          f"re-extract with --level inference to run the model from it")
+    mc = dict(v.index["model_config"])
+    mc["global_layers"] = tuple(mc["global_layers"])
+    try:
+        cfg = ModelConfig(**mc)
+    except TypeError as e:
+        raise VindexError(f"{path / 'index.json'}: model_config does not describe a model this larql runs ({e})") from e
+    weights = load_weights(VindexWeightSource(path), cfg)
+    return Model(v.index["model"], path, cfg, weights, v.tokenizer)
 
 
 def _load_gguf(name: str, path: Path) -> Model:

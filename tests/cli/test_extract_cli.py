@@ -1,0 +1,49 @@
+"""`larql extract` and `larql verify` in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import pytest
+
+from tests.synthetic import TinySpec, hf_weights, write_gguf
+
+
+def larql(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "larql", *args], capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cliex") / "tiny.gguf"
+    write_gguf(path, TinySpec("llama"), hf_weights(TinySpec("llama")), gguf.GGMLQuantizationType.Q8_0)
+    return path
+
+
+def test_extract_verify_and_run_from_vindex(tiny_gguf: Path, tmp_path: Path) -> None:
+    out = tmp_path / "t.vindex"
+    r = larql("extract", str(tiny_gguf), "-o", str(out), "--level", "inference", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert f"wrote {out}" in r.stderr
+    assert json.loads((out / "index.json").read_text())["extract_level"] == "inference"
+    r = larql("verify", str(out))
+    assert r.returncode == 0 and "ok (6 files match index.json)" in r.stdout
+    direct = json.loads(larql("run", str(tiny_gguf), "abc", "--max-tokens", "5", "--json").stdout)
+    via_vindex = json.loads(larql("run", str(out), "abc", "--max-tokens", "5", "--json").stdout)
+    assert via_vindex["ids"] == direct["ids"]
+    again = larql("extract", str(tiny_gguf), "-o", str(out), "--quiet")
+    assert again.returncode == 1 and "already exists; choose another path or pass --force" in again.stderr
+
+
+def test_verify_reports_corruption(tiny_gguf: Path, tmp_path: Path) -> None:
+    out = tmp_path / "c.vindex"
+    assert larql("extract", str(tiny_gguf), "-o", str(out), "--quiet").returncode == 0
+    data = bytearray((out / "gate_vectors.bin").read_bytes())
+    data[64] ^= 1
+    (out / "gate_vectors.bin").write_bytes(bytes(data))
+    r = larql("verify", str(out))
+    assert r.returncode == 1 and "checksum mismatch in gate_vectors.bin" in r.stderr and "Traceback" not in r.stderr
