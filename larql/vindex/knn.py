@@ -2,7 +2,9 @@
 
 faiss's flat inner-product index returns the largest scores; searching with q and with -q gives
 the k most positive and the k most negative, and the k largest by magnitude are among those 2k.
-Per-layer indexes are built on first use (a float32 copy of the layer's gate vectors) and kept.
+Per-layer indexes are built on first use and kept. An f16 vindex uses faiss's fp16 scalar
+quantizer fed the stored half-precision bytes directly: decoding fp16 is exact, it reads half the
+memory of a float32 copy, and it measured 3.8 ms against 6.6 ms per Gemma-3-4B-sized layer here.
 """
 
 from __future__ import annotations
@@ -19,12 +21,16 @@ if TYPE_CHECKING:
     from larql.vindex.store import Vindex
 
 
-def _layer_index(v: Vindex, layer: int) -> faiss.IndexFlatIP:
-    cache: dict[int, faiss.IndexFlatIP] = v.__dict__.setdefault("_faiss_layers", {})
+def _layer_index(v: Vindex, layer: int) -> faiss.Index:
+    cache: dict[int, faiss.Index] = v.__dict__.setdefault("_faiss_layers", {})
     if layer not in cache:
-        gates = np.ascontiguousarray(v.gate_vectors(layer), dtype=np.float32)  # (features, hidden)
-        index = faiss.IndexFlatIP(gates.shape[1])
-        index.add(gates)
+        gates = v.gate_vectors(layer)  # (features, hidden), the stored dtype
+        if gates.dtype == np.float16:
+            index = faiss.IndexScalarQuantizer(v.hidden, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
+            index.add_sa_codes(np.ascontiguousarray(gates).view(np.uint8))
+        else:
+            index = faiss.IndexFlatIP(v.hidden)
+            index.add(np.ascontiguousarray(gates, dtype=np.float32))
         cache[layer] = index
     return cache[layer]
 

@@ -219,6 +219,17 @@ class Vindex:
 
         return gate_knn(self, layer, query, k)
 
+    def model(self) -> Any:
+        """The model this vindex carries (inference level and up), loaded once."""
+        if not self.has_model_weights:
+            raise VindexError(f"{self.path}: a browse-level vindex has no model weights; "
+                              f"re-extract with --level inference")
+        if "_model" not in self.__dict__:
+            from larql.model.load import load
+
+            self.__dict__["_model"] = load(self.path)
+        return self.__dict__["_model"]
+
     def close(self) -> None:
         self._maps.clear()
 

@@ -1,0 +1,181 @@
+"""DESCRIBE: an entity's knowledge card, as a value.
+
+Two kinds of edge. *Feature edges* follow LARQL (reference §4.1): the entity's mean token embedding
+(scaled) queries every layer's gate vectors; a feature that fires strongly contributes its top
+output token as an edge target. On a small model these are mostly category features (countries,
+"Japanese", ...), and raw hits are dominated by multilingual and code fragments, so targets must be
+readable English-like content tokens. *Probe edges* (when the vindex carries model weights) run
+relation templates through the model itself and report what it answers, with the probability of
+its first token: they are what the model knows when asked, labelled as such.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from larql.errors import VindexError
+
+if TYPE_CHECKING:
+    from larql.model import Model
+    from larql.vindex.store import Vindex
+
+BANDS = ("syntax", "knowledge", "output")
+MIN_GATE = 5.0  # LARQL's threshold: weaker (and all negative) gate scores are not edges
+HITS_PER_LAYER = 20
+CAP = {"brief": {"syntax": 10, "knowledge": 10, "output": 5}, "verbose": 30, "raw": 30}
+
+STOP_WORDS = frozenset("""
+a about above after again against all also am an and any are as at be because been before being
+below between both but by can could did do does doing down during each few for from further had has
+have having he her here hers herself him himself his how i if in into is it its itself just me more
+most my myself no nor not now of off on once only or other our ours out over own same she should so
+some such than that the their theirs them then there these they this those through to too under
+until up very was we were what when where which while who whom why will with would you your yours
+""".split())
+_CAMEL = re.compile(r"[a-z][A-Z]")
+
+
+# A neutral reference point for DESCRIBE's query: the mean embedding of common, unrelated words.
+# Querying with (entity - baseline) ranks features by how much more the entity drives them than an
+# ordinary word does; "hub" features that fire for every input drop out (a gate score is linear
+# in the query, so this is exactly gate(entity) - gate(baseline)).
+BASELINE_WORDS = ("the house water dog run blue happy music river city country people John Mary table "
+                  "computer money book school garden mountain king war science film game car tree food bird "
+                  "ocean letter").split()
+
+
+def baseline_query(v: Vindex) -> np.ndarray:
+    if "_describe_baseline" not in v.__dict__:
+        v.__dict__["_describe_baseline"] = np.mean([v.entity_embedding(w) for w in BASELINE_WORDS], axis=0)
+    return v.__dict__["_describe_baseline"]
+
+
+def clean_token(token: str) -> str:
+    return token.replace("▁", " ").strip()
+
+
+def is_content_token(token: str) -> bool:
+    """A readable word worth showing as an edge: 3-25 characters, mostly ASCII letters, not
+    camelCase, not a stop word."""
+    t = clean_token(token)
+    if not 3 <= len(t) <= 25 or t.lower() in STOP_WORDS or _CAMEL.search(t):
+        return False
+    if any(c.isalpha() and not c.isascii() for c in t):
+        return False
+    letters = sum(c.isalpha() for c in t)
+    return letters / len(t) >= 0.8 and t[0].isalpha()
+
+
+@dataclass(frozen=True)
+class Edge:
+    target: str
+    score: float  # feature edges: the gate score; probe edges: probability of the answer's first token
+    layer: int  # feature edges: the layer of the strongest hit; probe edges: -1
+    feature: int
+    source: str  # "feature" | "probe"
+    label: str | None = None  # probe edges: the relation
+    layers: tuple[int, ...] = ()
+    hits: int = 1
+    also: tuple[str, ...] = ()
+
+
+@dataclass
+class DescribeResult:
+    entity: str
+    found: bool
+    signal: str  # "clean" | "moderate" | "diffuse" | "none"
+    max_gate: float
+    bands: dict[str, list[Edge]] = field(default_factory=dict)  # feature edges by band of their best layer
+    probes: list[Edge] = field(default_factory=list)
+    layer_bands: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def edges(self) -> list[Edge]:
+        return [*self.probes, *(e for band in BANDS for e in self.bands.get(band, []))]
+
+
+def _band_of(layer: int, bands: dict[str, list[int]]) -> str:
+    for name in BANDS:
+        lo, hi = bands[name]
+        if lo <= layer <= hi:
+            return name
+    return "knowledge"
+
+
+def feature_edges(v: Vindex, entity: str, layers: list[int], relations_only: bool = False,
+                  contrastive: bool = True) -> list[Edge]:
+    """Gate-KNN edges of `entity` over `layers`, merged by target (LARQL §4.1 steps 1-4)."""
+    query = v.entity_embedding(entity)
+    if contrastive:
+        query = query - baseline_query(v)
+    entity_key = entity.strip().lower()
+    merged: dict[str, Edge] = {}
+    for layer in layers:
+        ids, scores = v.down_meta(layer)
+        for feature, gate in v.gate_knn(layer, query, HITS_PER_LAYER):
+            if gate < MIN_GATE:
+                continue
+            tokens = [clean_token(v.tokenizer.token_text(int(t))) for t in ids[feature]]
+            target = tokens[0]
+            if not is_content_token(target) or target.lower() == entity_key:
+                continue
+            readable = [t for t, s in zip(tokens[1:], scores[feature][1:])
+                        if s > 0 and t and t.lower() not in (target.lower(), entity_key)][:5]
+            also = tuple(t for t in readable if is_content_token(t))[:3]
+            if not also and readable and gate < 20.0:  # LARQL's coherence filter
+                continue
+            key = target.lower()
+            old = merged.get(key)
+            if old is None:
+                merged[key] = Edge(target, gate, layer, feature, "feature", None, (layer,), 1, also)
+            else:
+                best = (gate, layer, feature, also) if gate > old.score else (old.score, old.layer, old.feature, old.also)
+                merged[key] = Edge(target, best[0], best[1], best[2], "feature", None,
+                                   tuple(sorted({*old.layers, layer})), old.hits + 1, best[3])
+    edges = list(merged.values())
+    if relations_only:  # feature labels arrive with relation clusters; unlabelled edges drop out
+        edges = [e for e in edges if e.label]
+    return edges
+
+
+def describe(v: Vindex, entity: str, band: str | None = None, at_layer: int | None = None,
+             relations_only: bool = False, mode: str = "brief", model: Model | None = None,
+             probes: bool = True, contrastive: bool = True) -> DescribeResult:
+    """DESCRIBE "entity" [band] [AT LAYER n] [RELATIONS ONLY] [BRIEF|VERBOSE|RAW].
+
+    Probe edges run when `probes` is true and a model is given or the vindex has model weights.
+    """
+    if band is not None and band not in (*BANDS, "all"):
+        raise VindexError(f"unknown band {band!r} (choose syntax, knowledge, output or all)")
+    if mode not in CAP:
+        raise VindexError(f"unknown DESCRIBE mode {mode!r} (choose brief, verbose or raw)")
+    bands = v.index["layer_bands"]
+    if at_layer is not None:
+        v.num_features(at_layer)  # range check
+        layers = [at_layer]
+    elif band in BANDS:
+        layers = list(range(bands[band][0], bands[band][1] + 1))
+    else:
+        layers = list(range(v.num_layers))
+    try:
+        edges = feature_edges(v, entity, layers, relations_only, contrastive)
+    except VindexError:
+        return DescribeResult(entity, False, "none", 0.0, layer_bands=bands)
+    by_band: dict[str, list[Edge]] = {b: [] for b in BANDS}
+    for e in edges:
+        by_band[_band_of(e.layer, bands)].append(e)
+    for b in BANDS:
+        cap = CAP[mode][b] if isinstance(CAP[mode], dict) else CAP[mode]
+        by_band[b] = sorted(by_band[b], key=lambda e: -e.score)[:cap]  # type: ignore[index]
+    max_gate = max((e.score for e in edges), default=0.0)
+    signal = "clean" if max_gate >= 20 else "moderate" if max_gate >= 10 else "diffuse" if edges else "none"
+    result = DescribeResult(entity, True, signal, max_gate, by_band, layer_bands=bands)
+    if probes and (model is not None or v.has_model_weights):
+        from larql.vindex.probes import probe_edges
+
+        result.probes = probe_edges(model if model is not None else v.model(), entity)
+    return result

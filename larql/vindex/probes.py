@@ -1,0 +1,85 @@
+"""Probe edges: relation templates run through the model, reporting what it answers.
+
+Each relation has a template and a few worked examples; the prompt is two examples (never about the
+entity itself) followed by the entity, which pins the answer's format to a short noun phrase. An
+answer becomes an edge when the model's first answer token has probability >= MIN_PROB and the
+answer reads as a word (templates that do not apply to an entity, such as the capital of a person,
+mostly fall below the bar or produce non-words).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from larql.model import Model
+from larql.model.generate import log_softmax
+from larql.vindex.describe import Edge, clean_token, is_content_token
+
+MIN_PROB = 0.25
+MAX_ANSWER_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class RelationTemplate:
+    relation: str
+    template: str  # "{}" is the entity
+    examples: tuple[tuple[str, str], ...]  # (entity, answer) shots
+
+
+TEMPLATES: tuple[RelationTemplate, ...] = (
+    RelationTemplate("capital", "The capital of {} is",
+                     (("Germany", "Berlin"), ("Italy", "Rome"), ("Egypt", "Cairo"))),
+    RelationTemplate("language", "The official language of {} is",
+                     (("Germany", "German"), ("Italy", "Italian"), ("Brazil", "Portuguese"))),
+    RelationTemplate("currency", "The currency of {} is the",
+                     (("the United States", "dollar"), ("Japan", "yen"), ("Mexico", "peso"))),
+    RelationTemplate("continent", "{} is in the continent of",
+                     (("Germany", "Europe"), ("Kenya", "Africa"), ("Peru", "South America"))),
+    RelationTemplate("located-in", "{} is a city in the country of",
+                     (("Lyon", "France"), ("Osaka", "Japan"), ("Munich", "Germany"))),
+    RelationTemplate("born-in", "{} was born in the country of",
+                     (("Frida Kahlo", "Mexico"), ("Isaac Newton", "England"), ("Leo Tolstoy", "Russia"))),
+    RelationTemplate("occupation", "By profession, {} was a",
+                     (("Ludwig van Beethoven", "composer"), ("Marie Curie", "physicist"), ("Vincent van Gogh", "painter"))),
+    RelationTemplate("nationality", "The nationality of {} was",
+                     (("Frida Kahlo", "Mexican"), ("Isaac Newton", "English"), ("Leo Tolstoy", "Russian"))),
+)
+
+
+def probe_prompt(t: RelationTemplate, entity: str) -> str:
+    shots = [(e, a) for e, a in t.examples if e.lower() != entity.lower()][:2]
+    lines = [f"{t.template.format(e)} {a}." for e, a in shots]
+    return " ".join([*lines, t.template.format(entity)])
+
+
+def run_probe(model: Model, t: RelationTemplate, entity: str) -> tuple[str, float]:
+    """(answer text, probability of its first token) for one template."""
+    ids = model.tokenize(probe_prompt(t, entity))
+    cache = model.new_cache(len(ids) + MAX_ANSWER_TOKENS)
+    logits = model.next_logits(ids, cache)
+    first = int(np.argmax(logits))
+    prob = float(np.exp(log_softmax(logits)[first]))
+    answer = [first]
+    while len(answer) < MAX_ANSWER_TOKENS:
+        text = model.detokenize(answer)
+        if any(stop in text for stop in (".", ",", "\n", ";")):
+            break
+        logits = model.next_logits([answer[-1]], cache)
+        answer.append(int(np.argmax(logits)))
+    text = model.detokenize(answer)
+    for stop in (".", ",", "\n", ";"):
+        text = text.split(stop)[0]
+    return clean_token(text), prob
+
+
+def probe_edges(model: Model, entity: str, templates: tuple[RelationTemplate, ...] = TEMPLATES) -> list[Edge]:
+    """Edges for every template whose answer clears MIN_PROB, most probable first."""
+    edges = []
+    for t in templates:
+        answer, prob = run_probe(model, t, entity)
+        words = answer.split()
+        if prob >= MIN_PROB and words and is_content_token(words[0]) and answer.lower() != entity.lower():
+            edges.append(Edge(answer, prob, -1, -1, "probe", t.relation))
+    return sorted(edges, key=lambda e: -e.score)
