@@ -38,6 +38,14 @@ def gemma() -> larql.Model:
     return larql.load("gemma3-270m")
 
 
+@pytest.fixture(scope="session")
+def gemma_vindex(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Gemma 3 270M extracted at the inference level (about a minute, once per run)."""
+    from larql.vindex import extract
+
+    return extract("gemma3-270m", tmp_path_factory.mktemp("real") / "g.vindex", level="inference")
+
+
 @pytest.fixture(scope="session", params=["llama", "gemma3"])
 def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A tiny seeded model as an HF directory and as F32 and Q8_0 GGUF files."""

@@ -119,7 +119,7 @@ def feature_edges(v: Vindex, entity: str, layers: list[int], relations_only: boo
         for feature, gate in v.gate_knn(layer, query, HITS_PER_LAYER):
             if gate < MIN_GATE:
                 continue
-            tokens = [clean_token(v.tokenizer.token_text(int(t))) for t in ids[feature]]
+            tokens = [clean_token(v.token_text(int(t))) for t in ids[feature]]
             target = tokens[0]
             if not is_content_token(target) or target.lower() == entity_key:
                 continue

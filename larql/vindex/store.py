@@ -189,6 +189,14 @@ class Vindex:
         meta = self.index["tokenizer"]
         return TextTokenizer(tok, meta["bos_id"], tuple(meta["eos_ids"]))
 
+    def token_text(self, token_id: int) -> str:
+        """How a token reads on its own, decoded once and remembered."""
+        cache: dict[int, str] = self.__dict__.setdefault("_token_texts", {})
+        text = cache.get(token_id)
+        if text is None:
+            text = cache[token_id] = self.tokenizer.token_text(int(token_id))
+        return text
+
     def feature_meta(self, layer: int, feature: int) -> FeatureMeta:
         n = self.num_features(layer)
         if not isinstance(feature, (int, np.integer)) or not 0 <= feature < n:
@@ -196,7 +204,7 @@ class Vindex:
         ids, scores = self.down_meta(layer)
         token_ids = tuple(int(t) for t in ids[feature])
         return FeatureMeta(int(layer), int(feature), token_ids,
-                           tuple(self.tokenizer.token_text(t) for t in token_ids),
+                           tuple(self.token_text(t) for t in token_ids),
                            tuple(float(s) for s in scores[feature]))
 
     def token_embedding(self, token_id: int, scaled: bool = True) -> NDArray[np.float32]:

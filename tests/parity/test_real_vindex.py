@@ -8,12 +8,7 @@ import numpy as np
 import pytest
 
 import larql
-from larql.vindex import extract, open_vindex
-
-
-@pytest.fixture(scope="session")
-def gemma_vindex(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return extract("gemma3-270m", tmp_path_factory.mktemp("real") / "g.vindex", level="inference")
+from larql.vindex import open_vindex
 
 
 def test_vindex_model_equals_gguf_model(gemma_vindex: Path, gemma: larql.Model) -> None:
