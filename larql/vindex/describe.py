@@ -131,13 +131,14 @@ def feature_edges(v: Vindex, entity: str, layers: list[int], relations_only: boo
             key = target.lower()
             old = merged.get(key)
             if old is None:
-                merged[key] = Edge(target, gate, layer, feature, "feature", None, (layer,), 1, also)
+                merged[key] = Edge(target, gate, layer, feature, "feature", v.feature_label(layer, feature),
+                                   (layer,), 1, also)
             else:
                 best = (gate, layer, feature, also) if gate > old.score else (old.score, old.layer, old.feature, old.also)
-                merged[key] = Edge(target, best[0], best[1], best[2], "feature", None,
+                merged[key] = Edge(target, best[0], best[1], best[2], "feature", v.feature_label(best[1], best[2]),
                                    tuple(sorted({*old.layers, layer})), old.hits + 1, best[3])
     edges = list(merged.values())
-    if relations_only:  # feature labels arrive with relation clusters; unlabelled edges drop out
+    if relations_only:  # only edges whose feature belongs to a relation cluster
         edges = [e for e in edges if e.label]
     return edges
 

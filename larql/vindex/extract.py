@@ -24,7 +24,7 @@ from larql.model import Model
 from larql.model.load import load, resolve
 from larql.model.weights import named_tensors
 from larql.quant import GGMLType, QuantMatrix
-from larql.vindex import layout
+from larql.vindex import clusters, layout
 from larql.vindex.writer import VindexWriter
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -136,6 +136,14 @@ def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dty
         header = layout.DOWN_META_MAGIC + np.array([layout.DOWN_META_VERSION, cfg.n_layers, top_k], "<u4").tobytes()
         down_meta.write(header.ljust(layout.DOWN_META_HEADER, b"\0"))
         unembed = w.output.dequantize()  # (vocab, hidden) float32: the one big allocation
+        embed = unembed if w.output is w.token_embd else w.token_embd.dequantize()
+        token_texts = model.tokenizer.tok.decode_batch([[i] for i in range(w.token_embd.n_rows)],
+                                                       skip_special_tokens=False)
+        words = clusters.whole_words(token_texts)
+        band = layout.layer_bands(cfg.n_layers)["knowledge"]
+        dirs: list[np.ndarray] = []
+        members: list[tuple[int, int]] = []
+        outputs: list[str] = []
         layers = []
         for i, lw in enumerate(w.layers):
             gate = lw.gate.dequantize().astype(np_dtype)  # (ffn, hidden)
@@ -146,8 +154,22 @@ def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dty
             layers.append({"layer": i, "num_features": int(gate.shape[0]), "gate_offset": gate_offset,
                            "gate_length": int(gate.nbytes), "down_meta_offset": dm_offset,
                            "down_meta_length": int(ids.nbytes + vals.nbytes)})
+            if band[0] <= i <= band[1] and len(words):
+                d, m, o = clusters.layer_directions(embed, token_texts, words, i, gate.astype(np.float32), ids[:, 0])
+                dirs.append(d)
+                members += m
+                outputs += o
             report("gate vectors + down_meta", i + 1, cfg.n_layers)
-        del unembed
+        del unembed, embed
+
+        report("relation clusters", 0, 1)
+        found = clusters.cluster_directions(np.concatenate(dirs) if dirs else np.zeros((0, cfg.hidden), np.float16),
+                                            members, outputs)
+        if found is not None:
+            writer.text(layout.CLUSTERS_FILE, json.dumps(found.to_json()))
+            writer.text(layout.FEATURE_CLUSTERS_FILE,
+                        "".join(json.dumps({"l": l, "f": f, "c": c}) + "\n" for l, f, c in found.members))
+        report("relation clusters", 1, 1)
 
         if level != "browse":
             manifest = []

@@ -16,6 +16,8 @@ GATE_FILE = "gate_vectors.bin"
 DOWN_META_FILE = "down_meta.bin"
 WEIGHTS_FILE = "weights.bin"
 MANIFEST_FILE = "weights.json"
+CLUSTERS_FILE = "relation_clusters.json"  # optional: written when there are enough features to cluster
+FEATURE_CLUSTERS_FILE = "feature_clusters.jsonl"
 BROWSE_FILES = (TOKENIZER_FILE, EMBEDDINGS_FILE, GATE_FILE, DOWN_META_FILE)
 INFERENCE_FILES = (WEIGHTS_FILE, MANIFEST_FILE)
 

@@ -189,6 +189,29 @@ class Vindex:
         meta = self.index["tokenizer"]
         return TextTokenizer(tok, meta["bos_id"], tuple(meta["eos_ids"]))
 
+    @cached_property
+    def relation_clusters(self) -> dict[str, Any] | None:
+        """relation_clusters.json ({k, centres, labels, counts, top_tokens}), or None if absent."""
+        if layout.CLUSTERS_FILE not in self.index["files"]:
+            return None
+        return json.loads((self.path / layout.CLUSTERS_FILE).read_text())
+
+    @cached_property
+    def _feature_clusters(self) -> dict[tuple[int, int], int]:
+        if layout.FEATURE_CLUSTERS_FILE not in self.index["files"]:
+            return {}
+        out = {}
+        for line in (self.path / layout.FEATURE_CLUSTERS_FILE).read_text().splitlines():
+            rec = json.loads(line)
+            out[(rec["l"], rec["f"])] = rec["c"]
+        return out
+
+    def feature_label(self, layer: int, feature: int) -> str | None:
+        """The relation-cluster label of a feature, if it was clustered."""
+        c = self._feature_clusters.get((int(layer), int(feature)))
+        clusters = self.relation_clusters
+        return None if c is None or clusters is None else clusters["labels"][c]
+
     def token_text(self, token_id: int) -> str:
         """How a token reads on its own, decoded once and remembered."""
         cache: dict[int, str] = self.__dict__.setdefault("_token_texts", {})

@@ -39,7 +39,9 @@ def test_index_validates_against_schema(tiny_vindex: Path) -> None:
     index = json.loads((tiny_vindex / "index.json").read_text())
     jsonschema.Draft202012Validator(SCHEMA).validate(index)
     assert index["extract_level"] == "inference" and index["has_model_weights"] is True
-    assert set(index["files"]) == {*layout.BROWSE_FILES, *layout.INFERENCE_FILES}
+    optional = {layout.CLUSTERS_FILE, layout.FEATURE_CLUSTERS_FILE}
+    assert {*layout.BROWSE_FILES, *layout.INFERENCE_FILES} <= set(index["files"]) <= {
+        *layout.BROWSE_FILES, *layout.INFERENCE_FILES, *optional}
 
 
 def test_layout_constants_match_format_md() -> None:
@@ -48,7 +50,8 @@ def test_layout_constants_match_format_md() -> None:
     assert f"magic `{layout.DOWN_META_MAGIC.decode()}`" in spec
     assert f"format version, `{layout.DOWN_META_VERSION}`" in spec
     assert f"A {layout.DOWN_META_HEADER}-byte header" in spec
-    for name in (*layout.BROWSE_FILES, *layout.INFERENCE_FILES, layout.INDEX_FILE):
+    for name in (*layout.BROWSE_FILES, *layout.INFERENCE_FILES, layout.INDEX_FILE, layout.CLUSTERS_FILE,
+                 layout.FEATURE_CLUSTERS_FILE):
         assert f"`{name}`" in spec, name
     assert re.search(rf"`version` = `{layout.FORMAT_VERSION}`", spec)
 
