@@ -19,11 +19,12 @@ import numpy as np
 from numba import njit, prange
 
 import larql
-from larql.errors import UnsupportedError, VindexError
+from larql.errors import VindexError
 from larql.model import Model
 from larql.model.load import load, resolve
 from larql.model.weights import named_tensors
 from larql.quant import GGMLType, QuantMatrix
+from larql.quant.quantize import quantize_q4_k, quantize_q6_k
 from larql.vindex import clusters, layout
 from larql.vindex.writer import VindexWriter
 
@@ -78,6 +79,24 @@ def down_top_tokens(down: QuantMatrix, unembed: np.ndarray, top_k: int) -> tuple
     return top_ids, top_vals
 
 
+# Q4_K_M-style choice: 4-bit for most matrices, 6-bit for the ones most sensitive to error.
+_Q4K = ("attn_q.weight", "attn_k.weight", "attn_output.weight", "ffn_gate.weight", "ffn_up.weight")
+_Q6K = ("attn_v.weight", "ffn_down.weight")
+_FLOAT = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+
+
+def requantize(name: str, m: QuantMatrix) -> QuantMatrix:
+    """--quant q4k: float layer matrices become Q4_K (Q6_K for attn_v and ffn_down). Tensors already
+    quantized, embeddings, and rows that are not a multiple of 256 weights keep their encoding."""
+    if m.qtype not in _FLOAT or m.n_cols % 256:
+        return m
+    if name.endswith(_Q4K):
+        return quantize_q4_k(m.dequantize(), m.name)
+    if name.endswith(_Q6K):
+        return quantize_q6_k(m.dequantize(), m.name)
+    return m
+
+
 def _sha256_path(path: Path) -> tuple[str, int]:
     h, size = hashlib.sha256(), 0
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
@@ -98,7 +117,8 @@ def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dty
         level: "browse" (embeddings, gate vectors, down_meta, tokenizer) or "inference"/"all"
             (plus every model tensor, so the vindex alone runs the model).
         dtype: "f16" or "f32" for embeddings and gate vectors.
-        quant: "source" keeps model tensors in their stored encoding (GGUF blocks copied as they are).
+        quant: "source" keeps model tensors in their stored encoding (GGUF blocks copied as they are);
+            "q4k" quantizes float layer matrices to Q4_K / Q6_K (see `requantize`).
         top_k: output tokens kept per feature in down_meta.
     Returns:
         The vindex directory.
@@ -107,10 +127,8 @@ def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dty
         raise VindexError(f"unknown extract level {level!r} (choose one of: {', '.join(layout.LEVELS)})")
     if dtype not in layout.DTYPES:
         raise VindexError(f"unknown dtype {dtype!r} (choose f16 or f32)")
-    if quant == "q4k":
-        raise UnsupportedError("--quant q4k (requantizing safetensors weights) is not implemented yet; use --quant source")
-    if quant != "source":
-        raise VindexError(f"unknown quant {quant!r} (choose source)")
+    if quant not in ("source", "q4k"):
+        raise VindexError(f"unknown quant {quant!r} (choose source or q4k)")
     if not 1 <= top_k <= 1000:
         raise VindexError(f"down top-k must be between 1 and 1000, got {top_k}")
     report = progress or (lambda stage, done, total: None)
@@ -176,6 +194,8 @@ def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dty
             blob = writer.binary(layout.WEIGHTS_FILE)
             tensors = list(named_tensors(w))
             for n, (name, value) in enumerate(tensors):
+                if quant == "q4k" and isinstance(value, QuantMatrix):
+                    value = requantize(name, value)
                 if isinstance(value, QuantMatrix):
                     offset = blob.write_aligned(value.raw)
                     entry = {"type": value.qtype.name, "shape": [value.n_rows, value.n_cols], "nbytes": value.nbytes}

@@ -14,7 +14,9 @@ import pytest
 import larql
 from larql.errors import VindexError
 from larql.vindex import extract, layout, open_vindex
-from tests.synthetic import TinySpec, hf_weights, write_gguf, write_hf_dir
+from larql.quant.quantize import quantize_q4_k, quantize_q6_k
+from tests.conftest import rel_err
+from tests.synthetic import TinySpec, hf_weights, reference_logits, write_gguf, write_hf_dir
 
 ROOT = Path(__file__).resolve().parents[3]
 SCHEMA = json.loads((ROOT / "vindex_spec" / "index.schema.json").read_text())
@@ -140,3 +142,26 @@ def test_read_only_use_changes_nothing(tiny_vindex: Path) -> None:
     with pytest.raises(ValueError):
         v.gate_vectors(0)[0, 0] = 1.0  # the maps are read-only
     assert {p.name: p.read_bytes() for p in tiny_vindex.iterdir()} == before
+
+
+def test_q4k_extraction_from_safetensors(tmp_path: Path) -> None:
+    spec = TinySpec("llama", hidden=256, ffn=512, n_heads=4, n_kv_heads=2, head_dim=64)
+    weights = hf_weights(spec, seed=5)
+    hf = write_hf_dir(tmp_path / "hf", spec, weights)
+    path = extract(hf, tmp_path / "q.vindex", level="inference", quant="q4k")
+    manifest = {e["name"]: e["type"] for e in json.loads((path / "weights.json").read_text())}
+    assert manifest["blk.0.attn_q.weight"] == "Q4_K" and manifest["blk.1.ffn_gate.weight"] == "Q4_K"
+    assert manifest["blk.0.attn_v.weight"] == "Q6_K" and manifest["blk.1.ffn_down.weight"] == "Q6_K"
+    assert manifest["token_embd.weight"] == "F32" and manifest["blk.0.attn_norm.weight"] == "F32"
+    assert open_vindex(path).index["quant"] == "q4k"
+    # the vindex holds exactly the quantized weights: a float64 reference over their round trip agrees
+    held = dict(weights)
+    for name, w in weights.items():
+        if name.endswith(("q_proj.weight", "k_proj.weight", "o_proj.weight", "gate_proj.weight", "up_proj.weight")):
+            held[name] = quantize_q4_k(w).dequantize()
+        elif name.endswith(("v_proj.weight", "down_proj.weight")):
+            held[name] = quantize_q6_k(w).dequantize()
+    ids = [5, 80, 81, 120, 7, 7, 9]
+    quantized = larql.load(path).forward(ids)
+    assert rel_err(quantized, reference_logits(spec, held, ids)) <= 1e-5
+    assert 0 < rel_err(quantized, larql.load(hf).forward(ids)) < 0.25  # and 4-bit costs something
