@@ -11,6 +11,9 @@ to fix it. The CLI prints `str(err)` and exits non-zero; tracebacks appear only 
     ├── QuantError              a quant kernel got data of the wrong type, shape or size
     ├── TokenizerError          a tokenizer cannot be built from the metadata given
     ├── VindexError             a vindex is missing, damaged, or asked for something it lacks
+    ├── LqlError                an LQL statement at fault; renders line:column, the line and a caret
+    │   ├── LqlSyntaxError      it does not parse
+    │   └── LqlSemanticError    it parses but cannot run here (no vindex in use, layer out of range...)
     └── UnknownModelError       an alias or path that names no model (also a LookupError)
 """
 
@@ -47,6 +50,36 @@ class TokenizerError(LarqlError):
 
 class VindexError(LarqlError, ValueError):
     """A vindex is missing, truncated, corrupt, or lacks what an operation needs."""
+
+
+class LqlError(LarqlError):
+    """An error located in LQL source text."""
+
+    def __init__(self, message: str, text: str = "", line: int = 0, column: int = 0, hint: str = "") -> None:
+        self.message, self.text, self.line, self.column, self.hint = message, text, line, column, hint
+        super().__init__(self.render())
+
+    @property
+    def source_line(self) -> str:
+        lines = self.text.splitlines() or [""]
+        return lines[self.line - 1] if 0 < self.line <= len(lines) else ""
+
+    def render(self) -> str:
+        """`line:col: message`, then the source line and a caret under the column (when known)."""
+        if not self.line:
+            return self.message + (f" ({self.hint})" if self.hint else "")
+        head = f"{self.line}:{self.column}: {self.message}"
+        if self.hint:
+            head += f"\n  hint: {self.hint}"
+        return f"{head}\n  {self.source_line}\n  {' ' * (self.column - 1)}^"
+
+
+class LqlSyntaxError(LqlError):
+    """LQL text that does not parse."""
+
+
+class LqlSemanticError(LqlError):
+    """A statement that parses but cannot run in this session."""
 
 
 class UnknownModelError(LarqlError, LookupError):

@@ -1,0 +1,308 @@
+"""LQL statements as frozen dataclasses, one per statement kind; every node carries its source span.
+
+Spans do not take part in equality, so `parse(unparse(s)) == s` compares meaning, not layout.
+Option fields are None when the clause was not given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+
+@dataclass(frozen=True)
+class Span:
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    start: int  # character offsets into the source text
+    end: int
+
+
+NO_SPAN = Span(0, 0, 0, 0, 0, 0)
+
+
+def _span() -> Span:
+    return field(default=NO_SPAN, compare=False, repr=False)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Range:
+    start: int
+    end: int
+
+
+Value = Union[str, int, float, tuple]  # a tuple holds an IN list
+
+
+@dataclass(frozen=True)
+class Condition:
+    field: str
+    op: str  # = != < > <= >= LIKE IN
+    value: Value
+
+
+@dataclass(frozen=True)
+class OrderBy:
+    field: str
+    descending: bool = False
+
+
+@dataclass(frozen=True)
+class Assignment:
+    field: str
+    value: Value
+
+
+@dataclass(frozen=True)
+class Nearest:
+    entity: str
+    layer: int
+
+
+class Statement:
+    """Base of every statement node."""
+
+    span: Span
+
+
+@dataclass(frozen=True)
+class ExtractStmt(Statement):
+    model: str
+    into: str
+    components: tuple[str, ...] | None = None
+    layers: Range | None = None
+    level: str = "browse"  # browse | inference | all
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class CompileStmt(Statement):
+    source: str | None  # None: CURRENT
+    target: str  # model | vindex
+    into: str
+    format: str | None = None  # safetensors | gguf (INTO MODEL)
+    on_conflict: str | None = None  # last_wins | highest_confidence | fail (INTO VINDEX)
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class DiffStmt(Statement):
+    a: str | None  # None: CURRENT
+    b: str | None
+    layer: int | None = None
+    relation: str | None = None
+    limit: int | None = None
+    into_patch: str | None = None
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class UseStmt(Statement):
+    kind: str  # vindex | model | remote
+    target: str
+    auto_extract: bool = False
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class WalkStmt(Statement):
+    prompt: str
+    top: int | None = None
+    layers: Range | str | None = None  # a Range, or "all"
+    mode: str | None = None  # hybrid | pure | dense
+    compare: bool = False
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class DescribeStmt(Statement):
+    entity: str
+    band: str | None = None  # all | syntax | knowledge | output
+    at_layer: int | None = None
+    relations_only: bool = False
+    mode: str | None = None  # brief | verbose | raw
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class SelectStmt(Statement):
+    fields: tuple[str, ...]  # () means *
+    source: str  # edges | features | entities
+    nearest: Nearest | None = None
+    where: tuple[Condition, ...] = ()
+    order: OrderBy | None = None
+    limit: int | None = None
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class ExplainWalkStmt(Statement):
+    prompt: str
+    layers: Range | None = None
+    verbose: bool = False
+    top: int | None = None
+    band: str | None = None
+    relations_only: bool = False
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class InferStmt(Statement):
+    prompt: str
+    top: int | None = None
+    compare: bool = False
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class ExplainInferStmt(Statement):
+    prompt: str
+    layers: Range | None = None
+    verbose: bool = False
+    top: int | None = None
+    band: str | None = None
+    relations_only: bool = False
+    with_attention: bool = False
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class TraceStmt(Statement):
+    prompt: str
+    for_token: str | None = None
+    decompose: bool = False
+    layers: Range | None = None
+    positions: str | None = None  # last | all
+    save: str | None = None
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class InsertStmt(Statement):
+    entity: str
+    relation: str
+    target: str
+    layer: int | None = None
+    confidence: float | None = None
+    alpha: float | None = None
+    mode: str | None = None  # knn | compose
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class DeleteStmt(Statement):
+    where: tuple[Condition, ...]
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class UpdateStmt(Statement):
+    assignments: tuple[Assignment, ...]
+    where: tuple[Condition, ...]
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class MergeStmt(Statement):
+    source: str
+    into: str | None = None
+    on_conflict: str | None = None  # keep_source | keep_target | highest_confidence
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class RebalanceStmt(Statement):
+    until_converged: bool = False
+    max_iters: int | None = None
+    floor: float | None = None
+    ceiling: float | None = None
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class CompactStmt(Statement):
+    level: str  # minor | major
+    full: bool = False
+    lambda_: float | None = None
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class BeginPatchStmt(Statement):
+    path: str
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class SavePatchStmt(Statement):
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class ApplyPatchStmt(Statement):
+    path: str
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class ShowPatchesStmt(Statement):
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class RemovePatchStmt(Statement):
+    path: str
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class ShowRelationsStmt(Statement):
+    layer: int | None = None
+    with_examples: bool = False
+    mode: str | None = None
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class ShowLayersStmt(Statement):
+    range: Range | None = None
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class ShowFeaturesStmt(Statement):
+    layer: int
+    where: tuple[Condition, ...] = ()
+    limit: int | None = None
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class ShowEntitiesStmt(Statement):
+    layer: int | None = None
+    limit: int | None = None
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class ShowModelsStmt(Statement):
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class ShowCompactStatusStmt(Statement):
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class StatsStmt(Statement):
+    path: str | None = None
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class PipeStmt(Statement):
+    stages: tuple[Statement, ...]
+    span: Span = _span()

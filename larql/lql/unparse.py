@@ -1,0 +1,180 @@
+"""AST -> canonical LQL: upper-case keywords, double-quoted strings, clauses in one fixed order.
+
+`parse(unparse(s)) == s` for every statement (tests check it on every fixture).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+from larql.lql import ast
+
+
+def q(s: str) -> str:
+    """A double-quoted LQL string (JSON escaping, which the grammar reads back)."""
+    return json.dumps(s, ensure_ascii=False)
+
+
+def _value(v: ast.Value) -> str:
+    if isinstance(v, str):
+        return q(v)
+    if isinstance(v, tuple):
+        return "(" + ", ".join(_value(x) for x in v) + ")"
+    return repr(v) if isinstance(v, float) else str(v)
+
+
+def _range(r: ast.Range) -> str:
+    return f"{r.start}-{r.end}"
+
+
+def _where(conds: tuple[ast.Condition, ...]) -> str:
+    return "WHERE " + " AND ".join(f"{c.field} {c.op} {_value(c.value)}" for c in conds)
+
+
+def _ref(r: str | None) -> str:
+    return "CURRENT" if r is None else q(r)
+
+
+def _band(b: str | None) -> list[str]:
+    return [] if b is None else ["ALL LAYERS" if b == "all" else b.upper()]
+
+
+def _join(*parts: str | None) -> str:
+    return " ".join(p for p in parts if p)
+
+
+def _extract(s: ast.ExtractStmt) -> str:
+    return _join(f"EXTRACT MODEL {q(s.model)} INTO {q(s.into)}",
+                 s.components and "COMPONENTS " + ", ".join(s.components),
+                 s.layers and "LAYERS " + _range(s.layers),
+                 None if s.level == "browse" else "WITH " + s.level.upper())
+
+
+def _compile(s: ast.CompileStmt) -> str:
+    head = f"COMPILE {_ref(s.source)} INTO {s.target.upper()} {q(s.into)}"
+    if s.target == "model":
+        return _join(head, s.format and "FORMAT " + s.format.upper())
+    return _join(head, s.on_conflict and "ON CONFLICT " + s.on_conflict.upper())
+
+
+def _diff(s: ast.DiffStmt) -> str:
+    return _join(f"DIFF {_ref(s.a)} {_ref(s.b)}", s.layer is not None and f"LAYER {s.layer}" or None,
+                 s.relation and f"RELATION {q(s.relation)}", s.limit is not None and f"LIMIT {s.limit}" or None,
+                 s.into_patch and f"INTO PATCH {q(s.into_patch)}")
+
+
+def _use(s: ast.UseStmt) -> str:
+    if s.kind == "model":
+        return _join(f"USE MODEL {q(s.target)}", "AUTO_EXTRACT" if s.auto_extract else None)
+    return f"USE REMOTE {q(s.target)}" if s.kind == "remote" else f"USE {q(s.target)}"
+
+
+def _walk(s: ast.WalkStmt) -> str:
+    layers = None if s.layers is None else "LAYERS " + ("ALL" if s.layers == "all" else _range(s.layers))  # type: ignore[arg-type]
+    return _join(f"WALK {q(s.prompt)}", s.top is not None and f"TOP {s.top}" or None, layers,
+                 s.mode and "MODE " + s.mode.upper(), "COMPARE" if s.compare else None)
+
+
+def _describe(s: ast.DescribeStmt) -> str:
+    return _join(f"DESCRIBE {q(s.entity)}", *_band(s.band), s.at_layer is not None and f"AT LAYER {s.at_layer}" or None,
+                 "RELATIONS ONLY" if s.relations_only else None, s.mode and s.mode.upper())
+
+
+def _select(s: ast.SelectStmt) -> str:
+    return _join(f"SELECT {', '.join(s.fields) if s.fields else '*'} FROM {s.source.upper()}",
+                 s.nearest and f"NEAREST TO {q(s.nearest.entity)} AT LAYER {s.nearest.layer}",
+                 s.where and _where(s.where), s.order and f"ORDER BY {s.order.field} {'DESC' if s.order.descending else 'ASC'}",
+                 s.limit is not None and f"LIMIT {s.limit}" or None)
+
+
+def _explain_opts(s: ast.ExplainWalkStmt | ast.ExplainInferStmt) -> list[str | None]:
+    return [s.layers and "LAYERS " + _range(s.layers), "VERBOSE" if s.verbose else None,
+            s.top is not None and f"TOP {s.top}" or None, *_band(s.band), "RELATIONS ONLY" if s.relations_only else None]
+
+
+def _explain_walk(s: ast.ExplainWalkStmt) -> str:
+    return _join(f"EXPLAIN WALK {q(s.prompt)}", *_explain_opts(s))
+
+
+def _explain_infer(s: ast.ExplainInferStmt) -> str:
+    return _join(f"EXPLAIN INFER {q(s.prompt)}", *_explain_opts(s), "WITH ATTENTION" if s.with_attention else None)
+
+
+def _infer(s: ast.InferStmt) -> str:
+    return _join(f"INFER {q(s.prompt)}", s.top is not None and f"TOP {s.top}" or None, "COMPARE" if s.compare else None)
+
+
+def _trace(s: ast.TraceStmt) -> str:
+    return _join(f"TRACE {q(s.prompt)}", s.for_token is not None and f"FOR {q(s.for_token)}" or None,
+                 "DECOMPOSE" if s.decompose else None, s.layers and "LAYERS " + _range(s.layers),
+                 s.positions and "POSITIONS " + s.positions.upper(), s.save is not None and f"SAVE {q(s.save)}" or None)
+
+
+def _num(x: float) -> str:
+    return repr(float(x))
+
+
+def _insert(s: ast.InsertStmt) -> str:
+    return _join(f"INSERT INTO EDGES (entity, relation, target) VALUES ({q(s.entity)}, {q(s.relation)}, {q(s.target)})",
+                 s.layer is not None and f"AT LAYER {s.layer}" or None,
+                 s.confidence is not None and f"CONFIDENCE {_num(s.confidence)}" or None,
+                 s.alpha is not None and f"ALPHA {_num(s.alpha)}" or None, s.mode and "MODE " + s.mode.upper())
+
+
+def _update(s: ast.UpdateStmt) -> str:
+    sets = ", ".join(f"{a.field} = {_value(a.value)}" for a in s.assignments)
+    return f"UPDATE EDGES SET {sets} {_where(s.where)}"
+
+
+def _merge(s: ast.MergeStmt) -> str:
+    return _join(f"MERGE {q(s.source)}", s.into and f"INTO {q(s.into)}", s.on_conflict and "ON CONFLICT " + s.on_conflict.upper())
+
+
+def _rebalance(s: ast.RebalanceStmt) -> str:
+    return _join("REBALANCE", "UNTIL CONVERGED" if s.until_converged else None,
+                 s.max_iters is not None and f"MAX {s.max_iters}" or None,
+                 s.floor is not None and f"FLOOR {_num(s.floor)}" or None,
+                 s.ceiling is not None and f"CEILING {_num(s.ceiling)}" or None)
+
+
+def _compact(s: ast.CompactStmt) -> str:
+    if s.level == "minor":
+        return "COMPACT MINOR"
+    return _join("COMPACT MAJOR", "FULL" if s.full else None, s.lambda_ is not None and f"WITH LAMBDA = {_num(s.lambda_)}" or None)
+
+
+def _show_relations(s: ast.ShowRelationsStmt) -> str:
+    return _join("SHOW RELATIONS", s.layer is not None and f"AT LAYER {s.layer}" or None,
+                 "WITH EXAMPLES" if s.with_examples else None, s.mode and s.mode.upper())
+
+
+def _show_features(s: ast.ShowFeaturesStmt) -> str:
+    return _join(f"SHOW FEATURES {s.layer}", s.where and _where(s.where), s.limit is not None and f"LIMIT {s.limit}" or None)
+
+
+def _show_entities(s: ast.ShowEntitiesStmt) -> str:
+    return _join("SHOW ENTITIES", s.layer is not None and f"AT LAYER {s.layer}" or None,
+                 s.limit is not None and f"LIMIT {s.limit}" or None)
+
+
+UNPARSERS: dict[type, Callable[..., str]] = {
+    ast.ExtractStmt: _extract, ast.CompileStmt: _compile, ast.DiffStmt: _diff, ast.UseStmt: _use,
+    ast.WalkStmt: _walk, ast.DescribeStmt: _describe, ast.SelectStmt: _select, ast.ExplainWalkStmt: _explain_walk,
+    ast.ExplainInferStmt: _explain_infer, ast.InferStmt: _infer, ast.TraceStmt: _trace, ast.InsertStmt: _insert,
+    ast.DeleteStmt: lambda s: f"DELETE FROM EDGES {_where(s.where)}", ast.UpdateStmt: _update, ast.MergeStmt: _merge,
+    ast.RebalanceStmt: _rebalance, ast.CompactStmt: _compact,
+    ast.BeginPatchStmt: lambda s: f"BEGIN PATCH {q(s.path)}", ast.SavePatchStmt: lambda s: "SAVE PATCH",
+    ast.ApplyPatchStmt: lambda s: f"APPLY PATCH {q(s.path)}", ast.ShowPatchesStmt: lambda s: "SHOW PATCHES",
+    ast.RemovePatchStmt: lambda s: f"REMOVE PATCH {q(s.path)}", ast.ShowRelationsStmt: _show_relations,
+    ast.ShowLayersStmt: lambda s: _join("SHOW LAYERS", s.range and _range(s.range)),
+    ast.ShowFeaturesStmt: _show_features, ast.ShowEntitiesStmt: _show_entities,
+    ast.ShowModelsStmt: lambda s: "SHOW MODELS", ast.ShowCompactStatusStmt: lambda s: "SHOW COMPACT STATUS",
+    ast.StatsStmt: lambda s: _join("STATS", s.path and q(s.path)),
+    ast.PipeStmt: lambda s: " |> ".join(unparse(x) for x in s.stages),
+}
+
+
+def unparse(stmt: ast.Statement) -> str:
+    """Canonical LQL text for one statement (no trailing ';')."""
+    return UNPARSERS[type(stmt)](stmt)
