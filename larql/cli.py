@@ -122,6 +122,45 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lql(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from larql.lql.executor import run_statement
+    from larql.lql.parser import parse
+    from larql.lql.planner import plan
+    from larql.lql.session import Session
+    from larql.render import render, render_json
+
+    _threads(args.threads)
+    if (args.file is None) == (args.statements is None):
+        sys.stderr.write("larql: error: give LQL statements or -f FILE (one of them)\n")
+        return 2
+    if args.file is not None:
+        try:
+            text = open(args.file, encoding="utf-8").read()
+        except OSError as e:
+            sys.stderr.write(f"larql: error: {args.file}: cannot read ({e.strerror})\n")
+            return 1
+    else:
+        text = args.statements
+    console = Console(file=sys.stdout, width=args.width, no_color=args.json)
+    session = Session(source=text)
+    if args.vindex:
+        from larql.vindex import open_vindex
+
+        session.vindex = open_vindex(args.vindex)
+    for stmt in parse(text):
+        if args.plan:
+            print(plan(stmt, session).to_text())
+            continue
+        for result in run_statement(stmt, session):
+            if args.json:
+                render_json(result, sys.stdout)
+            else:
+                render(result, console, timing=args.timing)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="larql", description="A language model as a database.")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
@@ -153,6 +192,17 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--quiet", action="store_true", help="no progress bars")
     ex.set_defaults(func=cmd_extract)
 
+    lq = sub.add_parser("lql", help="run LQL statements: larql lql 'USE \"g.vindex\"; DESCRIBE \"France\";'")
+    lq.add_argument("statements", nargs="?", help="one or more statements separated by ';'")
+    lq.add_argument("-f", "--file", help="read the statements from a file")
+    lq.add_argument("--vindex", help="USE this vindex before the statements")
+    lq.add_argument("--json", action="store_true", help="one JSON object per statement result")
+    lq.add_argument("--plan", action="store_true", help="print each statement's plan instead of running it")
+    lq.add_argument("--timing", action="store_true", help="print each statement's time")
+    lq.add_argument("--width", type=int, default=None, help="table width (default: the terminal's)")
+    lq.add_argument("--threads", type=int, default=None)
+    lq.set_defaults(func=cmd_lql)
+
     ve = sub.add_parser("verify", help="check every file of a vindex against its sha256 in index.json")
     ve.add_argument("path")
     ve.set_defaults(func=cmd_verify)
@@ -177,7 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LarqlError as e:
         if args.debug:
             raise
-        sys.stderr.write(f"larql: error: {e}\n")
+        from larql.errors import LqlError
+
+        sys.stderr.write(f"larql: {type(e).__name__}: " if isinstance(e, LqlError) else "larql: error: ")
+        sys.stderr.write(f"{e}\n")
         return 1
     except KeyboardInterrupt:
         sys.stderr.write("\n")

@@ -18,6 +18,15 @@ GOLDEN = Path(os.environ.get("LARQL_GOLDEN", Path(__file__).resolve().parents[2]
 REAL_MODELS = ("gemma3-270m", "smollm2-135m")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden files from current output")
+
+
+@pytest.fixture(scope="session")
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--update-golden"))
+
+
 def golden(key: str, engine: str) -> list[dict]:
     return json.loads((GOLDEN / f"{key}.{engine}.json").read_text())["prompts"]
 

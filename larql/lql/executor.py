@@ -1,0 +1,52 @@
+"""Run LQL: parse, plan, then dispatch each plan to its handler. Handlers fill in a Result."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from larql.errors import LarqlError, LqlError, LqlSemanticError
+from larql.lql import ast
+from larql.lql.ops import lifecycle, query
+from larql.lql.parser import parse
+from larql.lql.planner import plan
+from larql.lql.result import Result
+from larql.lql.session import Session
+from larql.lql.unparse import unparse
+
+HANDLERS: dict[type, Callable[..., None]] = {
+    ast.UseStmt: lifecycle.use, ast.ExtractStmt: lifecycle.extract_stmt, ast.StatsStmt: lifecycle.stats,
+    ast.ShowModelsStmt: lifecycle.show_models, ast.DescribeStmt: query.describe, ast.WalkStmt: query.walk,
+    ast.ExplainWalkStmt: query.explain_walk, ast.SelectStmt: query.select, ast.ShowLayersStmt: query.show_layers,
+    ast.ShowFeaturesStmt: query.show_features, ast.ShowEntitiesStmt: query.show_entities,
+    ast.ShowRelationsStmt: query.show_relations,
+}
+
+
+def run_statement(stmt: ast.Statement, session: Session) -> list[Result]:
+    """Plan and run one statement (a pipe runs its stages in order and returns all their results)."""
+    p = plan(stmt, session)
+    if isinstance(stmt, ast.PipeStmt):
+        return [r for stage in stmt.stages for r in run_statement(stage, session)]
+    result = Result(unparse(stmt))
+    t0 = time.perf_counter()
+    try:
+        HANDLERS[type(stmt)](stmt, session, result)
+    except LqlError:
+        raise
+    except LarqlError as e:  # a vindex or model error while running: locate it at the statement
+        span = stmt.span
+        raise LqlSemanticError(str(e), session.source, span.line, span.column,
+                               f"while running step {p.steps[-1].op}" if p.steps else "") from e
+    result.elapsed_ms = (time.perf_counter() - t0) * 1e3
+    return [result]
+
+
+def execute(text: str, session: Session | None = None) -> list[Result]:
+    """Parse and run LQL text; stops at the first error (raised as an LqlError)."""
+    session = session or Session()
+    session.source = text
+    out: list[Result] = []
+    for stmt in parse(text):
+        out += run_statement(stmt, session)
+    return out

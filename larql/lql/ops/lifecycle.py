@@ -1,0 +1,65 @@
+"""USE, EXTRACT, STATS, SHOW MODELS."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from larql.lql import ast
+from larql.lql.result import Result
+from larql.lql.session import Session
+from larql.vindex import extract, open_vindex
+
+
+def use(stmt: ast.UseStmt, session: Session, result: Result) -> None:
+    if stmt.kind == "model":
+        from larql.model import load
+
+        session.model = load(stmt.target)
+        result.notes.append(f"Using model: {session.model!r}")
+        return
+    session.vindex = open_vindex(stmt.target)
+    result.notes.append(f"Using: {session.describe_backend()}")
+
+
+def extract_stmt(stmt: ast.ExtractStmt, session: Session, result: Result) -> None:
+    path = extract(stmt.model, stmt.into, level=stmt.level, progress=session.progress)
+    session.vindex = open_vindex(path)
+    if stmt.components or stmt.layers:
+        result.notes.append("COMPONENTS and LAYERS are accepted but every component and layer is extracted")
+    result.notes.append(f"Extraction complete: {path}")
+    result.notes.append(f"Using: {session.describe_backend()}")
+
+
+def stats(stmt: ast.StatsStmt, session: Session, result: Result) -> None:
+    v = open_vindex(stmt.path) if stmt.path else session.vindex
+    assert v is not None
+    i = v.index
+    size = sum(e["size"] for e in i["files"].values())
+    bands = i["layer_bands"]
+    clusters = v.relation_clusters
+    result.columns = ["property", "value"]
+    result.rows = [
+        ["model", i["model"]], ["family", i["family"]], ["level", i["extract_level"]],
+        ["layers", i["num_layers"]], ["features", f"{i['num_layers'] * i['intermediate_size']:,} "
+                                                  f"({i['intermediate_size']} x {i['num_layers']})"],
+        ["hidden", i["hidden_size"]], ["vocabulary", f"{i['vocab_size']:,}"], ["dtype", i["dtype"]],
+        ["quant", i["quant"]], ["model weights", "yes" if i["has_model_weights"] else "no"],
+        ["bands", ", ".join(f"{k} {a}-{b}" for k, (a, b) in bands.items())],
+        ["relation clusters", clusters["k"] if clusters else 0], ["down top-k", i["down_top_k"]],
+        ["size", f"{size / 1e6:.1f} MB"], ["path", str(v.path)],
+    ]
+    result.title = f"STATS {i['model']}"
+
+
+def show_models(stmt: ast.ShowModelsStmt, session: Session, result: Result) -> None:
+    result.columns = ["model", "path", "layers", "level", "size_mb"]
+    for d in sorted(p for p in Path(".").iterdir() if (p / "index.json").is_file()):
+        try:
+            v = open_vindex(d)
+        except Exception as e:  # a damaged vindex is listed with its problem, not fatal to the listing
+            result.rows.append(["?", str(d), "", f"unreadable: {e}", ""])
+            continue
+        size = sum(e["size"] for e in v.index["files"].values()) / 1e6
+        result.rows.append([v.index["model"], str(d), v.num_layers, v.index["extract_level"], round(size, 1)])
+    if not result.rows:
+        result.notes.append("no vindex directories here")

@@ -1,0 +1,223 @@
+"""DESCRIBE, WALK, EXPLAIN WALK, SELECT and the SHOW statements over the vindex in use."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections import Counter
+from typing import Any
+
+from larql.errors import LqlSemanticError
+from larql.lql import ast
+from larql.lql.result import Result
+from larql.lql.session import Session
+from larql.vindex import browse
+from larql.vindex.describe import describe as describe_entity
+from larql.vindex.store import Vindex
+
+
+def _v(session: Session) -> Vindex:
+    assert session.vindex is not None  # the planner checked
+    return session.vindex
+
+
+def describe(stmt: ast.DescribeStmt, session: Session, result: Result) -> None:
+    v = _v(session)
+    mode = stmt.mode or "brief"
+    card = describe_entity(v, stmt.entity, band=stmt.band, at_layer=stmt.at_layer,
+                           relations_only=stmt.relations_only, mode=mode, model=session.model)
+    result.title = stmt.entity
+    if not card.found:
+        result.notes.append("(not found)")
+        return
+    result.notes.append(f"signal: {card.signal} ({len(card.edges) - len(card.probes)} feature edges, "
+                        f"max gate {card.max_gate:.1f})")
+    result.columns = ["section", "relation", "target", "score", "layers"] + (["also"] if mode == "verbose" else [])
+    for e in card.probes:
+        row: list[Any] = ["probe", e.label, e.target, round(e.score, 3), "model"]
+        result.rows.append(row + ([""] if mode == "verbose" else []))
+    for band, edges in card.bands.items():
+        lo, hi = card.layer_bands[band]
+        for e in edges:
+            # cluster labels only in VERBOSE (as LARQL's BRIEF shows only probe-confirmed labels)
+            label = (e.label or "") if mode == "verbose" else ""
+            layers = f"L{e.layer}" if mode != "verbose" else f"L{min(e.layers)}-{max(e.layers)} {e.hits}x"
+            row = [f"{band} L{lo}-{hi}", label, e.target, round(e.score, 1), layers]
+            result.rows.append(row + ([", ".join(e.also)] if mode == "verbose" else []))
+    if not result.rows:
+        result.notes.append("(no edges found)")
+
+
+def _walk_layers(r: ast.Range | str | None) -> tuple[int, int] | None:
+    return None if r is None or r == "all" else (r.start, r.end)  # type: ignore[union-attr]
+
+
+def walk(stmt: ast.WalkStmt, session: Session, result: Result) -> None:
+    v = _v(session)
+    w = browse.walk(v, stmt.prompt, top=stmt.top or 10, layers=_walk_layers(stmt.layers))
+    shown = 5 if stmt.compare else 3
+    result.title = f"Feature scan for {stmt.prompt!r} (token {w.token!r}, {len(w.layers)} layers)"
+    result.columns = ["layer", "feature", "gate", "top", "down"]
+    for layer, hits in w.by_layer().items():
+        for h in hits[:shown]:
+            result.rows.append([layer, h.feature, round(h.score, 2), h.top_token, ", ".join(h.down_tokens)])
+    result.notes.append("a feature scan of the last token's embedding, not inference: no attention runs")
+
+
+def explain_walk(stmt: ast.ExplainWalkStmt, session: Session, result: Result) -> None:
+    v = _v(session)
+    per_layer, n_down = (10, 5) if stmt.verbose else (5, 3)
+    layers = (stmt.layers.start, stmt.layers.end) if stmt.layers else None
+    if stmt.band is not None and stmt.band != "all" and layers is None:
+        layers = tuple(v.index["layer_bands"][stmt.band])  # type: ignore[assignment]
+    w = browse.walk(v, stmt.prompt, top=stmt.top or per_layer, layers=layers, n_down=n_down)
+    result.title = f"EXPLAIN WALK {stmt.prompt!r} (token {w.token!r})"
+    result.columns = ["layer", "feature", "top", "gate", "down", "relation"]
+    for layer, hits in w.by_layer().items():
+        for h in hits:
+            label = v.feature_label(layer, h.feature)
+            if stmt.relations_only and not label:
+                continue
+            result.rows.append([layer, h.feature, h.top_token, round(h.score, 2), ", ".join(h.down_tokens), label or ""])
+
+
+# ---- SELECT -------------------------------------------------------------------------------------
+
+def _like(pattern: str, text: str) -> bool:
+    return fnmatch.fnmatchcase(text.lower(), pattern.lower().replace("%", "*").replace("_", "?"))
+
+
+def _match(cond: ast.Condition, value: Any, stmt: ast.Statement, session: Session) -> bool:
+    op, want = cond.op, cond.value
+    if op == "IN":
+        return any(_match(ast.Condition(cond.field, "=", w), value, stmt, session) for w in want)  # type: ignore[union-attr]
+    if op == "LIKE":
+        return _like(str(want), str(value))
+    if isinstance(want, str) != isinstance(value, str):
+        raise LqlSemanticError(f"cannot compare {cond.field} ({type(value).__name__}) with {want!r}", session.source,
+                               stmt.span.line, stmt.span.column, f"{cond.field} takes a {'string' if isinstance(value, str) else 'number'}")
+    if isinstance(value, str):
+        value, want = value.lower(), str(want).lower()
+    if op == "=":
+        return abs(value - want) <= 1e-3 if isinstance(value, float) else value == want  # type: ignore[operator]
+    return {"!=": value != want, "<": value < want, ">": value > want, "<=": value <= want,
+            ">=": value >= want}[op]  # type: ignore[operator]
+
+
+EDGE_FIELDS = {"layer": "layer", "feature": "feature", "target": "token", "token": "token", "top_token": "token",
+               "score": "score", "confidence": "score", "c_score": "score", "relation": "relation"}
+
+
+def _filter(rows: list[dict[str, Any]], where: tuple[ast.Condition, ...], fields: dict[str, str],
+            stmt: ast.Statement, session: Session) -> list[dict[str, Any]]:
+    for cond in where:
+        if cond.field == "entity":  # LARQL: entity is a substring of the feature's top output token
+            needle = str(cond.value).lower()
+            rows = [r for r in rows if (needle in r["token"].lower()) == (cond.op != "!=")] if cond.op in ("=", "!=") \
+                else [r for r in rows if _match(cond, r["token"], stmt, session)]
+            continue
+        key = fields.get(cond.field)
+        if key is None:
+            raise LqlSemanticError(f"unknown field {cond.field!r} for this source", session.source, stmt.span.line,
+                                   stmt.span.column, "fields: entity, " + ", ".join(sorted(fields)))
+        rows = [r for r in rows if _match(cond, r[key], stmt, session)]
+    return rows
+
+
+def select(stmt: ast.SelectStmt, session: Session, result: Result) -> None:
+    v = _v(session)
+    limit = stmt.limit if stmt.limit is not None else (50 if stmt.source == "entities" else 20)
+    if stmt.source == "entities":
+        _select_entities(stmt, session, result, limit)
+        return
+    if stmt.nearest is not None:
+        hits = browse.nearest(v, stmt.nearest.entity, stmt.nearest.layer, limit)
+        result.title = f"nearest to {stmt.nearest.entity!r} at layer {stmt.nearest.layer}"
+    else:
+        layer = next((c.value for c in stmt.where if c.field == "layer" and c.op == "=" and isinstance(c.value, int)), None)
+        hits = list(browse.iter_features(v, None if layer is None else [layer]))
+    rows = [{"layer": h.layer, "feature": h.feature, "token": h.top_token, "also": ", ".join(h.down_tokens[:3]),
+             "relation": v.feature_label(h.layer, h.feature) or "", "score": round(h.score, 4)} for h in hits]
+    if stmt.nearest is None:
+        rows = _filter(rows, stmt.where, EDGE_FIELDS, stmt, session)
+        if stmt.order is not None:
+            key = EDGE_FIELDS.get(stmt.order.field)
+            if key is None:
+                raise LqlSemanticError(f"cannot ORDER BY {stmt.order.field!r}", session.source, stmt.span.line,
+                                       stmt.span.column, "order by score, confidence, layer, feature or token")
+            rows.sort(key=lambda r: r[key], reverse=stmt.order.descending)
+        elif stmt.source == "edges":
+            rows.sort(key=lambda r: r["score"], reverse=True)
+    result.columns = ["layer", "feature", "token", "also", "relation", "score"]
+    result.rows = [[r[c] for c in result.columns] for r in rows[:limit]]
+    if len(rows) > limit:
+        result.notes.append(f"{len(rows)} rows, {limit} shown (LIMIT)")
+
+
+def _select_entities(stmt: ast.SelectStmt, session: Session, result: Result, limit: int) -> None:
+    v = _v(session)
+    layer = next((c.value for c in stmt.where if c.field == "layer" and c.op == "="), None)
+    entities = browse.select_entities(v, layer=layer, limit=10**9)  # type: ignore[arg-type]
+    rows = [{"token": e.token, "count": e.count, "score": round(e.max_score, 4)} for e in entities]
+    where = tuple(c for c in stmt.where if c.field != "layer")
+    rows = _filter(rows, where, {"token": "token", "count": "count", "score": "score"}, stmt, session)
+    result.columns = ["token", "count", "max_score"]
+    result.rows = [[r["token"], r["count"], r["score"]] for r in rows[:limit]]
+
+
+# ---- SHOW ---------------------------------------------------------------------------------------
+
+def show_layers(stmt: ast.ShowLayersStmt, session: Session, result: Result) -> None:
+    v = _v(session)
+    layers = range(v.num_layers) if stmt.range is None else range(stmt.range.start, stmt.range.end + 1)
+    result.columns = ["layer", "band", "features", "top_token", "top_token_count"]
+    bands = v.index["layer_bands"]
+    for layer in layers:
+        ids, _ = v.down_meta(layer)
+        top, count = Counter(int(i) for i in ids[:, 0]).most_common(1)[0]
+        band = next(b for b, (lo, hi) in bands.items() if lo <= layer <= hi)
+        result.rows.append([layer, band, v.num_features(layer), v.token_text(top).strip(), count])
+
+
+def show_features(stmt: ast.ShowFeaturesStmt, session: Session, result: Result) -> None:
+    v = _v(session)
+    rows = [{"feature": h.feature, "token": h.top_token, "score": round(h.score, 4), "down": ", ".join(h.down_tokens),
+             "relation": v.feature_label(h.layer, h.feature) or ""} for h in browse.iter_features(v, [stmt.layer])]
+    for cond in stmt.where:  # LARQL: token is a substring match; a score predicate is a minimum
+        if cond.field in ("token", "target", "entity"):
+            rows = [r for r in rows if str(cond.value).lower() in r["token"].lower()]
+        elif cond.field in ("confidence", "c_score", "score"):
+            rows = [r for r in rows if r["score"] >= float(cond.value)]  # type: ignore[arg-type]
+        elif cond.field == "relation":
+            rows = [r for r in rows if str(cond.value).lower() in r["relation"].lower()]
+        else:
+            raise LqlSemanticError(f"SHOW FEATURES cannot filter on {cond.field!r}", session.source, stmt.span.line,
+                                   stmt.span.column, "filter on token, relation or confidence")
+    limit = stmt.limit if stmt.limit is not None else v.num_layers
+    result.title = f"layer {stmt.layer} features"
+    result.columns = ["feature", "token", "score", "down", "relation"]
+    result.rows = [[r[c] for c in result.columns] for r in rows[:limit]]
+
+
+def show_entities(stmt: ast.ShowEntitiesStmt, session: Session, result: Result) -> None:
+    entities = browse.select_entities(_v(session), layer=stmt.layer, limit=stmt.limit or 50)
+    result.columns = ["token", "count", "max_score"]
+    result.rows = [[e.token, e.count, round(e.max_score, 4)] for e in entities]
+
+
+def show_relations(stmt: ast.ShowRelationsStmt, session: Session, result: Result) -> None:
+    v = _v(session)
+    clusters = v.relation_clusters
+    if clusters is None:
+        result.notes.append("this vindex has no relation clusters")
+        return
+    counts = list(clusters["counts"])
+    if stmt.layer is not None:  # features of that layer only
+        at_layer = Counter(c for (layer, _), c in v._feature_clusters.items() if layer == stmt.layer)
+        counts = [at_layer.get(c, 0) for c in range(clusters["k"])]
+    result.columns = ["relation", "features"] + (["examples"] if stmt.with_examples else [])
+    order = [c for c in sorted(range(clusters["k"]), key=lambda c: -counts[c]) if counts[c]]
+    for c in order[: 50 if stmt.mode == "verbose" else 30]:
+        row: list[Any] = [clusters["labels"][c], counts[c]]
+        if stmt.with_examples:
+            row.append(", ".join(clusters["top_tokens"][c]))
+        result.rows.append(row)

@@ -1,0 +1,135 @@
+"""Statement -> Plan: the steps a statement will run, with semantic checks against the session.
+
+A plan's `to_text()` is deterministic (golden-tested) and is what `larql lql --plan` prints.
+Semantic errors (no vindex in use, a layer out of range, model weights needed on a browse-only
+vindex, a statement not implemented yet) are raised here, before anything runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from larql.errors import LqlSemanticError
+from larql.lql import ast
+from larql.lql.unparse import unparse
+
+if TYPE_CHECKING:
+    from larql.lql.session import Session
+
+
+@dataclass(frozen=True)
+class Step:
+    op: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    statement: ast.Statement
+    steps: tuple[Step, ...]
+
+    def to_text(self) -> str:
+        lines = [f"PLAN {unparse(self.statement)}"]
+        lines += [f"  {i}. {s.op}" + (f"  {s.detail}" if s.detail else "") for i, s in enumerate(self.steps, 1)]
+        return "\n".join(lines)
+
+
+NOT_YET = {
+    ast.InferStmt: "INFER", ast.ExplainInferStmt: "EXPLAIN INFER", ast.TraceStmt: "TRACE",
+    ast.InsertStmt: "INSERT", ast.DeleteStmt: "DELETE", ast.UpdateStmt: "UPDATE", ast.MergeStmt: "MERGE",
+    ast.RebalanceStmt: "REBALANCE", ast.CompactStmt: "COMPACT", ast.CompileStmt: "COMPILE", ast.DiffStmt: "DIFF",
+    ast.BeginPatchStmt: "BEGIN PATCH", ast.SavePatchStmt: "SAVE PATCH", ast.ApplyPatchStmt: "APPLY PATCH",
+    ast.ShowPatchesStmt: "SHOW PATCHES", ast.RemovePatchStmt: "REMOVE PATCH",
+    ast.ShowCompactStatusStmt: "SHOW COMPACT STATUS",
+}
+NEEDS_NOTHING = (ast.UseStmt, ast.ExtractStmt, ast.ShowModelsStmt)
+
+
+def _error(session: Session, stmt: ast.Statement, message: str, hint: str = "") -> LqlSemanticError:
+    span = stmt.span
+    return LqlSemanticError(message, session.source, span.line, span.column, hint)
+
+
+def _check_layer(session: Session, stmt: ast.Statement, layer: int | None) -> None:
+    v = session.vindex
+    if layer is not None and v is not None and not 0 <= layer < v.num_layers:
+        raise _error(session, stmt, f"layer {layer} is out of range: this vindex has layers 0-{v.num_layers - 1}",
+                     f"use a layer between 0 and {v.num_layers - 1}")
+
+
+def _check_range(session: Session, stmt: ast.Statement, r: ast.Range | str | None) -> None:
+    if isinstance(r, ast.Range):
+        _check_layer(session, stmt, r.start)
+        _check_layer(session, stmt, r.end)
+
+
+def plan(stmt: ast.Statement, session: Session) -> Plan:
+    """Check `stmt` against the session and list its steps."""
+    if isinstance(stmt, ast.PipeStmt):
+        return Plan(stmt, tuple(Step("run", unparse(s)) for s in stmt.stages))
+    name = NOT_YET.get(type(stmt))
+    if name is not None:
+        raise _error(session, stmt, f"{name} is not implemented yet",
+                     "it arrives with the inference and editing issues; browse statements work now")
+    if isinstance(stmt, ast.UseStmt) and stmt.kind == "remote":
+        raise _error(session, stmt, "USE REMOTE is not supported", "use a local vindex path or USE MODEL")
+    if not isinstance(stmt, NEEDS_NOTHING) and not (isinstance(stmt, ast.StatsStmt) and stmt.path):
+        if session.vindex is None:
+            raise _error(session, stmt, "no vindex in use", 'run USE "path/to.vindex" (or EXTRACT ... INTO) first')
+    v = session.vindex
+    if isinstance(stmt, ast.UseStmt):
+        steps = [Step("open_vindex" if stmt.kind == "vindex" else "load_model", stmt.target)]
+    elif isinstance(stmt, ast.ExtractStmt):
+        steps = [Step("load_model", stmt.model), Step("extract", f"level={stmt.level} into {stmt.into}"),
+                 Step("use", stmt.into)]
+    elif isinstance(stmt, ast.StatsStmt):
+        steps = [Step("read_index", stmt.path or str(v.path))]  # type: ignore[union-attr]
+    elif isinstance(stmt, ast.ShowModelsStmt):
+        steps = [Step("scan_directory", ".")]
+    elif isinstance(stmt, ast.DescribeStmt):
+        _check_layer(session, stmt, stmt.at_layer)
+        layers = f"layer {stmt.at_layer}" if stmt.at_layer is not None else f"band {stmt.band or 'all'}"
+        steps = [Step("entity_embedding", repr(stmt.entity)), Step("contrastive_query", "minus common-word baseline"),
+                 Step("gate_knn", f"{layers}, top 20 per layer"),
+                 Step("collect_edges", f"gate >= 5, content tokens, mode={stmt.mode or 'brief'}")]
+        if v is not None and v.has_model_weights:
+            steps.append(Step("probe_edges", "relation templates through the model"))
+    elif isinstance(stmt, (ast.WalkStmt, ast.ExplainWalkStmt)):
+        _check_range(session, stmt, stmt.layers)
+        steps = [Step("tokenize", repr(stmt.prompt)), Step("last_token_embedding", "scaled"),
+                 Step("gate_knn", f"layers {_layers_text(stmt.layers)}, top {stmt.top or 10}")]
+    elif isinstance(stmt, ast.SelectStmt):
+        if stmt.nearest is not None:
+            _check_layer(session, stmt, stmt.nearest.layer)
+            steps = [Step("entity_embedding", repr(stmt.nearest.entity)),
+                     Step("gate_knn", f"layer {stmt.nearest.layer}, top {stmt.limit or 20}")]
+        else:
+            steps = [Step("scan_" + stmt.source, "down_meta")]
+            if stmt.where:
+                steps.append(Step("filter", " AND ".join(f"{c.field} {c.op} {c.value!r}" for c in stmt.where)))
+            if stmt.order:
+                steps.append(Step("order", f"{stmt.order.field} {'DESC' if stmt.order.descending else 'ASC'}"))
+        steps.append(Step("limit", str(stmt.limit if stmt.limit is not None else (50 if stmt.source == 'entities' else 20))))
+    elif isinstance(stmt, ast.ShowLayersStmt):
+        _check_range(session, stmt, stmt.range)
+        steps = [Step("summarize_layers", _layers_text(stmt.range))]
+    elif isinstance(stmt, ast.ShowFeaturesStmt):
+        _check_layer(session, stmt, stmt.layer)
+        steps = [Step("scan_features", f"layer {stmt.layer}")]
+    elif isinstance(stmt, ast.ShowEntitiesStmt):
+        _check_layer(session, stmt, stmt.layer)
+        steps = [Step("count_entities", "all layers" if stmt.layer is None else f"layer {stmt.layer}")]
+    elif isinstance(stmt, ast.ShowRelationsStmt):
+        _check_layer(session, stmt, stmt.layer)
+        steps = [Step("read_clusters", "relation_clusters.json")]
+    else:  # pragma: no cover - every statement type is handled above
+        raise _error(session, stmt, f"cannot plan {type(stmt).__name__}")
+    return Plan(stmt, tuple(steps))
+
+
+def _layers_text(r: ast.Range | str | None) -> str:
+    if r is None or r == "all":
+        return "all"
+    assert isinstance(r, ast.Range)
+    return f"{r.start}-{r.end}"

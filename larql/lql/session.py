@@ -1,0 +1,24 @@
+"""Session: what a run of LQL statements shares — the vindex in use and the source text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from larql.vindex.store import Vindex
+
+
+@dataclass
+class Session:
+    vindex: Vindex | None = None
+    model: Any = None  # a larql.Model set by USE MODEL
+    source: str = ""  # the LQL text being run (for error carets)
+    progress: Any = None  # callable(stage, done, total) for long statements, or None
+
+    def describe_backend(self) -> str:
+        v = self.vindex
+        if v is None:
+            return "no vindex in use"
+        i = v.index
+        return (f"{v.path} ({i['num_layers']} layers, {i['num_layers'] * i['intermediate_size']:,} features, "
+                f"model: {i['model']}, level: {i['extract_level']})")
