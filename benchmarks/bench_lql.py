@@ -1,0 +1,44 @@
+"""LQL parse throughput and per-statement executor overhead.
+
+    python benchmarks/bench_lql.py
+
+Target (issue 4): 100 mixed statements parse in <= 20 ms. LARQL's Rust parser: 78 us for its mix.
+Writes benchmarks/results/lql.json.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from larql.lql import parse
+
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "golden" / "lql" / "statements.lql"
+
+
+def main() -> None:
+    lines = [ln for ln in FIXTURES.read_text().splitlines() if ln.strip() and not ln.startswith("--")]
+    mixed = ("\n".join(lines) + "\n") * 2
+    statements = [s for s in mixed.split(";\n") if s.strip()][:100]
+    text = ";\n".join(statements) + ";"
+    parse(text)  # build the LALR tables once
+    runs = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        n = len(parse(text))
+        runs.append(time.perf_counter() - t0)
+    best, median = min(runs) * 1e3, sorted(runs)[len(runs) // 2] * 1e3
+    t0 = time.perf_counter()
+    for s in statements[:20]:
+        parse(s)
+    one_by_one = (time.perf_counter() - t0) / 20 * 1e6
+    print(f"| parse {n} mixed statements in one text | {median:.1f} ms (best {best:.1f}) | target <= 20 ms |")
+    print(f"| parse one statement (own call) | {one_by_one:.0f} us | LARQL Rust: 78 us |")
+    out = Path(__file__).parent / "results" / "lql.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"statements": n, "median_ms": median, "best_ms": best, "single_us": one_by_one}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""`larql lql` one-shot: tables, JSON, files, and errors with carets and a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import pytest
+
+from larql.vindex import extract
+from tests.synthetic import TinySpec, hf_weights, write_gguf
+
+
+def larql(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "larql", *args], capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def vx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("lqlcli")
+    spec = TinySpec("llama")
+    write_gguf(root / "m.gguf", spec, hf_weights(spec), gguf.GGMLQuantizationType.Q8_0)
+    return extract(root / "m.gguf", root / "t.vindex")
+
+
+def test_tables_and_json(vx: Path) -> None:
+    r = larql("lql", f'USE "{vx}"; SHOW LAYERS; SELECT * FROM EDGES LIMIT 3;', "--width", "120")
+    assert r.returncode == 0, r.stderr
+    assert "Using:" in r.stdout and "┃ layer" in r.stdout
+    r = larql("lql", "--json", f'USE "{vx}"; SELECT * FROM FEATURES WHERE layer = 1 LIMIT 2')
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert len(lines) == 2 and lines[1]["columns"][:2] == ["layer", "feature"] and len(lines[1]["rows"]) == 2
+
+
+def test_script_file_and_show_models(vx: Path, tmp_path: Path) -> None:
+    script = tmp_path / "s.lql"
+    script.write_text(f'-- a script\nUSE "{vx}";\nSTATS;\n')
+    r = larql("lql", "-f", str(script))
+    assert r.returncode == 0 and "model weights" in r.stdout
+    r = larql("lql", "SHOW MODELS", "--json", cwd=vx.parent)
+    assert json.loads(r.stdout)["rows"][0][1] == "t.vindex"
+
+
+def test_errors_exit_nonzero_with_caret(vx: Path) -> None:
+    r = larql("lql", f'USE "{vx}"; DESCRIBE France;')
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "LqlSyntaxError: 1:" in r.stderr and "expected a quoted entity after DESCRIBE" in r.stderr
+    assert r.stderr.rstrip().endswith("^") and r.stdout == ""
+    r = larql("lql", 'DESCRIBE "France"')
+    assert r.returncode == 1 and "no vindex in use" in r.stderr and 'hint: run USE "path/to.vindex"' in r.stderr
+    r = larql("lql", "-f", "/nonexistent.lql")
+    assert r.returncode == 1 and "cannot read" in r.stderr

@@ -1,0 +1,81 @@
+"""Planner and executor on a tiny extracted vindex: results are values, errors are located."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import pytest
+
+from larql.errors import LqlSemanticError
+from larql.lql.executor import execute
+from larql.lql.parser import parse
+from larql.lql.planner import plan
+from larql.lql.session import Session
+from larql.vindex import browse, extract, open_vindex
+from tests.synthetic import TinySpec, hf_weights, write_gguf
+
+
+@pytest.fixture(scope="module")
+def vx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("lqlx")
+    spec = TinySpec("gemma3", n_layers=4, ffn=96)
+    write_gguf(root / "m.gguf", spec, hf_weights(spec, seed=2), gguf.GGMLQuantizationType.Q8_0)
+    return extract(root / "m.gguf", root / "t.vindex", level="browse")
+
+
+def run(vx: Path, text: str):  # type: ignore[no-untyped-def]
+    return execute(f'USE "{vx}"; ' + text)[1:]
+
+
+def test_use_and_stats(vx: Path) -> None:
+    use, stats = execute(f'USE "{vx}"; STATS')
+    assert "Using:" in use.notes[0] and "4 layers" in use.notes[0]
+    props = dict(stats.rows)
+    assert props["layers"] == 4 and props["model weights"] == "no" and props["dtype"] == "f16"
+
+
+def test_select_edges_filters_orders_and_limits(vx: Path) -> None:
+    v = open_vindex(vx)
+    (res,) = run(vx, "SELECT * FROM EDGES WHERE layer = 2 AND score > 0 ORDER BY score DESC LIMIT 5")
+    expected = sorted((h for h in browse.iter_features(v, [2]) if h.score > 0), key=lambda h: -h.score)[:5]
+    assert [(r[0], r[1]) for r in res.rows] == [(h.layer, h.feature) for h in expected]
+    assert res.columns == ["layer", "feature", "token", "also", "relation", "score"]
+    (near,) = run(vx, 'SELECT * FROM EDGES NEAREST TO "abc" AT LAYER 1 LIMIT 4')
+    assert [r[1] for r in near.rows] == [f for f, _ in v.gate_knn(1, v.entity_embedding("abc"), 4)]
+    (feats,) = run(vx, "SELECT * FROM FEATURES WHERE layer = 0 AND feature IN (3, 5)")
+    assert [r[1] for r in feats.rows] == [3, 5]
+    (like,) = run(vx, f'SELECT * FROM FEATURES WHERE layer = 0 AND token LIKE "{feats.rows[0][2][:1]}%"')
+    assert like.rows and all(r[2].lower().startswith(feats.rows[0][2][:1].lower()) for r in like.rows)
+
+
+def test_walk_describe_and_shows(vx: Path) -> None:
+    walk, explain, layers, features = run(
+        vx, 'WALK "hello" TOP 2 LAYERS 1-2; EXPLAIN WALK "hello" VERBOSE; SHOW LAYERS 0-1; SHOW FEATURES 3 LIMIT 4')
+    assert {r[0] for r in walk.rows} == {1, 2} and len(walk.rows) == 4
+    assert {r[0] for r in explain.rows} == {0, 1, 2, 3}
+    assert [r[0] for r in layers.rows] == [0, 1] and len(features.rows) == 4
+    (card,) = run(vx, 'DESCRIBE "hello" VERBOSE')
+    assert card.title == "hello" and card.notes[0].startswith(("signal:", "(not found)"))
+    assert card.to_json()["statement"] == 'DESCRIBE "hello" VERBOSE'
+
+
+def test_semantic_errors_are_located() -> None:
+    with pytest.raises(LqlSemanticError) as e:
+        execute('STATS;\nDESCRIBE "France"')
+    assert e.value.message == "no vindex in use" and e.value.line == 1
+    with pytest.raises(LqlSemanticError, match="INFER is not implemented yet"):
+        execute('INFER "x"')
+
+
+def test_layer_out_of_range_and_plans(vx: Path) -> None:
+    with pytest.raises(LqlSemanticError) as e:
+        run(vx, 'DESCRIBE "x" AT LAYER 9')
+    assert "layer 9 is out of range: this vindex has layers 0-3" in str(e.value) and e.value.column > 1
+    session = Session(vindex=open_vindex(vx))
+    (stmt,) = parse('WALK "The capital of France is" TOP 3 LAYERS 1-2')
+    assert plan(stmt, session).to_text() == (
+        'PLAN WALK "The capital of France is" TOP 3 LAYERS 1-2\n'
+        "  1. tokenize  'The capital of France is'\n"
+        "  2. last_token_embedding  scaled\n"
+        "  3. gate_knn  layers 1-2, top 3")
