@@ -12,7 +12,7 @@ from larql.errors import LqlError, LqlSyntaxError
 from larql.lql import ast
 from larql.lql.transformer import ToAst
 
-GRAMMAR = Path(__file__).resolve().parents[2] / "grammar" / "lql.lark"
+GRAMMAR = Path(__file__).with_name("lql.lark")  # a link to grammar/lql.lark, shipped as package data
 
 # One worked example per statement keyword, quoted in syntax errors.
 EXAMPLES = {
