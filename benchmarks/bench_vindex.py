@@ -90,7 +90,7 @@ def main() -> None:
     if not args.skip_extract:
         for level in ("browse", "inference"):
             t0 = time.perf_counter()
-            path = extract("gemma3-270m", tmp / f"g-{level}.vindex", level=level)
+            extract("gemma3-270m", tmp / f"g-{level}.vindex", level=level)
             results[f"extract_{level}_s"] = time.perf_counter() - t0
         vindex_path = tmp / "g-inference.vindex"
     else:

@@ -3,25 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-import gguf
-import pytest
 
-from tests.synthetic import TinySpec, hf_weights, write_gguf
-
-
-def larql(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "larql", *args], capture_output=True, text=True, timeout=600)
-
-
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("cliex") / "tiny.gguf"
-    write_gguf(path, TinySpec("llama"), hf_weights(TinySpec("llama")), gguf.GGMLQuantizationType.Q8_0)
-    return path
+from tests.cli.conftest import larql
 
 
 def test_extract_verify_and_run_from_vindex(tiny_gguf: Path, tmp_path: Path) -> None:

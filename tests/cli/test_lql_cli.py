@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import gguf
 import pytest
 
 from larql.vindex import extract
+from tests.cli.conftest import larql
 from tests.synthetic import TinySpec, hf_weights, write_gguf
-
-
-def larql(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "larql", *args], capture_output=True, text=True, timeout=600, cwd=cwd)
 
 
 @pytest.fixture(scope="module")

@@ -3,26 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-import gguf
 import pytest
 
 from tests.conftest import golden
-from tests.synthetic import TinySpec, hf_weights, write_gguf
-
-
-def larql(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "larql", *args], capture_output=True, text=True, timeout=600)
-
-
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("cli") / "tiny.gguf"
-    write_gguf(path, TinySpec("llama"), hf_weights(TinySpec("llama")), gguf.GGMLQuantizationType.Q8_0)
-    return path
+from tests.cli.conftest import larql
 
 
 def test_run_json_on_real_model() -> None:
