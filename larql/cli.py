@@ -161,6 +161,13 @@ def cmd_lql(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_repl(args: argparse.Namespace) -> int:
+    from larql.repl import run_repl
+
+    _threads(args.threads)
+    return run_repl(args.vindex)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="larql", description="A language model as a database.")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
@@ -202,6 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
     lq.add_argument("--width", type=int, default=None, help="table width (default: the terminal's)")
     lq.add_argument("--threads", type=int, default=None)
     lq.set_defaults(func=cmd_lql)
+
+    rp = sub.add_parser("repl", help="an interactive LQL shell (statements end with ';', .help for commands)")
+    rp.add_argument("vindex", nargs="?", help="a vindex to USE at start")
+    rp.add_argument("--threads", type=int, default=None)
+    rp.set_defaults(func=cmd_repl)
 
     ve = sub.add_parser("verify", help="check every file of a vindex against its sha256 in index.json")
     ve.add_argument("path")

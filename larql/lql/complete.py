@@ -1,0 +1,106 @@
+"""Completion as a pure function: (text before the cursor, catalog) -> suggestions.
+
+Outside quotes it offers what the grammar accepts next (Lark's interactive LALR parser is fed the
+statement so far); inside quotes it offers file paths after USE / EXTRACT / INTO / STATS / PATCH and
+entity tokens from the vindex vocabulary elsewhere. No terminal is involved, so it is tested directly.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from lark.exceptions import LarkError
+
+from larql.lql.parser import _lark
+
+PATH_KEYWORDS = ("USE", "INTO", "STATS", "PATCH", "MERGE", "DIFF", "SAVE", "FROM")
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    text: str  # what to insert
+    start: int  # relative to the cursor: replace the `-start` characters before it
+    kind: str  # keyword | path | entity
+
+
+def current_statement(text: str) -> str:
+    """The statement the cursor is in: the text after the last ';' that is outside quotes."""
+    quote, start = "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch == ";":
+            start = i + 1
+    return text[start:]
+
+
+def _open_quote(stmt: str) -> tuple[str, int] | None:
+    """(partial string, index of its opening quote) when the cursor is inside a string."""
+    quote, at = "", -1
+    for i, ch in enumerate(stmt):
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote, at = ch, i
+    return (stmt[at + 1:], at) if quote else None
+
+
+def keywords_accepted(prefix: str) -> list[str]:
+    """Keyword terminals the grammar accepts after `prefix` (an incomplete statement)."""
+    try:
+        ip = _lark().parse_interactive(prefix)
+        ip.exhaust_lexer()
+        accepted = ip.accepts()
+    except (LarkError, ValueError):
+        return []
+    terminals = _lark().terminals
+    patterns = {t.name: t.pattern for t in terminals}
+    out = []
+    for name in accepted:
+        pat = patterns.get(name)
+        if pat is not None and pat.type == "str" and str(pat.value).replace("_", "").isalpha():
+            out.append(str(pat.value).upper())
+    return sorted(set(out))
+
+
+def complete(text: str, entities: Callable[[str], Iterable[str]] | None = None,
+             cwd: str = ".", limit: int = 50) -> list[Suggestion]:
+    """Suggestions for the cursor at the end of `text`."""
+    stmt = current_statement(text)
+    inside = _open_quote(stmt)
+    if inside is not None:
+        partial, at = inside
+        before = stmt[:at].split()
+        if before and before[-1].upper() in PATH_KEYWORDS:
+            pattern = os.path.join(cwd, os.path.expanduser(partial)) + "*"
+            paths = sorted(glob.glob(pattern))[:limit]
+            rel = [p[len(cwd) + 1:] if cwd != "." and p.startswith(cwd + os.sep) else p.removeprefix("./") for p in paths]
+            return [Suggestion(p + ("/" if os.path.isdir(os.path.join(cwd, p)) else ""), len(partial), "path") for p in rel]
+        if entities is None or not partial:
+            return []
+        return [Suggestion(e, len(partial), "entity") for e in list(entities(partial))[:limit]]
+    m = _WORD.search(stmt)
+    word = m.group(0) if m and (m.start() == 0 or not stmt[m.start() - 1].isalnum()) else ""
+    prefix = stmt[: len(stmt) - len(word)]
+    accepted = keywords_accepted(prefix)
+    return [Suggestion(k, len(word), "keyword") for k in accepted if k.startswith(word.upper())][:limit]
+
+
+def vocabulary_lookup(token_texts: list[str]) -> Callable[[str], list[str]]:
+    """An entity source over a vocabulary: whole-word tokens that start with the typed prefix."""
+    words = sorted({t.strip() for t in token_texts if t[:1] in (" ", "▁") and t.strip().isalpha() and len(t.strip()) > 2})
+
+    def lookup(partial: str) -> list[str]:
+        p = partial.lower()
+        return [w for w in words if w.lower().startswith(p)]
+
+    return lookup

@@ -1,0 +1,98 @@
+"""REPL dot-commands, registered with a decorator; `.help` is generated from the registry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from larql.errors import LarqlError
+
+
+@dataclass
+class ReplState:
+    json: bool = False
+    timing: bool = False
+    plan: bool = False
+    done: bool = False
+    output: list[str] = field(default_factory=list)
+
+
+Handler = Callable[["ReplState", str, object], str]
+
+
+@dataclass(frozen=True)
+class MetaCommand:
+    name: str
+    usage: str
+    help: str
+    handler: Handler
+
+
+class Registry:
+    def __init__(self) -> None:
+        self.commands: dict[str, MetaCommand] = {}
+
+    def command(self, name: str, usage: str, help: str) -> Callable[[Handler], Handler]:
+        def register(fn: Handler) -> Handler:
+            self.commands[name] = MetaCommand(name, usage, help, fn)
+            return fn
+
+        return register
+
+    def run(self, line: str, state: ReplState, session: object) -> str:
+        name, _, arg = line.strip().partition(" ")
+        cmd = self.commands.get(name)
+        if cmd is None:
+            raise LarqlError(f"unknown command {name} (type .help for the list)")
+        return cmd.handler(state, arg.strip(), session)
+
+
+META = Registry()
+
+
+def _toggle(current: bool, arg: str, what: str) -> bool:
+    if arg.lower() in ("on", "off"):
+        return arg.lower() == "on"
+    if arg:
+        raise LarqlError(f".{what} takes on or off, not {arg!r}")
+    return not current
+
+
+@META.command(".help", ".help", "list the dot-commands (statements end with ';')")
+def _help(state: ReplState, arg: str, session: object) -> str:
+    width = max(len(c.usage) for c in META.commands.values())
+    return "\n".join(f"{c.usage:<{width}}  {c.help}" for c in META.commands.values())
+
+
+@META.command(".json", ".json [on|off]", "print results as JSON instead of tables")
+def _json(state: ReplState, arg: str, session: object) -> str:
+    state.json = _toggle(state.json, arg, "json")
+    return f"json {'on' if state.json else 'off'}"
+
+
+@META.command(".timing", ".timing [on|off]", "print how long each statement took")
+def _timing(state: ReplState, arg: str, session: object) -> str:
+    state.timing = _toggle(state.timing, arg, "timing")
+    return f"timing {'on' if state.timing else 'off'}"
+
+
+@META.command(".plan", ".plan [on|off]", "print each statement's plan instead of running it")
+def _plan(state: ReplState, arg: str, session: object) -> str:
+    state.plan = _toggle(state.plan, arg, "plan")
+    return f"plan {'on' if state.plan else 'off'}"
+
+
+@META.command(".use", ".use PATH", "open a vindex (same as USE \"PATH\";)")
+def _use(state: ReplState, arg: str, session: object) -> str:
+    from larql.vindex import open_vindex
+
+    if not arg:
+        raise LarqlError(".use needs a vindex path")
+    session.vindex = open_vindex(arg)  # type: ignore[attr-defined]
+    return f"Using: {session.describe_backend()}"  # type: ignore[attr-defined]
+
+
+@META.command(".quit", ".quit", "leave the REPL (Ctrl-D does too)")
+def _quit(state: ReplState, arg: str, session: object) -> str:
+    state.done = True
+    return ""
