@@ -84,7 +84,7 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
         steps = [Step("load_model", stmt.model), Step("extract", f"level={stmt.level} into {stmt.into}"),
                  Step("use", stmt.into)]
     elif isinstance(stmt, ast.StatsStmt):
-        steps = [Step("read_index", stmt.path or str(v.path))]  # type: ignore[union-attr]
+        steps = [Step("read_index", stmt.path or "the vindex in use")]
     elif isinstance(stmt, ast.ShowModelsStmt):
         steps = [Step("scan_directory", ".")]
     elif isinstance(stmt, ast.DescribeStmt):

@@ -107,3 +107,8 @@ def test_real_terminal_through_tmux(vx: Path, tmp_path: Path) -> None:
         assert "SHOW LAYERS" in (tmp_path / "hist").read_text()  # history persisted
     finally:
         subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+
+
+def test_ctrl_c_clears_the_line_not_the_session(vx: Path) -> None:
+    out = drive('DESCRIBE "half-typed\x03STATS;\r', vx)
+    assert "model weights" in out and "half-typed" not in out.split("Using:")[1]

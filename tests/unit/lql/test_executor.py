@@ -79,3 +79,19 @@ def test_layer_out_of_range_and_plans(vx: Path) -> None:
         "  1. tokenize  'The capital of France is'\n"
         "  2. last_token_embedding  scaled\n"
         "  3. gate_knn  layers 1-2, top 3")
+
+
+def test_plans_are_golden(vx: Path, update_golden: bool) -> None:
+    session = Session(vindex=open_vindex(vx))
+    texts = ['USE "x.vindex"', 'EXTRACT MODEL "m" INTO "o.vindex" WITH INFERENCE', "STATS", "SHOW MODELS",
+             'DESCRIBE "France" VERBOSE', 'DESCRIBE "France" AT LAYER 2', 'WALK "The capital" TOP 3 LAYERS 0-1',
+             'EXPLAIN WALK "x" VERBOSE', 'SELECT * FROM EDGES WHERE entity = "Par" AND score > 0.1 ORDER BY score DESC',
+             'SELECT * FROM EDGES NEAREST TO "France" AT LAYER 1 LIMIT 5', "SELECT * FROM ENTITIES LIMIT 3",
+             "SHOW LAYERS 0-1", "SHOW FEATURES 2 LIMIT 4", "SHOW ENTITIES AT LAYER 1", "SHOW RELATIONS",
+             'WALK "a" |> DESCRIBE "b"']
+    got = "\n".join(plan(parse(t)[0], session).to_text() for t in texts) + "\n"
+    path = Path(__file__).resolve().parents[2] / "golden" / "plans" / "plans.txt"
+    if update_golden:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(got)
+    assert got == path.read_text()
