@@ -33,11 +33,42 @@ def main() -> None:
     for s in statements[:20]:
         parse(s)
     one_by_one = (time.perf_counter() - t0) / 20 * 1e6
+    overhead_us = executor_overhead_us()
     print(f"| parse {n} mixed statements in one text | {median:.1f} ms (best {best:.1f}) | target <= 20 ms |")
+    print(f"| executor overhead per statement (plan + dispatch + result, STATS) | {overhead_us:.0f} us | |")
     print(f"| parse one statement (own call) | {one_by_one:.0f} us | LARQL Rust: 78 us |")
     out = Path(__file__).parent / "results" / "lql.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"statements": n, "median_ms": median, "best_ms": best, "single_us": one_by_one}))
+    out.write_text(json.dumps({"statements": n, "median_ms": median, "best_ms": best, "single_us": one_by_one,
+                               "executor_overhead_us": overhead_us}))
+
+
+def executor_overhead_us() -> float:
+    """Run STATS (a handler that only reads index.json fields) on a tiny vindex, parse excluded."""
+    import tempfile
+
+    import gguf
+
+    from larql.lql.executor import run_statement
+    from larql.lql.session import Session
+    from larql.vindex import extract, open_vindex
+
+    sys_path = str(Path(__file__).resolve().parents[1])
+    import sys
+
+    if sys_path not in sys.path:
+        sys.path.insert(0, sys_path)
+    from tests.synthetic import TinySpec, hf_weights, write_gguf
+
+    root = Path(tempfile.mkdtemp())
+    write_gguf(root / "m.gguf", TinySpec("llama"), hf_weights(TinySpec("llama")), gguf.GGMLQuantizationType.Q8_0)
+    session = Session(vindex=open_vindex(extract(root / "m.gguf", root / "t.vindex")))
+    (stmt,) = parse("STATS")
+    run_statement(stmt, session)
+    t0 = time.perf_counter()
+    for _ in range(200):
+        run_statement(stmt, session)
+    return (time.perf_counter() - t0) / 200 * 1e6
 
 
 if __name__ == "__main__":
