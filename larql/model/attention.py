@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -76,17 +78,20 @@ class KVCache:
         return self.k[layer][:, :stop], self.v[layer][:, :stop]  # (n_kv, S, d)
 
 
-def attention(q: F32, keys: F32, values: F32, start: int, scale: float, window: int, softcap: float) -> F32:
+def attention(q: F32, keys: F32, values: F32, start: int, scale: float, window: int, softcap: float,
+              scores_hook: Callable[[F32], F32] | None = None, pattern_hook: Callable[[F32], F32] | None = None) -> F32:
     """Causal grouped-query attention.
 
     q `(T, n_heads, d)` for positions start..start+T-1; keys/values `(n_kv, S, d)` for positions 0..S-1.
     Query i sees key j when j <= i and, with a sliding window, i - j < window. Returns `(T, n_heads * d)`.
+    The hooks see and may replace scores (masked, pre-softmax) and the pattern as `(T, n_heads, S)`.
     """
     t, n_heads, d = q.shape
     n_kv, s, _ = keys.shape
     group = n_heads // n_kv
     first = 0
-    if window and start + t > window:  # keys no query can see are skipped, not masked
+    hooked = scores_hook is not None or pattern_hook is not None
+    if window and start + t > window and not hooked:  # keys no query can see are skipped, not masked
         first = max(0, start - window + 1)
         keys, values = keys[:, first:], values[:, first:]
     qg = q.transpose(1, 0, 2).reshape(n_kv, group * t, d)  # (n_kv, group*T, d)
@@ -94,15 +99,21 @@ def attention(q: F32, keys: F32, values: F32, start: int, scale: float, window: 
     scores = scores.reshape(n_kv, group, t, s - first)
     if softcap:
         scores = np.tanh(scores / np.float32(softcap)) * np.float32(softcap)
-    if t > 1 or window:
+    if t > 1 or window or hooked:
         qpos = np.arange(start, start + t)[:, None]  # (T, 1)
         kpos = np.arange(first, s)[None, :]  # (1, S')
         allowed = kpos <= qpos
         if window:
             allowed &= (qpos - kpos) < window
         scores = np.where(allowed, scores, np.float32(-np.inf))
-    scores -= scores.max(axis=-1, keepdims=True)
+    if scores_hook is not None:
+        heads_view = scores.transpose(2, 0, 1, 3).reshape(t, n_heads, s - first)  # (T, H, S)
+        scores = scores_hook(heads_view).reshape(t, n_kv, group, s - first).transpose(1, 2, 0, 3)
+    scores = scores - scores.max(axis=-1, keepdims=True)
     probs = np.exp(scores)
     probs /= probs.sum(axis=-1, keepdims=True)  # (n_kv, group, T, S')
+    if pattern_hook is not None:
+        heads_view = probs.transpose(2, 0, 1, 3).reshape(t, n_heads, s - first)  # (T, H, S)
+        probs = np.ascontiguousarray(pattern_hook(heads_view).reshape(t, n_kv, group, s - first).transpose(1, 2, 0, 3))
     out = np.matmul(probs.reshape(n_kv, group * t, s - first), values)  # (n_kv, group*T, d)
     return out.reshape(n_kv, group, t, d).transpose(2, 0, 1, 3).reshape(t, n_heads * d)

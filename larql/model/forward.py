@@ -7,19 +7,16 @@ hook point (TransformerLens names, see `hooks.py`); with no hooks the cost is on
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
-
 import numpy as np
 from numpy.typing import NDArray
 
 from larql.model.attention import KVCache, RopeTable, apply_rope, attention
 from larql.model.config import ModelConfig
-from larql.model.hooks import LayerHookNames, layer_hook_names
+from larql.model.hooks import HookFns, LayerHookNames, layer_hook_names
 from larql.model.weights import LayerWeights, Weights
 
 F32 = NDArray[np.float32]
-HookFn = Callable[[F32, str], "F32 | None"]
-Hooks = Mapping[str, HookFn]
+Hooks = HookFns  # compiled hook functions: name -> fn(x, name, start), see hooks.compile_spec
 
 _GELU_C = np.float32(np.sqrt(2.0 / np.pi))
 
@@ -38,11 +35,11 @@ def silu(x: F32) -> F32:
     return x / (np.float32(1.0) + np.exp(-x))
 
 
-def _hook(hooks: Hooks, name: str, x: F32) -> F32:
+def _hook(hooks: Hooks, name: str, x: F32, start: int) -> F32:
     fn = hooks.get(name)
     if fn is None:
         return x
-    out = fn(x, name)
+    out = fn(x, name, start)
     return x if out is None else out
 
 
@@ -81,44 +78,51 @@ class Forward:
         q = apply_rope(q, cos, sin, cfg.rope_interleaved)
         k = apply_rope(k, cos, sin, cfg.rope_interleaved)
         if hooks:
-            q, k, v = _hook(hooks, n.q, q), _hook(hooks, n.k, k), _hook(hooks, n.v, v)
+            q, k, v = _hook(hooks, n.q, q, start), _hook(hooks, n.k, k, start), _hook(hooks, n.v, v, start)
         keys, values = cache.write(i, start, k, v)  # (n_kv, S, d) each
-        z = attention(q, keys, values, start, cfg.attn_scale, cfg.layer_window(i), cfg.attn_softcap)  # (T, n_heads*d)
+        scores_hook = pattern_hook = None
+        if hooks:
+            if n.scores in hooks:
+                scores_hook = lambda x: _hook(hooks, n.scores, x, start)  # noqa: E731
+            if n.pattern in hooks:
+                pattern_hook = lambda x: _hook(hooks, n.pattern, x, start)  # noqa: E731
+        z = attention(q, keys, values, start, cfg.attn_scale, cfg.layer_window(i), cfg.attn_softcap,
+                      scores_hook, pattern_hook)  # (T, n_heads*d)
         out = lw.o.matmul(z)  # (T, hidden)
         if hooks:
-            out = _hook(hooks, n.attn_out, out)
+            out = _hook(hooks, n.attn_out, out, start)
         return out
 
-    def mlp_block(self, i: int, lw: LayerWeights, x: F32, hooks: Hooks | None) -> F32:
+    def mlp_block(self, i: int, lw: LayerWeights, x: F32, hooks: Hooks | None, start: int) -> F32:
         n = self.names[i]
         h = rms_norm(x, lw.ffn_norm, self.cfg.norm_eps)  # (T, hidden)
         gate = lw.gate.matmul(h)  # (T, ffn)
         if hooks:
-            gate = _hook(hooks, n.mlp_pre, gate)
+            gate = _hook(hooks, n.mlp_pre, gate, start)
         act = self.act(gate) * lw.up.matmul(h)  # (T, ffn)
         if hooks:
-            act = _hook(hooks, n.mlp_post, act)
+            act = _hook(hooks, n.mlp_post, act, start)
         out = lw.down.matmul(act)  # (T, hidden)
         if hooks:
-            out = _hook(hooks, n.mlp_out, out)
+            out = _hook(hooks, n.mlp_out, out, start)
         return out
 
     def layer(self, i: int, x: F32, cache: KVCache, start: int, hooks: Hooks | None) -> F32:
         lw, n, eps = self.w.layers[i], self.names[i], self.cfg.norm_eps
         if hooks:
-            x = _hook(hooks, n.resid_pre, x)
+            x = _hook(hooks, n.resid_pre, x, start)
         a = self.attention_block(i, lw, x, cache, start, hooks)  # (T, hidden)
         if lw.post_attn_norm is not None:
             a = rms_norm(a, lw.post_attn_norm, eps)
         x = x + a  # (T, hidden)
         if hooks:
-            x = _hook(hooks, n.resid_mid, x)
-        m = self.mlp_block(i, lw, x, hooks)  # (T, hidden)
+            x = _hook(hooks, n.resid_mid, x, start)
+        m = self.mlp_block(i, lw, x, hooks, start)  # (T, hidden)
         if lw.post_ffn_norm is not None:
             m = rms_norm(m, lw.post_ffn_norm, eps)
         x = x + m  # (T, hidden)
         if hooks:
-            x = _hook(hooks, n.resid_post, x)
+            x = _hook(hooks, n.resid_post, x, start)
         return x
 
     def __call__(self, ids: NDArray[np.int64], cache: KVCache, hooks: Hooks | None = None,
@@ -128,13 +132,13 @@ class Forward:
         cache.reserve(start + len(ids))
         x = self.embed(ids)  # (T, hidden)
         if hooks:
-            x = _hook(hooks, "hook_embed", x)
+            x = _hook(hooks, "hook_embed", x, start)
         for i in range(self.cfg.n_layers):
             x = self.layer(i, x, cache, start, hooks)
         cache.length = start + len(ids)
         x = rms_norm(x if all_logits else x[-1], self.w.output_norm, self.cfg.norm_eps)  # (T|, hidden)
         if hooks:
-            x = _hook(hooks, "hook_final_norm", x)
+            x = _hook(hooks, "hook_final_norm", x, start)
         logits = self.w.output.matmul(x)  # (T|, vocab)
         if self.cfg.final_softcap:
             cap = np.float32(self.cfg.final_softcap)

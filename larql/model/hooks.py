@@ -1,15 +1,38 @@
-"""Hook point names (TransformerLens style). The hook system proper (capture, interventions) builds
-on these; the forward pass already calls every point when, and only when, hooks are given.
+"""Hook points (TransformerLens names), typed names, interventions and the activation cache.
 
-Per layer L:  blocks.L.hook_resid_pre -> attn.hook_q / hook_k / hook_v -> hook_attn_out (after o_proj,
-before Gemma's post-attention norm) -> hook_resid_mid -> mlp.hook_pre (gate projection) ->
-mlp.hook_post (activation * up) -> hook_mlp_out (after down_proj, before Gemma's post-FFN norm) ->
-hook_resid_post. Around the layers: hook_embed (after Gemma's sqrt(hidden) scale), hook_final_norm.
+Per layer L, in forward order:
+    blocks.L.hook_resid_pre      (T, hidden)       residual entering the layer
+    blocks.L.attn.hook_q/k/v     (T, heads, d)     after q/k norm and RoPE (k, v: kv heads)
+    blocks.L.attn.hook_scores    (T, heads, S)     pre-softmax scores over the S keys so far
+    blocks.L.attn.hook_pattern   (T, heads, S)     softmax of the scores
+    blocks.L.hook_attn_out       (T, hidden)       after o_proj, before Gemma's post-attention norm
+    blocks.L.hook_resid_mid      (T, hidden)
+    blocks.L.mlp.hook_pre        (T, ffn)          gate projection
+    blocks.L.mlp.hook_post       (T, ffn)          activation(gate) * up
+    blocks.L.hook_mlp_out        (T, hidden)       after down_proj, before Gemma's post-FFN norm
+    blocks.L.hook_resid_post     (T, hidden)
+around the layers: hook_embed (T, hidden; after Gemma's sqrt(hidden) scale), hook_final_norm.
+T counts the positions being computed (all of them in a forward pass, one per decode step);
+interventions address absolute token positions, so they mean the same through a KV cache.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import difflib
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, NamedTuple, Union
+
+import numpy as np
+from numpy.typing import NDArray
+
+from larql.errors import ModelError
+
+F32 = NDArray[np.float32]
+
+LAYER_KINDS = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_scores",
+               "attn.hook_pattern", "hook_attn_out", "hook_resid_mid", "mlp.hook_pre", "mlp.hook_post",
+               "hook_mlp_out", "hook_resid_post")
+GLOBAL_HOOKS = ("hook_embed", "hook_final_norm")
 
 
 class LayerHookNames(NamedTuple):
@@ -17,6 +40,8 @@ class LayerHookNames(NamedTuple):
     q: str
     k: str
     v: str
+    scores: str
+    pattern: str
     attn_out: str
     resid_mid: str
     mlp_pre: str
@@ -25,21 +50,166 @@ class LayerHookNames(NamedTuple):
     resid_post: str
 
 
-GLOBAL_HOOKS = ("hook_embed", "hook_final_norm")
-
-
 def layer_hook_names(n_layers: int) -> tuple[LayerHookNames, ...]:
     """Names built once per model, so the forward pass never formats strings."""
-    return tuple(
-        LayerHookNames(
-            f"blocks.{i}.hook_resid_pre", f"blocks.{i}.attn.hook_q", f"blocks.{i}.attn.hook_k",
-            f"blocks.{i}.attn.hook_v", f"blocks.{i}.hook_attn_out", f"blocks.{i}.hook_resid_mid",
-            f"blocks.{i}.mlp.hook_pre", f"blocks.{i}.mlp.hook_post", f"blocks.{i}.hook_mlp_out",
-            f"blocks.{i}.hook_resid_post",
-        )
-        for i in range(n_layers)
-    )
+    return tuple(LayerHookNames(*(f"blocks.{i}.{k}" for k in LAYER_KINDS)) for i in range(n_layers))
 
 
 def all_hook_names(n_layers: int) -> list[str]:
     return [GLOBAL_HOOKS[0], *(name for layer in layer_hook_names(n_layers) for name in layer), GLOBAL_HOOKS[1]]
+
+
+@dataclass(frozen=True)
+class HookName:
+    """A validated hook point: `layer` is None for hook_embed / hook_final_norm."""
+
+    layer: int | None
+    kind: str
+
+    def __str__(self) -> str:
+        return self.kind if self.layer is None else f"blocks.{self.layer}.{self.kind}"
+
+
+def hook_name(name: str | HookName, n_layers: int) -> HookName:
+    """Parse and check a hook name; an unknown one is an error naming the nearest valid names."""
+    if isinstance(name, HookName):
+        name = str(name)
+    if name in GLOBAL_HOOKS:
+        return HookName(None, name)
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit() and parts[2] in LAYER_KINDS:
+        layer = int(parts[1])
+        if layer >= n_layers:
+            raise ModelError(f"hook {name!r}: layer {layer} is out of range (this model has layers 0-{n_layers - 1})")
+        return HookName(layer, parts[2])
+    near = difflib.get_close_matches(name, all_hook_names(n_layers), n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(near)}?" if near else f"; valid names look like blocks.0.hook_resid_post"
+    raise ModelError(f"unknown hook point {name!r}{hint}")
+
+
+# ---- interventions ------------------------------------------------------------------------------
+
+Positions = Union[int, tuple[int, ...], list[int], None]  # absolute token positions; None = all
+
+
+@dataclass(frozen=True)
+class Replace:
+    value: F32  # broadcastable to the activation of one position (or of all selected positions)
+    positions: Positions = None
+
+
+@dataclass(frozen=True)
+class Add:
+    value: F32  # e.g. a steering vector (hidden,)
+    positions: Positions = None
+
+
+@dataclass(frozen=True)
+class Scale:
+    factor: float
+    positions: Positions = None
+
+
+@dataclass(frozen=True)
+class Zero:
+    positions: Positions = None
+
+
+@dataclass(frozen=True)
+class Knockout:
+    """Remove attention edges before the softmax (for attn.hook_scores): head, query and key
+    positions (None = all)."""
+
+    heads: Positions = None
+    queries: Positions = None
+    keys: Positions = None
+
+
+Intervention = Union[Replace, Add, Scale, Zero, Knockout, Callable[[F32, str], "F32 | None"]]
+HookSpec = Mapping[Union[str, HookName], Union[Intervention, list]]
+# the forward pass's internal form: name -> fn(x, name, start) returning a replacement or None
+HookFns = Mapping[str, Callable[[F32, str, int], "F32 | None"]]
+
+
+def _rows(positions: Positions, start: int, t: int) -> NDArray[np.int64] | slice:
+    """Indices into the T computed positions (absolute start..start+T-1) that `positions` selects."""
+    if positions is None:
+        return slice(None)
+    wanted = np.atleast_1d(np.asarray(positions, dtype=np.int64))
+    rel = wanted - start
+    return rel[(rel >= 0) & (rel < t)]
+
+
+def _check_value(name: str, x: F32, value: F32) -> F32:
+    v = np.asarray(value, dtype=np.float32)
+    if v.shape != x.shape[1:] and v.shape != x.shape:
+        raise ModelError(f"hook {name}: value of shape {list(v.shape)} does not fit an activation of shape "
+                         f"{list(x.shape)} (give {list(x.shape[1:])} for one position)")
+    return v
+
+
+def _apply(iv: Intervention, x: F32, name: str, start: int) -> F32 | None:
+    if callable(iv) and not isinstance(iv, (Replace, Add, Scale, Zero, Knockout)):
+        return iv(x, name)
+    if isinstance(iv, Knockout):
+        if not name.endswith("attn.hook_scores"):
+            raise ModelError(f"Knockout applies to attn.hook_scores, not {name}")
+        t, h, k = x.shape
+        q_mask, h_mask, k_mask = np.zeros(t, bool), np.zeros(h, bool), np.zeros(k, bool)
+        q_mask[_rows(iv.queries, start, t)] = True
+        h_mask[slice(None) if iv.heads is None else np.atleast_1d(iv.heads)] = True
+        k_mask[slice(None) if iv.keys is None else np.atleast_1d(iv.keys)] = True
+        mask = q_mask[:, None, None] & h_mask[None, :, None] & k_mask[None, None, :]  # (T, H, S)
+        return np.where(mask, np.float32(-np.inf), x)
+    rows = _rows(iv.positions, start, x.shape[0])
+    out = x.copy()
+    if isinstance(iv, Replace):
+        value = _check_value(name, x, iv.value)
+        out[rows] = value if value.shape == x.shape[1:] else value[rows]
+    elif isinstance(iv, Add):
+        value = _check_value(name, x, iv.value)
+        out[rows] += value if value.shape == x.shape[1:] else value[rows]
+    elif isinstance(iv, Scale):
+        out[rows] *= np.float32(iv.factor)
+    elif isinstance(iv, Zero):
+        out[rows] = 0.0
+    return out
+
+
+def compile_spec(spec: HookSpec | None, n_layers: int) -> dict[str, Callable[[F32, str, int], F32 | None]] | None:
+    """A user HookSpec (names -> interventions, lists of them, or callbacks) -> forward-pass hook fns."""
+    if not spec:
+        return None
+    fns: dict[str, Callable[[F32, str, int], F32 | None]] = {}
+    for key, value in spec.items():
+        name = str(hook_name(key, n_layers))
+        chain = list(value) if isinstance(value, list) else [value]
+
+        def fn(x: F32, hook: str, start: int, chain: list[Any] = chain) -> F32:
+            for iv in chain:
+                out = _apply(iv, x, hook, start)
+                if out is not None:
+                    if out.shape != x.shape:
+                        raise ModelError(f"hook {hook}: a callback returned shape {list(out.shape)}, "
+                                         f"expected {list(x.shape)}")
+                    x = out
+            return x
+
+        fns[name] = fn
+    return fns
+
+
+def capture_into(cache: dict[str, list[F32]], names: list[str], fns: dict[str, Any] | None) -> dict[str, Any]:
+    """Add capturing hooks for `names` (after any intervention at the same point) to `fns`."""
+    out = dict(fns or {})
+    for name in names:
+        inner = out.get(name)
+
+        def fn(x: F32, hook: str, start: int, inner: Any = inner) -> F32:
+            if inner is not None:
+                x = inner(x, hook, start)
+            cache.setdefault(hook, []).append(np.array(x, copy=True))
+            return x
+
+        out[name] = fn
+    return out

@@ -11,7 +11,8 @@ from numpy.typing import NDArray
 from larql.errors import ContextLengthError, ModelError
 from larql.model.attention import KVCache
 from larql.model.config import ModelConfig
-from larql.model.forward import Forward, Hooks
+from larql.model.forward import Forward
+from larql.model.hooks import HookSpec, all_hook_names, capture_into, compile_spec, hook_name
 from larql.model.generate import Generation, SamplingParams, sample
 from larql.model.tokenizer import TextTokenizer
 from larql.model.weights import Weights
@@ -62,27 +63,41 @@ class Model:
         """Raise ContextLengthError (or ModelError for bad ids) unless ids + new tokens fit."""
         self._check_ids(ids, max_new_tokens)
 
-    def forward(self, ids: list[int] | NDArray[np.int64], hooks: Hooks | None = None) -> NDArray[np.float32]:
+    def forward(self, ids: list[int] | NDArray[np.int64], hooks: HookSpec | None = None) -> NDArray[np.float32]:
         """Logits `[seq, vocab]` float32 for every position of `ids` (a fresh cache each call)."""
         arr = self._check_ids(ids)
-        return self._forward(arr, self.new_cache(len(arr)), hooks, all_logits=True)
+        return self._forward(arr, self.new_cache(len(arr)), compile_spec(hooks, self.config.n_layers), all_logits=True)
+
+    def run_with_cache(self, ids: list[int] | NDArray[np.int64], names: list[str] | None = None,
+                       hooks: HookSpec | None = None) -> tuple[NDArray[np.float32], dict[str, NDArray[np.float32]]]:
+        """Logits `[seq, vocab]` and the activations at `names` (default: every hook point),
+        each `[seq, ...]`, captured after any intervention in `hooks` at the same point."""
+        arr = self._check_ids(ids)
+        n_layers = self.config.n_layers
+        wanted = all_hook_names(n_layers) if names is None else [str(hook_name(n, n_layers)) for n in names]
+        pieces: dict[str, list[NDArray[np.float32]]] = {}
+        fns = capture_into(pieces, wanted, compile_spec(hooks, n_layers))
+        logits = self._forward(arr, self.new_cache(len(arr)), fns, all_logits=True)
+        return logits, {name: np.concatenate(parts, axis=0) for name, parts in pieces.items()}
 
     def next_logits(self, ids: list[int] | NDArray[np.int64], cache: KVCache | None = None,
-                    hooks: Hooks | None = None) -> NDArray[np.float32]:
+                    hooks: HookSpec | None = None) -> NDArray[np.float32]:
         """Logits `[vocab]` after `ids`, appending them to `cache` (a fresh one if None)."""
         arr = self._check_ids(ids, 0 if cache is None else cache.length)
-        return self._forward(arr, cache if cache is not None else self.new_cache(len(arr)), hooks)
+        fns = compile_spec(hooks, self.config.n_layers)
+        return self._forward(arr, cache if cache is not None else self.new_cache(len(arr)), fns)
 
     def stream(self, prompt: str | list[int], max_new_tokens: int = 32, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop_at_eos: bool = True,
-               hooks: Hooks | None = None) -> Iterator[tuple[int, str]]:
+               hooks: HookSpec | None = None) -> Iterator[tuple[int, str]]:
         """Yield (token id, newly decodable text) as each token is generated."""
         prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         arr = self._check_ids(prompt_ids, max_new_tokens)
         params = SamplingParams(temperature, top_k, top_p, seed)
         rng = np.random.default_rng(seed)
         cache = self.new_cache(len(arr) + max_new_tokens)
-        logits = self._forward(arr, cache, hooks)
+        fns = compile_spec(hooks, self.config.n_layers)  # active at every step, through the KV cache
+        logits = self._forward(arr, cache, fns)
         new: list[int] = []
         emitted = ""
         for _ in range(max_new_tokens):
@@ -98,11 +113,11 @@ class Model:
                 return
             if len(new) == max_new_tokens:
                 return
-            logits = self._forward(np.array([tok], dtype=np.int64), cache, hooks)
+            logits = self._forward(np.array([tok], dtype=np.int64), cache, fns)
 
     def generate(self, prompt: str | list[int], max_new_tokens: int = 32, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop_at_eos: bool = True,
-                 hooks: Hooks | None = None) -> Generation:
+                 hooks: HookSpec | None = None) -> Generation:
         """Generate up to `max_new_tokens` tokens; greedy unless temperature > 0."""
         prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         gen = Generation(prompt_ids=prompt_ids)

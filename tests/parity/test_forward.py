@@ -58,3 +58,16 @@ def test_greedy_24_tokens_match_hf(real_model: larql.Model) -> None:
         assert gen.ids == p["greedy24_ids"], p["prompt"]
         assert gen.finish_reason == ("length" if len(gen.ids) == 24 else "stop")
         assert gen.text == real_model.detokenize(p["greedy24_ids"])
+
+
+def test_run_with_cache_matches_hf_every_array_kind(real_model: larql.Model) -> None:
+    z = np.load(GOLDEN / f"{real_model.name}.hf.npz")
+    ours_to_hf = {"hook_attn_out": "hook_attn_out", "hook_mlp_out": "hook_mlp_post", "hook_resid_post": "hook_resid_post"}
+    for i, p in enumerate(golden(real_model.name, "hf")[:6]):
+        logits, cache = real_model.run_with_cache(p["ids"])
+        assert rel_err(logits[-1], z[f"p{i}.logits_last"]) <= 1e-4
+        assert rel_err(cache["hook_embed"], z[f"p{i}.hook_embed"]) <= 1e-4
+        for layer in range(real_model.config.n_layers):
+            for ours, theirs in ours_to_hf.items():
+                err = rel_err(cache[f"blocks.{layer}.{ours}"], z[f"p{i}.blocks.{layer}.{theirs}"])
+                assert err <= 1e-4, f"prompt {i} layer {layer} {ours}: {err:.2e}"
