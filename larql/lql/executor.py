@@ -7,7 +7,7 @@ from typing import Callable
 
 from larql.errors import LarqlError, LqlError, LqlSemanticError
 from larql.lql import ast
-from larql.lql.ops import lifecycle, query
+from larql.lql.ops import inference, lifecycle, query
 from larql.lql.parser import parse
 from larql.lql.planner import plan
 from larql.lql.result import Result
@@ -19,7 +19,7 @@ HANDLERS: dict[type, Callable[..., None]] = {
     ast.ShowModelsStmt: lifecycle.show_models, ast.DescribeStmt: query.describe, ast.WalkStmt: query.walk,
     ast.ExplainWalkStmt: query.explain_walk, ast.SelectStmt: query.select, ast.ShowLayersStmt: query.show_layers,
     ast.ShowFeaturesStmt: query.show_features, ast.ShowEntitiesStmt: query.show_entities,
-    ast.ShowRelationsStmt: query.show_relations,
+    ast.ShowRelationsStmt: query.show_relations, ast.InferStmt: inference.infer, ast.TraceStmt: inference.trace,
 }
 
 

@@ -36,7 +36,7 @@ class Plan:
 
 
 NOT_YET = {
-    ast.InferStmt: "INFER", ast.ExplainInferStmt: "EXPLAIN INFER", ast.TraceStmt: "TRACE",
+    ast.ExplainInferStmt: "EXPLAIN INFER",
     ast.InsertStmt: "INSERT", ast.DeleteStmt: "DELETE", ast.UpdateStmt: "UPDATE", ast.MergeStmt: "MERGE",
     ast.RebalanceStmt: "REBALANCE", ast.CompactStmt: "COMPACT", ast.CompileStmt: "COMPILE", ast.DiffStmt: "DIFF",
     ast.BeginPatchStmt: "BEGIN PATCH", ast.SavePatchStmt: "SAVE PATCH", ast.ApplyPatchStmt: "APPLY PATCH",
@@ -74,7 +74,12 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
                      "it arrives with the inference and editing issues; browse statements work now")
     if isinstance(stmt, ast.UseStmt) and stmt.kind == "remote":
         raise _error(session, stmt, "USE REMOTE is not supported", "use a local vindex path or USE MODEL")
-    if not isinstance(stmt, NEEDS_NOTHING) and not (isinstance(stmt, ast.StatsStmt) and stmt.path):
+    inference = isinstance(stmt, (ast.InferStmt, ast.TraceStmt))
+    if inference and session.model is None and session.vindex is not None and not session.vindex.has_model_weights:
+        raise _error(session, stmt, f"{type(stmt).__name__[:-4].upper()} needs model weights, and the vindex in use "
+                     f"is browse-level", 'extract it WITH INFERENCE, or USE MODEL "gemma3-270m"')
+    if not isinstance(stmt, NEEDS_NOTHING) and not (isinstance(stmt, ast.StatsStmt) and stmt.path) \
+            and not (inference and session.model is not None):
         if session.vindex is None:
             raise _error(session, stmt, "no vindex in use", 'run USE "path/to.vindex" (or EXTRACT ... INTO) first')
     v = session.vindex
@@ -111,6 +116,14 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
             if stmt.order:
                 steps.append(Step("order", f"{stmt.order.field} {'DESC' if stmt.order.descending else 'ASC'}"))
         steps.append(Step("limit", str(stmt.limit if stmt.limit is not None else (50 if stmt.source == 'entities' else 20))))
+    elif isinstance(stmt, ast.InferStmt):
+        steps = [Step("tokenize", repr(stmt.prompt)), Step("forward", "dense, KV cache"),
+                 Step("top_k", str(stmt.top or 5))]
+    elif isinstance(stmt, ast.TraceStmt):
+        _check_range(session, stmt, stmt.layers)
+        what = f"for {stmt.for_token!r}" if stmt.for_token else ("decompose" if stmt.decompose else "top-1 per layer")
+        steps = [Step("tokenize", repr(stmt.prompt)), Step("run_with_cache", "resid pre / mid / post"),
+                 Step("logit_lens", f"{what}, positions {stmt.positions or 'last'}")]
     elif isinstance(stmt, ast.ShowLayersStmt):
         _check_range(session, stmt, stmt.range)
         steps = [Step("summarize_layers", _layers_text(stmt.range))]

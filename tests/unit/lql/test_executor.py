@@ -64,8 +64,8 @@ def test_semantic_errors_are_located() -> None:
     with pytest.raises(LqlSemanticError) as e:
         execute('STATS;\nDESCRIBE "France"')
     assert e.value.message == "no vindex in use" and e.value.line == 1
-    with pytest.raises(LqlSemanticError, match="INFER is not implemented yet"):
-        execute('INFER "x"')
+    with pytest.raises(LqlSemanticError, match="BEGIN PATCH is not implemented yet"):
+        execute('BEGIN PATCH "p.vlp"')
 
 
 def test_layer_out_of_range_and_plans(vx: Path) -> None:

@@ -1,0 +1,54 @@
+"""INFER and TRACE through LQL on a tiny inference-level vindex, checked against the model itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+import larql
+from larql.errors import LqlSemanticError
+from larql.lql.executor import execute
+from larql.model.generate import log_softmax
+from larql.vindex import extract
+from tests.synthetic import TinySpec, hf_weights, write_gguf
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("lqlinf")
+    spec = TinySpec("gemma3", n_layers=4, ffn=96)
+    write_gguf(root / "m.gguf", spec, hf_weights(spec, seed=4), gguf.GGMLQuantizationType.Q8_0)
+    return {"gguf": root / "m.gguf", "inference": extract(root / "m.gguf", root / "i.vindex", level="inference"),
+            "browse": extract(root / "m.gguf", root / "b.vindex")}
+
+
+def test_infer_matches_the_model(src: dict) -> None:
+    m = larql.load(src["gguf"])
+    _, res = execute(f'USE "{src["inference"]}"; INFER "hello there" TOP 3')
+    logits = m.next_logits(m.tokenize("hello there"))
+    top = np.argsort(-logits)[:3]
+    assert [r[1] for r in res.rows] == [m.tokenizer.token_text(int(t)) for t in top]
+    assert res.rows[0][2] == pytest.approx(float(np.exp(log_softmax(logits)[top[0]])), abs=1e-4)
+    _, via_model = execute(f'USE MODEL "{src["gguf"]}"; INFER "hello there" TOP 3')
+    assert via_model.rows == res.rows
+
+
+def test_trace_rows_agree_with_infer(src: dict) -> None:
+    use, infer, default, target, decompose = execute(
+        f'USE "{src["inference"]}"; INFER "hello there" TOP 1; TRACE "hello there"; '
+        'TRACE "hello there" FOR "a" LAYERS 1-3; TRACE "hello there" DECOMPOSE')
+    assert [r[0] for r in default.rows] == ["emb", "L0", "L1", "L2", "L3"]
+    assert default.rows[-1][1] == infer.rows[0][1] and default.rows[-1][2] == pytest.approx(infer.rows[0][2], abs=1e-4)
+    assert [r[0] for r in target.rows] == ["emb", "L1", "L2", "L3"] and target.rows[-1][1] >= 1
+    assert all(r[5] in ("attn", "ffn") for r in target.rows[1:])
+    assert all(r[4].endswith("%") for r in decompose.rows) and len(decompose.rows) == 4
+
+
+def test_inference_needs_weights(src: dict) -> None:
+    with pytest.raises(LqlSemanticError, match="INFER needs model weights, and the vindex in use is browse-level"):
+        execute(f'USE "{src["browse"]}"; INFER "x"')
+    with pytest.raises(LqlSemanticError, match="TRACE ... SAVE is not implemented yet"):
+        execute(f'USE "{src["inference"]}"; TRACE "x" POSITIONS ALL SAVE "t.trace"')
