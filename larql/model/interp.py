@@ -1,0 +1,126 @@
+"""Mechanistic-interpretability primitives, numpy in and out, built on hooks and run_with_cache."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+from larql.errors import ModelError
+from larql.model.attention import KVCache
+from larql.model.forward import rms_norm
+from larql.model.generate import log_softmax
+from larql.model.hooks import Replace, hook_name
+
+if TYPE_CHECKING:
+    from larql.model.model import Model
+
+F32 = NDArray[np.float32]
+
+
+def logit_lens(m: Model, resid: F32) -> F32:
+    """Log-probabilities `(..., vocab)` of a residual `(..., hidden)` read through the final norm
+    and the unembedding, as if the model stopped there."""
+    x = rms_norm(np.asarray(resid, dtype=np.float32), m.weights.output_norm, m.config.norm_eps)
+    if x.ndim == 1:
+        return log_softmax(m.weights.output.matmul(x))
+    return np.stack([log_softmax(row) for row in m.weights.output.matmul(x.reshape(-1, x.shape[-1]))]).reshape(
+        *x.shape[:-1], -1)
+
+
+def token_trajectory(m: Model, ids: list[int], token: int, position: int = -1) -> list[tuple[int, float]]:
+    """[(rank, probability)] of `token` under the logit lens after each layer, at `position`."""
+    names = [f"blocks.{i}.hook_resid_post" for i in range(m.config.n_layers)]
+    _, cache = m.run_with_cache(ids, names=names)
+    out = []
+    for name in names:
+        logp = logit_lens(m, cache[name][position])
+        out.append((int((logp > logp[token]).sum()) + 1, float(np.exp(logp[token]))))
+    return out
+
+
+def direct_logit_attribution(m: Model, vector: F32, token: int) -> float:
+    """The raw unembedding of `vector` onto `token` (no final norm): how much it writes the token."""
+    return float(m.weights.output.row(token) @ np.asarray(vector, dtype=np.float32))
+
+
+def layer_attribution(m: Model, ids: list[int], token: int, position: int = -1) -> F32:
+    """`(n_layers, 2)`: each layer's attention and FFN contributions to the residual, unembedded onto
+    `token` (the split TRACE FOR reports)."""
+    n = m.config.n_layers
+    names = [f"blocks.{i}.{k}" for i in range(n) for k in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post")]
+    _, cache = m.run_with_cache(ids, names=names)
+    row = m.weights.output.row(token)
+    out = np.zeros((n, 2), dtype=np.float32)
+    for i in range(n):
+        pre, mid, post = (cache[f"blocks.{i}.{k}"][position] for k in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post"))
+        out[i] = (row @ (mid - pre), row @ (post - mid))
+    return out
+
+
+def embedding_neighbours(m: Model, vector: F32, k: int = 10) -> list[tuple[int, float]]:
+    """The k tokens whose (unscaled) embeddings have the highest cosine with `vector`."""
+    emb = m.weights.token_embd
+    v = np.asarray(vector, dtype=np.float32)
+    v = v / (np.linalg.norm(v) or 1.0)
+    scores = np.empty(emb.n_rows, dtype=np.float32)
+    norms = np.empty(emb.n_rows, dtype=np.float32)
+    for start in range(0, emb.n_rows, 16384):
+        rows = emb.dequantize(slice(start, start + 16384))
+        scores[start:start + len(rows)] = rows @ v
+        norms[start:start + len(rows)] = np.linalg.norm(rows, axis=1)
+    cos = scores / np.maximum(norms, 1e-12)
+    top = np.argpartition(-cos, k)[:k]
+    top = top[np.argsort(-cos[top])]
+    return [(int(t), float(cos[t])) for t in top]
+
+
+def patch_activation(m: Model, donor: list[int], recipient: list[int], layer: int, position: int,
+                     hook: str = "hook_resid_post") -> F32:
+    """Recipient logits `(seq, vocab)` with the donor's activation at (layer, position) patched in."""
+    name = str(hook_name(f"blocks.{layer}.{hook}", m.config.n_layers))
+    _, cache = m.run_with_cache(donor, names=[name])
+    if not 0 <= position < min(len(donor), len(recipient)):
+        raise ModelError(f"position {position} is outside both prompts (donor {len(donor)}, recipient {len(recipient)} tokens)")
+    return m.forward(recipient, hooks={name: Replace(cache[name][position], positions=position)})
+
+
+def patching_sweep(m: Model, donor: list[int], recipient: list[int], token: int,
+                   hook: str = "hook_resid_post") -> F32:
+    """`(n_layers, positions)`: the change in the recipient's final log-probability of `token` when the
+    donor's activation is patched in at each (layer, position)."""
+    base = log_softmax(m.forward(recipient)[-1])[token]
+    n_pos = min(len(donor), len(recipient))
+    names = [f"blocks.{i}.{hook}" for i in range(m.config.n_layers)]
+    _, cache = m.run_with_cache(donor, names=names)
+    effect = np.zeros((m.config.n_layers, n_pos), dtype=np.float32)
+    for i, name in enumerate(names):
+        for p in range(n_pos):
+            logits = m.forward(recipient, hooks={name: Replace(cache[name][p], positions=p)})
+            effect[i, p] = log_softmax(logits[-1])[token] - base
+    return effect
+
+
+def steering_vector(m: Model, positive: list[str], negative: list[str], layer: int) -> F32:
+    """Mean residual (after `layer`, last position) of the positive prompts minus the negative ones;
+    apply it with `hooks={f"blocks.{layer}.hook_resid_post": Add(alpha * v)}`."""
+    name = f"blocks.{layer}.hook_resid_post"
+
+    def mean(prompts: list[str]) -> F32:
+        return np.mean([m.run_with_cache(m.tokenize(p), names=[name])[1][name][-1] for p in prompts], axis=0)
+
+    return (mean(positive) - mean(negative)).astype(np.float32)
+
+
+def copy_kv(dst: KVCache, src: KVCache, layers: list[int] | None = None, positions: slice = slice(None)) -> None:
+    """KV-cache surgery: copy keys and values of `layers` (default all) at `positions` from src to dst."""
+    if (dst.n_kv_heads, dst.head_dim, dst.n_layers) != (src.n_kv_heads, src.head_dim, src.n_layers):
+        raise ModelError("KV caches of different models cannot exchange keys and values")
+    for layer in range(src.n_layers) if layers is None else layers:
+        stop = src.length if positions.stop is None else positions.stop
+        if stop > dst.capacity:
+            dst.reserve(stop)
+        sl = slice(positions.start or 0, stop)
+        dst.k[layer][:, sl] = src.k[layer][:, sl]
+        dst.v[layer][:, sl] = src.v[layer][:, sl]
