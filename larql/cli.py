@@ -85,26 +85,34 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress_bars(console: object, disable: bool = False) -> tuple[object, object]:
+    """A rich progress display (one bar per stage) and the report(stage, done, total) callback."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description:<26}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                   TimeElapsedColumn(), console=console, disable=disable)  # type: ignore[arg-type]
+    tasks: dict[str, object] = {}
+
+    def report(stage: str, done: int, total: int) -> None:
+        if stage not in tasks:
+            tasks[stage] = bar.add_task(stage, total=total)
+        bar.update(tasks[stage], completed=done)  # type: ignore[arg-type]
+
+    return bar, report
+
+
 def cmd_extract(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from larql.vindex import extract
 
     _threads(args.threads)
     console = Console(stderr=True)
     t0 = time.perf_counter()
-    with Progress(TextColumn("{task.description:<26}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, disable=args.quiet) as bar:
-        tasks: dict[str, object] = {}
-
-        def report(stage: str, done: int, total: int) -> None:
-            if stage not in tasks:
-                tasks[stage] = bar.add_task(stage, total=total)
-            bar.update(tasks[stage], completed=done)  # type: ignore[arg-type]
-
+    bar, report = _progress_bars(console, disable=args.quiet)
+    with bar:  # type: ignore[attr-defined]
         path = extract(args.src, args.output, level=args.level, dtype=args.dtype, quant=args.quant,
-                       top_k=args.top_k, overwrite=args.force, progress=report)
+                       top_k=args.top_k, overwrite=args.force, progress=report)  # type: ignore[arg-type]
     size = sum(f.stat().st_size for f in path.iterdir())
     console.print(f"wrote {path} ({size / 1e6:.1f} MB, level {args.level}) in {time.perf_counter() - t0:.1f}s")
     return 0
@@ -144,7 +152,8 @@ def cmd_lql(args: argparse.Namespace) -> int:
     else:
         text = args.statements
     console = Console(file=sys.stdout, width=args.width, no_color=args.json)
-    session = Session(source=text)
+    bar, report = _progress_bars(Console(stderr=True), disable=args.json)
+    session = Session(source=text, progress=report)
     if args.vindex:
         from larql.vindex import open_vindex
 
@@ -153,7 +162,9 @@ def cmd_lql(args: argparse.Namespace) -> int:
         if args.plan:
             print(plan(stmt, session).to_text())
             continue
-        for result in run_statement(stmt, session):
+        with bar:  # type: ignore[attr-defined]  # shows bars only while a long statement reports progress
+            results = run_statement(stmt, session)
+        for result in results:
             if args.json:
                 render_json(result, sys.stdout)
             else:

@@ -21,7 +21,30 @@ def use(stmt: ast.UseStmt, session: Session, result: Result) -> None:
     result.notes.append(f"Using: {session.describe_backend()}")
 
 
+def _reusable(stmt: ast.ExtractStmt) -> bool:
+    """An existing vindex at the target that was extracted from the same source at the same level."""
+    from larql.errors import LarqlError
+    from larql.model.load import resolve
+    from larql.vindex.extract import _sha256_path
+
+    target = Path(stmt.into)
+    if not (target / "index.json").is_file():
+        return False
+    try:
+        v = open_vindex(target)
+        _, source = resolve(stmt.model)
+        return v.index["extract_level"] == stmt.level and v.index["source"]["sha256"] == _sha256_path(source)[0]
+    except LarqlError:
+        return False
+
+
 def extract_stmt(stmt: ast.ExtractStmt, session: Session, result: Result) -> None:
+    if _reusable(stmt):  # re-running a script should not redo a minute of work, nor fail
+        session.vindex = open_vindex(stmt.into)
+        result.notes.append(f"{stmt.into} already holds this model at level {stmt.level}: using it "
+                            f"(remove it to extract again)")
+        result.notes.append(f"Using: {session.describe_backend()}")
+        return
     path = extract(stmt.model, stmt.into, level=stmt.level, progress=session.progress)
     session.vindex = open_vindex(path)
     if stmt.components or stmt.layers:

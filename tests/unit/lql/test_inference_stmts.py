@@ -52,3 +52,15 @@ def test_inference_needs_weights(src: dict) -> None:
         execute(f'USE "{src["browse"]}"; INFER "x"')
     with pytest.raises(LqlSemanticError, match="TRACE ... SAVE is not implemented yet"):
         execute(f'USE "{src["inference"]}"; TRACE "x" POSITIONS ALL SAVE "t.trace"')
+
+
+def test_extract_then_rerun_reuses_the_vindex(src: dict, tmp_path: Path) -> None:
+    script = f'EXTRACT MODEL "{src["gguf"]}" INTO "{tmp_path / "e.vindex"}" WITH INFERENCE; INFER "hi" TOP 2'
+    first = execute(script)
+    assert first[0].notes[0].startswith("Extraction complete")
+    before = (tmp_path / "e.vindex" / "index.json").read_text()
+    second = execute(script)
+    assert "already holds this model at level inference: using it" in second[0].notes[0]
+    assert second[1].rows == first[1].rows and (tmp_path / "e.vindex" / "index.json").read_text() == before
+    with pytest.raises(LqlSemanticError, match="already exists; choose another path or pass --force"):
+        execute(f'EXTRACT MODEL "{src["gguf"]}" INTO "{tmp_path / "e.vindex"}"')  # another level: refuse
