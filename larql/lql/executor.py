@@ -20,6 +20,7 @@ HANDLERS: dict[type, Callable[..., None]] = {
     ast.ExplainWalkStmt: query.explain_walk, ast.SelectStmt: query.select, ast.ShowLayersStmt: query.show_layers,
     ast.ShowFeaturesStmt: query.show_features, ast.ShowEntitiesStmt: query.show_entities,
     ast.ShowRelationsStmt: query.show_relations, ast.InferStmt: inference.infer, ast.TraceStmt: inference.trace,
+    ast.ExplainInferStmt: inference.explain_infer,
 }
 
 

@@ -36,7 +36,6 @@ class Plan:
 
 
 NOT_YET = {
-    ast.ExplainInferStmt: "EXPLAIN INFER",
     ast.InsertStmt: "INSERT", ast.DeleteStmt: "DELETE", ast.UpdateStmt: "UPDATE", ast.MergeStmt: "MERGE",
     ast.RebalanceStmt: "REBALANCE", ast.CompactStmt: "COMPACT", ast.CompileStmt: "COMPILE", ast.DiffStmt: "DIFF",
     ast.BeginPatchStmt: "BEGIN PATCH", ast.SavePatchStmt: "SAVE PATCH", ast.ApplyPatchStmt: "APPLY PATCH",
@@ -74,9 +73,10 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
                      "it arrives with the inference and editing issues; browse statements work now")
     if isinstance(stmt, ast.UseStmt) and stmt.kind == "remote":
         raise _error(session, stmt, "USE REMOTE is not supported", "use a local vindex path or USE MODEL")
-    inference = isinstance(stmt, (ast.InferStmt, ast.TraceStmt))
+    inference = isinstance(stmt, (ast.InferStmt, ast.TraceStmt, ast.ExplainInferStmt))
     if inference and session.model is None and session.vindex is not None and not session.vindex.has_model_weights:
-        raise _error(session, stmt, f"{type(stmt).__name__[:-4].upper()} needs model weights, and the vindex in use "
+        label = {"InferStmt": "INFER", "TraceStmt": "TRACE", "ExplainInferStmt": "EXPLAIN INFER"}[type(stmt).__name__]
+        raise _error(session, stmt, f"{label} needs model weights, and the vindex in use "
                      f"is browse-level", 'extract it WITH INFERENCE, or USE MODEL "gemma3-270m"')
     if not isinstance(stmt, NEEDS_NOTHING) and not (isinstance(stmt, ast.StatsStmt) and stmt.path) \
             and not (inference and session.model is not None):
@@ -119,6 +119,12 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
     elif isinstance(stmt, ast.InferStmt):
         steps = [Step("tokenize", repr(stmt.prompt)), Step("forward", "dense, KV cache"),
                  Step("top_k", str(stmt.top or 5))]
+    elif isinstance(stmt, ast.ExplainInferStmt):
+        _check_range(session, stmt, stmt.layers)
+        steps = [Step("tokenize", repr(stmt.prompt)), Step("run_with_cache", "mlp.hook_post per layer"),
+                 Step("top_features", f"{stmt.top or (10 if stmt.verbose else 3)} per layer by |activation|")]
+        if stmt.with_attention:
+            steps.append(Step("attention_and_lens", "top-3 attended tokens, logit-lens top-1"))
     elif isinstance(stmt, ast.TraceStmt):
         _check_range(session, stmt, stmt.layers)
         what = f"for {stmt.for_token!r}" if stmt.for_token else ("decompose" if stmt.decompose else "top-1 per layer")

@@ -107,3 +107,62 @@ def trace(stmt: ast.TraceStmt, session: Session, result: Result) -> None:
         result.columns = pos_col + ["layer", "top1", "prob", "|attn_delta|", "|ffn_delta|"]
     result.rows = rows
     result.notes.append("logit lens: final norm + unembedding of the residual after each layer")
+
+
+def explain_infer(stmt: ast.ExplainInferStmt, session: Session, result: Result) -> None:
+    """Per layer, the FFN features that fired hardest at the last position (|act(gate) * up|), what
+    they write (down_meta, when a vindex is in use), and WITH ATTENTION the most-attended prompt
+    tokens and the logit-lens top-1."""
+    m = model_of(session, stmt)
+    cfg = m.config
+    v = session.vindex
+    ids = m.tokenize(stmt.prompt)
+    layers = list(range(cfg.n_layers))
+    if stmt.layers is not None:
+        layers = list(range(stmt.layers.start, min(stmt.layers.end, cfg.n_layers - 1) + 1))
+    elif stmt.band not in (None, "all") and v is not None:
+        lo, hi = v.index["layer_bands"][stmt.band]
+        layers = list(range(lo, hi + 1))
+    names = [f"blocks.{i}.mlp.hook_post" for i in layers]
+    if stmt.with_attention:
+        names += [f"blocks.{i}.{k}" for i in layers for k in ("attn.hook_pattern", "hook_resid_post")]
+    logits, cache = m.run_with_cache(ids, names=names)
+    logp = log_softmax(logits[-1])
+    best = int(np.argmax(logp))
+    per_layer = stmt.top or (10 if stmt.verbose else 3)
+    result.title = (f"Inference trace for {stmt.prompt!r}: prediction {m.tokenizer.token_text(best)!r} "
+                    f"({100 * float(np.exp(logp[best])):.1f}%)")
+    result.columns = ["layer", "feature", "activation", "top", "down", "relation"]
+    if stmt.with_attention:
+        result.columns += ["attends_to", "lens_top1"]
+    token_texts = [m.tokenizer.token_text(t) for t in ids]
+    for layer in layers:
+        act = cache[f"blocks.{layer}.mlp.hook_post"][-1]  # (ffn,)
+        order = np.argsort(-np.abs(act), kind="stable")
+        extra: list[Any] = []
+        if stmt.with_attention:
+            pattern = cache[f"blocks.{layer}.attn.hook_pattern"][-1].mean(axis=0)  # (S,) averaged over heads
+            attended = ", ".join(f"{token_texts[j]!r}:{pattern[j]:.2f}" for j in np.argsort(-pattern)[:3])
+            lens = lens_top1(m, cache[f"blocks.{layer}.hook_resid_post"][-1])
+            extra = [attended, lens]
+        shown = 0
+        for f in order:
+            label = v.feature_label(layer, int(f)) if v is not None else None
+            if stmt.relations_only and not label:
+                continue
+            if v is not None:
+                meta = v.feature_meta(layer, int(f))
+                top, down = meta.tokens[0].strip(), ", ".join(t.strip() for t in meta.tokens[1:4 if not stmt.verbose else 6])
+            else:
+                top, down = "", ""
+            result.rows.append([layer, int(f), round(float(act[f]), 3), top, down, label or ""] + extra)
+            extra = ["", ""] if stmt.with_attention else []
+            shown += 1
+            if shown >= per_layer:
+                break
+
+
+def lens_top1(m: Any, resid: np.ndarray) -> str:
+    logp = log_softmax(m.weights.output.matmul(rms_norm(resid, m.weights.output_norm, m.config.norm_eps)))
+    top = int(np.argmax(logp))
+    return f"{m.tokenizer.token_text(top)!r} {np.exp(logp[top]):.2f}"

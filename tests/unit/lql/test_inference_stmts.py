@@ -64,3 +64,16 @@ def test_extract_then_rerun_reuses_the_vindex(src: dict, tmp_path: Path) -> None
     assert second[1].rows == first[1].rows and (tmp_path / "e.vindex" / "index.json").read_text() == before
     with pytest.raises(LqlSemanticError, match="already exists; choose another path or pass --force"):
         execute(f'EXTRACT MODEL "{src["gguf"]}" INTO "{tmp_path / "e.vindex"}"')  # another level: refuse
+
+
+def test_explain_infer_lists_the_strongest_features(src: dict) -> None:
+    m = larql.load(src["gguf"])
+    _, res = execute(f'USE "{src["inference"]}"; EXPLAIN INFER "hello there" LAYERS 1-2 TOP 4 WITH ATTENTION')
+    assert res.columns[-2:] == ["attends_to", "lens_top1"]
+    assert [r[0] for r in res.rows] == [1] * 4 + [2] * 4
+    _, cache = m.run_with_cache(m.tokenize("hello there"), names=["blocks.2.mlp.hook_post"])
+    act = cache["blocks.2.mlp.hook_post"][-1]
+    expected = np.argsort(-np.abs(act), kind="stable")[:4]
+    assert [r[1] for r in res.rows[4:]] == list(expected)
+    assert res.rows[4][2] == pytest.approx(float(act[expected[0]]), abs=1e-3)
+    assert res.rows[0][6] and res.rows[1][6] == ""  # attention shown once per layer
