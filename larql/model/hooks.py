@@ -125,7 +125,20 @@ class Knockout:
     keys: Positions = None
 
 
-Intervention = Union[Replace, Add, Scale, Zero, Knockout, Callable[[F32, str], "F32 | None"]]
+@dataclass(frozen=True)
+class TopK:
+    """Keep, at every position, only the k entries of largest magnitude (on mlp.hook_post: a sparse
+    FFN that uses the k features that fired hardest)."""
+
+    k: int
+
+
+def sparse_ffn(n_layers: int, k: int) -> dict[str, TopK]:
+    """A hook spec running every layer's FFN with only its top-k features."""
+    return {f"blocks.{i}.mlp.hook_post": TopK(k) for i in range(n_layers)}
+
+
+Intervention = Union[Replace, Add, Scale, Zero, Knockout, TopK, Callable[[F32, str], "F32 | None"]]
 HookSpec = Mapping[Union[str, HookName], Union[Intervention, list]]
 # the forward pass's internal form: name -> fn(x, name, start) returning a replacement or None
 HookFns = Mapping[str, Callable[[F32, str, int], "F32 | None"]]
@@ -149,8 +162,18 @@ def _check_value(name: str, x: F32, value: F32) -> F32:
 
 
 def _apply(iv: Intervention, x: F32, name: str, start: int) -> F32 | None:
-    if callable(iv) and not isinstance(iv, (Replace, Add, Scale, Zero, Knockout)):
+    if callable(iv) and not isinstance(iv, (Replace, Add, Scale, Zero, Knockout, TopK)):
         return iv(x, name)
+    if isinstance(iv, TopK):
+        if iv.k >= x.shape[-1]:
+            return None
+        if iv.k < 1:
+            raise ModelError(f"TopK needs k >= 1, got {iv.k}")
+        flat = x.reshape(-1, x.shape[-1])
+        drop = np.argpartition(-np.abs(flat), iv.k, axis=1)[:, iv.k:]  # all but the k largest |x|
+        out = flat.copy()
+        np.put_along_axis(out, drop, 0.0, axis=1)
+        return out.reshape(x.shape)
     if isinstance(iv, Knockout):
         if not name.endswith("attn.hook_scores"):
             raise ModelError(f"Knockout applies to attn.hook_scores, not {name}")

@@ -90,3 +90,18 @@ def test_no_hooks_means_no_hook_calls(m: larql.Model, monkeypatch: pytest.Monkey
     monkeypatch.setattr(forward_module, "_hook", boom)
     m.forward(IDS)
     m.generate(IDS[:3], max_new_tokens=3, stop_at_eos=False)
+
+
+def test_sparse_ffn_top_k(m: larql.Model) -> None:
+    from larql.model.hooks import TopK, sparse_ffn
+
+    assert np.array_equal(m.forward(IDS, hooks=sparse_ffn(m.config.n_layers, m.config.ffn)), m.forward(IDS))
+    _, cache = m.run_with_cache(IDS, names=["blocks.1.mlp.hook_post"], hooks={"blocks.1.mlp.hook_post": TopK(3)})
+    kept = cache["blocks.1.mlp.hook_post"]
+    assert np.all((kept != 0).sum(axis=1) == 3)
+    _, dense = m.run_with_cache(IDS, names=["blocks.1.mlp.hook_post"])
+    full = dense["blocks.1.mlp.hook_post"]
+    for row, k_row in zip(full, kept):  # the survivors are the three largest |x|, unchanged
+        top = np.argsort(-np.abs(row))[:3]
+        assert set(np.flatnonzero(k_row)) == set(top) and np.allclose(k_row[top], row[top])
+    assert not np.allclose(m.forward(IDS, hooks=sparse_ffn(m.config.n_layers, 3)), m.forward(IDS))
