@@ -47,10 +47,17 @@ def _target_id(m: Any, token: str) -> int:
 
 
 def trace(stmt: ast.TraceStmt, session: Session, result: Result) -> None:
-    if stmt.save is not None:
-        raise LqlSemanticError("TRACE ... SAVE is not implemented yet", session.source, stmt.span.line,
-                               stmt.span.column, "drop SAVE; the trace file format arrives with the inference issue")
+    if stmt.save is not None and stmt.positions != "all":
+        raise LqlSemanticError("TRACE ... SAVE needs POSITIONS ALL", session.source, stmt.span.line,
+                               stmt.span.column, f'TRACE "..." POSITIONS ALL SAVE "{stmt.save}"')
     m = model_of(session, stmt)
+    if stmt.save is not None:
+        from larql.model.trace_file import capture_trace, save_trace
+
+        trace = capture_trace(m, stmt.prompt)
+        save_trace(trace, stmt.save)
+        result.notes.append(f"Saved {len(trace.token_ids)} token chains x {trace.n_layers + 1} stages to {stmt.save} "
+                            f"(load with larql.model.trace_file.load_trace)")
     cfg, w = m.config, m.weights
     ids = m.tokenize(stmt.prompt)
     names = ["hook_embed"] + [f"blocks.{i}.{k}" for i in range(cfg.n_layers)

@@ -50,8 +50,8 @@ def test_trace_rows_agree_with_infer(src: dict) -> None:
 def test_inference_needs_weights(src: dict) -> None:
     with pytest.raises(LqlSemanticError, match="INFER needs model weights, and the vindex in use is browse-level"):
         execute(f'USE "{src["browse"]}"; INFER "x"')
-    with pytest.raises(LqlSemanticError, match="TRACE ... SAVE is not implemented yet"):
-        execute(f'USE "{src["inference"]}"; TRACE "x" POSITIONS ALL SAVE "t.trace"')
+    with pytest.raises(LqlSemanticError, match="TRACE ... SAVE needs POSITIONS ALL"):
+        execute(f'USE "{src["inference"]}"; TRACE "x" SAVE "t.trace"')
 
 
 def test_extract_then_rerun_reuses_the_vindex(src: dict, tmp_path: Path) -> None:
@@ -77,3 +77,24 @@ def test_explain_infer_lists_the_strongest_features(src: dict) -> None:
     assert [r[1] for r in res.rows[4:]] == list(expected)
     assert res.rows[4][2] == pytest.approx(float(act[expected[0]]), abs=1e-3)
     assert res.rows[0][6] and res.rows[1][6] == ""  # attention shown once per layer
+
+
+def test_trace_save_and_load(src: dict, tmp_path: Path) -> None:
+    from larql.errors import ModelFormatError
+    from larql.model.trace_file import load_trace
+
+    out = tmp_path / "t.trace"
+    _, res = execute(f'USE "{src["inference"]}"; TRACE "hello there" POSITIONS ALL SAVE "{out}"')
+    assert any("Saved" in n for n in res.notes)
+    m = larql.load(src["gguf"])
+    tr = load_trace(out)
+    ids = m.tokenize("hello there")
+    assert tr.prompt == "hello there" and list(tr.token_ids) == ids
+    assert np.allclose(tr.residual[1:], tr.residual[:-1] + tr.attn + tr.ffn, atol=1e-4)
+    logits, cache = m.run_with_cache(ids, names=[f"blocks.{m.config.n_layers - 1}.hook_resid_post"])
+    assert np.array_equal(tr.residual[-1], cache[f"blocks.{m.config.n_layers - 1}.hook_resid_post"])
+    assert np.allclose(tr.lens(m, m.config.n_layers), log_softmax(logits[-1]), atol=1e-4)
+    assert tr.contributions(m, 7).shape == (m.config.n_layers, 2)
+    (tmp_path / "bad.trace").write_bytes(out.read_bytes()[:100])
+    with pytest.raises(ModelFormatError, match="truncated trace file"):
+        load_trace(tmp_path / "bad.trace")
