@@ -46,8 +46,10 @@ def _hook(hooks: Hooks, name: str, x: F32, start: int) -> F32:
 class Forward:
     """Runs the layers of one model over a KV cache."""
 
-    def __init__(self, cfg: ModelConfig, weights: Weights) -> None:
+    def __init__(self, cfg: ModelConfig, weights: Weights, ffn: object | None = None) -> None:
         self.cfg, self.w = cfg, weights
+        # an alternative FFN (e.g. the vindex walk FFN): called as ffn(layer, h, hooks, start) -> (T, hidden)
+        self.ffn = ffn
         self.names: tuple[LayerHookNames, ...] = layer_hook_names(cfg.n_layers)
         self.ropes = {base: RopeTable(base, cfg.head_dim) for base in {cfg.rope_base, cfg.rope_base_local}}
         self.act = gelu_tanh if cfg.activation == "gelu_tanh" else silu
@@ -96,6 +98,9 @@ class Forward:
     def mlp_block(self, i: int, lw: LayerWeights, x: F32, hooks: Hooks | None, start: int) -> F32:
         n = self.names[i]
         h = rms_norm(x, lw.ffn_norm, self.cfg.norm_eps)  # (T, hidden)
+        if self.ffn is not None:
+            out = self.ffn(i, h, hooks, start)  # type: ignore[operator]
+            return _hook(hooks, n.mlp_out, out, start) if hooks else out
         gate = lw.gate.matmul(h)  # (T, ffn)
         if hooks:
             gate = _hook(hooks, n.mlp_pre, gate, start)

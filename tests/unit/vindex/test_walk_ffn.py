@@ -1,0 +1,51 @@
+"""The walk FFN through the vindex: dense equals the model, overrides substitute, top-k sparsifies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+import larql
+from larql.vindex import extract
+from larql.vindex.walk_ffn import FeatureOverride, walk_model
+from tests.conftest import rel_err
+from tests.synthetic import TinySpec, hf_weights, write_gguf
+
+IDS = [5, 80, 81, 120, 7, 7, 9]
+
+
+@pytest.fixture(scope="module")
+def vx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("walk")
+    spec = TinySpec("gemma3", n_layers=3, ffn=96)
+    write_gguf(root / "m.gguf", spec, hf_weights(spec, seed=9), gguf.GGMLQuantizationType.Q8_0)
+    return extract(root / "m.gguf", root / "w.vindex", level="inference", dtype="f32")
+
+
+def test_dense_walk_equals_the_model(vx: Path) -> None:
+    assert rel_err(walk_model(str(vx)).forward(IDS), larql.load(vx).forward(IDS)) <= 1e-5
+
+
+def test_override_down_to_zero_equals_zeroing_the_feature(vx: Path) -> None:
+    silenced = walk_model(str(vx), overrides={(1, 7): FeatureOverride(down=np.zeros(64, np.float32))})
+    expected = larql.load(vx).forward(IDS, hooks={"blocks.1.mlp.hook_post": lambda x, n: _zero_col(x, 7)})
+    assert rel_err(silenced.forward(IDS), expected) <= 1e-5
+    new_gate = np.random.default_rng(0).standard_normal(64).astype(np.float32)
+    changed = walk_model(str(vx), overrides={(0, 3): FeatureOverride(gate=new_gate)}).forward(IDS)
+    assert not np.allclose(changed, larql.load(vx).forward(IDS))
+
+
+def _zero_col(x: np.ndarray, f: int) -> np.ndarray:
+    x = x.copy()
+    x[:, f] = 0
+    return x
+
+
+def test_top_k_walk_keeps_k_features(vx: Path) -> None:
+    m = walk_model(str(vx), top_k=5)
+    _, cache = m.run_with_cache(IDS, names=["blocks.2.mlp.hook_post"])
+    assert np.all((cache["blocks.2.mlp.hook_post"] != 0).sum(axis=1) <= 5)
+    assert rel_err(walk_model(str(vx), top_k=96).forward(IDS), larql.load(vx).forward(IDS)) <= 1e-5
