@@ -83,7 +83,7 @@ def hook_name(name: str | HookName, n_layers: int) -> HookName:
             raise ModelError(f"hook {name!r}: layer {layer} is out of range (this model has layers 0-{n_layers - 1})")
         return HookName(layer, parts[2])
     near = difflib.get_close_matches(name, all_hook_names(n_layers), n=3, cutoff=0.5)
-    hint = f"; did you mean {', '.join(near)}?" if near else f"; valid names look like blocks.0.hook_resid_post"
+    hint = f"; did you mean {', '.join(near)}?" if near else "; valid names look like blocks.0.hook_resid_post"
     raise ModelError(f"unknown hook point {name!r}{hint}")
 
 
