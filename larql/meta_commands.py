@@ -64,22 +64,16 @@ def _help(state: ReplState, arg: str, session: object) -> str:
     return "\n".join(f"{c.usage:<{width}}  {c.help}" for c in META.commands.values())
 
 
-@META.command(".json", ".json [on|off]", "print results as JSON instead of tables")
-def _json(state: ReplState, arg: str, session: object) -> str:
-    state.json = _toggle(state.json, arg, "json")
-    return f"json {'on' if state.json else 'off'}"
+def _register_toggle(attr: str, help: str) -> None:
+    @META.command(f".{attr}", f".{attr} [on|off]", help)
+    def toggle(state: ReplState, arg: str, session: object) -> str:
+        setattr(state, attr, _toggle(getattr(state, attr), arg, attr))
+        return f"{attr} {'on' if getattr(state, attr) else 'off'}"
 
 
-@META.command(".timing", ".timing [on|off]", "print how long each statement took")
-def _timing(state: ReplState, arg: str, session: object) -> str:
-    state.timing = _toggle(state.timing, arg, "timing")
-    return f"timing {'on' if state.timing else 'off'}"
-
-
-@META.command(".plan", ".plan [on|off]", "print each statement's plan instead of running it")
-def _plan(state: ReplState, arg: str, session: object) -> str:
-    state.plan = _toggle(state.plan, arg, "plan")
-    return f"plan {'on' if state.plan else 'off'}"
+_register_toggle("json", "print results as JSON instead of tables")
+_register_toggle("timing", "print how long each statement took")
+_register_toggle("plan", "print each statement's plan instead of running it")
 
 
 @META.command(".use", ".use PATH", "open a vindex (same as USE \"PATH\";)")

@@ -37,6 +37,7 @@ class WalkFFN:
     top_k: int | None = None
     overrides: dict[tuple[int, int], FeatureOverride] = field(default_factory=dict)
     _gates: dict[int, F32] = field(default_factory=dict, repr=False)
+    _downs: dict[int, F32] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         cfg = self.model.config
@@ -74,7 +75,9 @@ class WalkFFN:
             act = _hook(hooks, names.mlp_post, act, start)  # type: ignore[arg-type]
         out = lw.down.matmul(act)  # (T, hidden)
         if mine:
-            down_cols = lw.down.dequantize()  # (hidden, ffn), only when something is overridden
+            if layer not in self._downs:  # (hidden, ffn), only for layers with an overridden feature
+                self._downs[layer] = lw.down.dequantize()
+            down_cols = self._downs[layer]
             for f, ov in mine.items():
                 if ov.down is not None:
                     out += np.outer(act[:, f], ov.down - down_cols[:, f])

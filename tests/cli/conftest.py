@@ -21,3 +21,11 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("cli") / "tiny.gguf"
     write_gguf(path, TinySpec("llama"), hf_weights(TinySpec("llama")), gguf.GGMLQuantizationType.Q8_0)
     return path
+
+
+@pytest.fixture(scope="module")
+def tiny_vindex(tiny_gguf: Path) -> Path:
+    """A browse-level vindex of the tiny GGUF."""
+    from larql.vindex import extract
+
+    return extract(tiny_gguf, tiny_gguf.parent / "t.vindex")

@@ -5,20 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import gguf
 import pytest
 
-from larql.vindex import extract
 from tests.cli.conftest import larql
-from tests.synthetic import TinySpec, hf_weights, write_gguf
+
 
 
 @pytest.fixture(scope="module")
-def vx(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("lqlcli")
-    spec = TinySpec("llama")
-    write_gguf(root / "m.gguf", spec, hf_weights(spec), gguf.GGMLQuantizationType.Q8_0)
-    return extract(root / "m.gguf", root / "t.vindex")
+def vx(tiny_vindex: Path) -> Path:
+    return tiny_vindex
 
 
 def test_tables_and_json(vx: Path) -> None:

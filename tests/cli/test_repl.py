@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import gguf
 import pytest
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
@@ -18,16 +17,12 @@ from rich.console import Console
 
 from larql.lql.complete import complete
 from larql.repl import statement_complete, run_repl
-from larql.vindex import extract
-from tests.synthetic import TinySpec, hf_weights, write_gguf
+
 
 
 @pytest.fixture(scope="module")
-def vx(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("repl")
-    spec = TinySpec("llama")
-    write_gguf(root / "m.gguf", spec, hf_weights(spec), gguf.GGMLQuantizationType.Q8_0)
-    return extract(root / "m.gguf", root / "t.vindex")
+def vx(tiny_vindex: Path) -> Path:
+    return tiny_vindex
 
 
 def drive(keys: str, vindex: Path | None = None) -> str:
