@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from larql.errors import LarqlError, ModelFormatError, UnknownModelError
-from larql.model.config import ModelConfig, config_from_gguf, config_from_hf
+from larql.model.config import config_from_gguf, config_from_hf
 from larql.model.gguf_file import GGUFFile
 from larql.model.model import Model
 from larql.model.tokenizer import tokenizer_from_gguf, tokenizer_from_hf
@@ -77,24 +77,11 @@ def load(src: str | Path) -> Model:
 
 
 def _load_vindex(name: str, path: Path) -> Model:
-    """Run a model from an inference-level vindex alone (the vindex package is imported lazily:
-    model/ does not depend on vindex/)."""
-    from larql.errors import VindexError
+    """Run a model from an inference-level vindex alone, its FFN as the walk FFN (the vindex package
+    is imported lazily: model/ does not depend on vindex/)."""
     from larql.vindex.store import open_vindex
-    from larql.vindex.weights import VindexWeightSource
 
-    v = open_vindex(path)
-    if not v.has_model_weights:
-        raise VindexError(f"{path}: a browse-level vindex has no model weights; "
-                          f"re-extract with --level inference to run the model from it")
-    mc = dict(v.index["model_config"])
-    mc["global_layers"] = tuple(mc["global_layers"])
-    try:
-        cfg = ModelConfig(**mc)
-    except TypeError as e:
-        raise VindexError(f"{path / 'index.json'}: model_config does not describe a model this larql runs ({e})") from e
-    weights = load_weights(VindexWeightSource(path), cfg)
-    return Model(v.index["model"], path, cfg, weights, v.tokenizer)
+    return open_vindex(path).model()
 
 
 def _load_gguf(name: str, path: Path) -> Model:

@@ -21,10 +21,22 @@ from larql.model.weights import Weights
 class Model:
     """A loaded model. Build one with `larql.load(src)`."""
 
-    def __init__(self, name: str, source: Path, cfg: ModelConfig, weights: Weights, tokenizer: TextTokenizer) -> None:
+    def __init__(self, name: str, source: Path, cfg: ModelConfig, weights: Weights, tokenizer: TextTokenizer,
+                 ffn: object | None = None) -> None:
         self.name, self.source, self.config = name, source, cfg
         self.weights, self.tokenizer = weights, tokenizer
-        self._forward = Forward(cfg, weights)
+        # ffn: an alternative FFN such as the vindex walk FFN (see Forward); None is the dense FFN
+        self._forward = Forward(cfg, weights, ffn=ffn)
+
+    @property
+    def ffn(self) -> object | None:
+        return self._forward.ffn
+
+    def dense(self) -> Model:
+        """This model with the plain dense FFN (same weights, no vindex walk, no patch overlay)."""
+        if self._forward.ffn is None:
+            return self
+        return Model(self.name, self.source, self.config, self.weights, self.tokenizer)
 
     def __repr__(self) -> str:
         c = self.config

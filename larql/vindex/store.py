@@ -250,15 +250,20 @@ class Vindex:
 
         return gate_knn(self, layer, query, k)
 
-    def model(self) -> Any:
-        """The model this vindex carries (inference level and up), loaded once."""
-        if not self.has_model_weights:
-            raise VindexError(f"{self.path}: a browse-level vindex has no model weights; "
-                              f"re-extract with --level inference")
-        if "_model" not in self.__dict__:
-            from larql.model.load import load
+    @cached_property
+    def overlay(self) -> Any:
+        """The in-memory patch overlay (a PatchOverlay) that this vindex's walk FFN substitutes."""
+        from larql.vindex.overlay import PatchOverlay
 
-            self.__dict__["_model"] = load(self.path)
+        return PatchOverlay(self.num_layers, int(self.index["intermediate_size"]), self.hidden)
+
+    def model(self) -> Any:
+        """The model this vindex carries (inference level and up), loaded once; its FFN is the walk
+        FFN over `self.overlay`."""
+        if "_model" not in self.__dict__:
+            from larql.vindex.walk_ffn import vindex_model
+
+            self.__dict__["_model"] = vindex_model(self)
         return self.__dict__["_model"]
 
     def close(self) -> None:

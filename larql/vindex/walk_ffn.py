@@ -1,63 +1,52 @@
 """The walk FFN: a layer's FFN computed through the vindex.
 
-Gate scores come from the stored gate vectors (the KNN index is the FFN's first matrix); features
-with an override (an edited gate / up / down) are substituted; with `top_k`, each position keeps only
-its k features of largest |gate score|. up and down run on the model weights' quant blocks. With no
-overrides and no top_k, this is the dense FFN (exactly, up to rounding, when the gate vectors are f32).
+A feature's gate score is its gate vector . h (the KNN index is the FFN's first matrix; the scores
+are computed from weights.bin's encoding of those rows, of which gate_vectors.bin is the f16/f32
+copy, so that the dense walk is the model bit for bit). Features with an override in the patch overlay
+(an edited gate / up / down) are substituted; with `top_k`, each position keeps only its k features of
+largest |gate score| (a gate KNN) and zeroes the rest. up and down run on the weights' quant blocks.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import VindexError
+from larql.model.config import ModelConfig
 from larql.model.forward import _hook, gelu_tanh, silu
+from larql.model.hooks import layer_hook_names
 from larql.model.model import Model
-from larql.vindex.store import Vindex
+from larql.model.weights import Weights, load_weights
+from larql.vindex.overlay import FeatureOverride, PatchOverlay
+from larql.vindex.store import Vindex, open_vindex
+from larql.vindex.weights import VindexWeightSource
 
 F32 = NDArray[np.float32]
 
 
-@dataclass(frozen=True)
-class FeatureOverride:
-    """Replacement vectors for one feature; None keeps the stored one."""
-
-    gate: F32 | None = None  # (hidden,)
-    up: F32 | None = None  # (hidden,)
-    down: F32 | None = None  # (hidden,) what the feature writes, per unit of activation
-
-
-@dataclass
 class WalkFFN:
-    vindex: Vindex
-    model: Model
-    top_k: int | None = None
-    overrides: dict[tuple[int, int], FeatureOverride] = field(default_factory=dict)
-    _gates: dict[int, F32] = field(default_factory=dict, repr=False)
-    _downs: dict[int, F32] = field(default_factory=dict, repr=False)
+    """A layer's FFN, called by the forward pass as ffn(layer, h, hooks, start) -> (T, hidden)."""
 
-    def __post_init__(self) -> None:
-        cfg = self.model.config
-        if self.vindex.num_layers != cfg.n_layers or self.vindex.hidden != cfg.hidden:
-            raise VindexError(f"{self.vindex.path}: this vindex does not match the model "
-                              f"({self.vindex.num_layers} layers x {self.vindex.hidden} vs {cfg.n_layers} x {cfg.hidden})")
-        if self.top_k is not None and self.top_k < 1:
-            raise VindexError(f"walk FFN top_k must be >= 1, got {self.top_k}")
+    def __init__(self, vindex: Vindex, cfg: ModelConfig, weights: Weights, top_k: int | None = None,
+                 overlay: PatchOverlay | None = None) -> None:
+        if vindex.num_layers != cfg.n_layers or vindex.hidden != cfg.hidden:
+            raise VindexError(f"{vindex.path}: this vindex does not match the model "
+                              f"({vindex.num_layers} layers x {vindex.hidden} vs {cfg.n_layers} x {cfg.hidden})")
+        if top_k is not None and top_k < 1:
+            raise VindexError(f"walk FFN top_k must be >= 1, got {top_k}")
+        self.vindex, self.weights, self.top_k = vindex, weights, top_k
+        self.names = layer_hook_names(cfg.n_layers)
+        self.overlay = overlay if overlay is not None else vindex.overlay
         self.act = gelu_tanh if cfg.activation == "gelu_tanh" else silu
-
-    def gates(self, layer: int) -> F32:
-        if layer not in self._gates:
-            self._gates[layer] = np.ascontiguousarray(self.vindex.gate_vectors(layer), dtype=np.float32)
-        return self._gates[layer]
+        self._downs: dict[int, F32] = {}  # dequantized W_down of layers with an overridden down vector
 
     def __call__(self, layer: int, h: F32, hooks: object, start: int) -> F32:
-        lw = self.model.weights.layers[layer]
-        names = self.model._forward.names[layer]
-        gate = h @ self.gates(layer).T  # (T, ffn) gate scores from the vindex
-        mine = {f: ov for (l, f), ov in self.overrides.items() if l == layer}
+        lw, names = self.weights.layers[layer], self.names[layer]
+        mine = self.overlay.layer(layer)
+        gate = lw.gate.matmul(h)  # (T, ffn) every feature's gate score: its gate vector . h
         for f, ov in mine.items():
             if ov.gate is not None:
                 gate[:, f] = h @ ov.gate
@@ -69,29 +58,44 @@ class WalkFFN:
                 up[:, f] = h @ ov.up
         act = self.act(gate) * up  # (T, ffn)
         if self.top_k is not None and self.top_k < act.shape[1]:
-            drop = np.argpartition(-np.abs(gate), self.top_k, axis=1)[:, self.top_k:]
+            # the gate KNN: keep each position's k features of largest |gate score|
+            drop = np.argpartition(-np.abs(gate), self.top_k, axis=1)[:, self.top_k:]  # (T, ffn - k)
             np.put_along_axis(act, drop, 0.0, axis=1)
         if hooks:
             act = _hook(hooks, names.mlp_post, act, start)  # type: ignore[arg-type]
         out = lw.down.matmul(act)  # (T, hidden)
-        if mine:
-            if layer not in self._downs:  # (hidden, ffn), only for layers with an overridden feature
-                self._downs[layer] = lw.down.dequantize()
-            down_cols = self._downs[layer]
-            for f, ov in mine.items():
-                if ov.down is not None:
-                    out += np.outer(act[:, f], ov.down - down_cols[:, f])
+        downs = [(f, ov.down) for f, ov in mine.items() if ov.down is not None]
+        if downs:
+            if layer not in self._downs:
+                self._downs[layer] = lw.down.dequantize()  # (hidden, ffn)
+            stored = self._downs[layer]
+            for f, down in downs:
+                out += np.outer(act[:, f], down - stored[:, f])  # swap the feature's column
         return out
 
 
-def walk_model(vindex_path: str, top_k: int | None = None,
-               overrides: dict[tuple[int, int], FeatureOverride] | None = None) -> Model:
-    """The model of an inference-level vindex, its FFN running as the walk FFN."""
-    from larql.model.forward import Forward
-    from larql.model.load import load
-    from larql.vindex.store import open_vindex
+def vindex_model(vindex: Vindex, top_k: int | None = None, overlay: PatchOverlay | None = None) -> Model:
+    """The model an inference-level vindex carries, its FFN the walk FFN over `overlay` (default: the
+    vindex's own overlay, so edits made through it show up at once)."""
+    if not vindex.has_model_weights:
+        raise VindexError(f"{vindex.path}: a browse-level vindex has no model weights; "
+                          f"re-extract with --level inference to run the model from it")
+    mc = dict(vindex.index["model_config"])
+    mc["global_layers"] = tuple(mc["global_layers"])
+    try:
+        cfg = ModelConfig(**mc)
+    except TypeError as e:
+        raise VindexError(f"{vindex.path / 'index.json'}: model_config does not describe a model this larql "
+                          f"runs ({e})") from e
+    weights = load_weights(VindexWeightSource(vindex.path), cfg)
+    walk = WalkFFN(vindex, cfg, weights, top_k, overlay)
+    return Model(vindex.index["model"], vindex.path, cfg, weights, vindex.tokenizer, ffn=walk)
 
-    m = load(vindex_path)
-    walk = WalkFFN(open_vindex(vindex_path), m, top_k, dict(overrides or {}))
-    m._forward = Forward(m.config, m.weights, ffn=walk)
-    return m
+
+def walk_model(vindex_path: str | Path, top_k: int | None = None,
+               overrides: dict[tuple[int, int], FeatureOverride] | None = None) -> Model:
+    """A model over the vindex at `vindex_path` with its own overlay holding `overrides`."""
+    v = open_vindex(vindex_path)
+    overlay = PatchOverlay(v.num_layers, int(v.index["intermediate_size"]), v.hidden)
+    overlay.update(overrides or {})
+    return vindex_model(v, top_k, overlay)

@@ -28,15 +28,32 @@ def model_of(session: Session, stmt: ast.Statement) -> Any:
 def infer(stmt: ast.InferStmt, session: Session, result: Result) -> None:
     m = model_of(session, stmt)
     ids = m.tokenize(stmt.prompt)
+    top_n = stmt.top or 5
     logits = m.next_logits(ids)
     logp = log_softmax(logits)
-    top = np.argsort(-logits, kind="stable")[: stmt.top or 5]
+    top = np.argsort(-logits, kind="stable")[:top_n]
+    text = m.tokenizer.token_text
     result.title = f"Predictions for {stmt.prompt!r}"
-    result.columns = ["rank", "token", "prob", "logit"]
-    result.rows = [[r + 1, m.tokenizer.token_text(int(t)), round(float(np.exp(logp[t])), 4), round(float(logits[t]), 3)]
-                   for r, t in enumerate(top)]
-    if stmt.compare:
-        result.notes.append("walk FFN and dense FFN agree exactly while no patch is applied (no patches yet)")
+    if not stmt.compare:
+        result.columns = ["rank", "token", "prob", "logit"]
+        result.rows = [[r + 1, text(int(t)), round(float(np.exp(logp[t])), 4), round(float(logits[t]), 3)]
+                       for r, t in enumerate(top)]
+        return
+    walk = m.ffn
+    if walk is None:
+        result.notes.append("USE MODEL runs the dense FFN: there is no vindex walk to compare, both columns are dense")
+    dense_logits = m.dense().next_logits(ids)
+    dense_logp = log_softmax(dense_logits)
+    dense_top = np.argsort(-dense_logits, kind="stable")[:top_n]
+    result.columns = ["rank", "walk token", "walk prob", "dense token", "dense prob"]
+    result.rows = [[r + 1, text(int(t)), round(float(np.exp(logp[t])), 4), text(int(d)), round(float(np.exp(dense_logp[d])), 4)]
+                   for r, (t, d) in enumerate(zip(top, dense_top))]
+    overlay = getattr(walk, "overlay", None)
+    edits = len(overlay) if overlay is not None else 0
+    kl = float(np.sum(np.exp(dense_logp) * (dense_logp - logp)))
+    result.notes.append(f"walk FFN over {edits} overridden feature(s) vs dense FFN: top-1 "
+                        f"{'agrees' if top[0] == dense_top[0] else 'differs'}, KL(dense || walk) = {kl:.4g}, "
+                        f"max |logit difference| = {float(np.max(np.abs(logits - dense_logits))):.4g}")
 
 
 def _target_id(m: Any, token: str) -> int:

@@ -11,8 +11,10 @@ import pytest
 import larql
 from larql.errors import LqlSemanticError
 from larql.lql.executor import execute
+from larql.lql.session import Session
 from larql.model.generate import log_softmax
 from larql.vindex import extract
+from larql.vindex.overlay import FeatureOverride
 from tests.synthetic import TinySpec, hf_weights, write_gguf
 
 
@@ -34,6 +36,28 @@ def test_infer_matches_the_model(src: dict) -> None:
     assert res.rows[0][2] == pytest.approx(float(np.exp(log_softmax(logits)[top[0]])), abs=1e-4)
     _, via_model = execute(f'USE MODEL "{src["gguf"]}"; INFER "hello there" TOP 3')
     assert via_model.rows == res.rows
+
+
+def test_infer_compare_shows_an_overlay_edit(src: dict) -> None:
+    session = Session()
+    execute(f'USE "{src["inference"]}"', session)
+    same = execute('INFER "hello there" TOP 3 COMPARE', session)[0]
+    assert [r[1] for r in same.rows] == [r[3] for r in same.rows]
+    assert "0 overridden feature(s)" in same.notes[0] and "KL(dense || walk) = 0," in same.notes[0]
+    m = session.vindex.model()
+    ids = m.tokenize("hello there")
+    _, cache = m.run_with_cache(ids, names=["blocks.3.mlp.hook_post"])
+    act = cache["blocks.3.mlp.hook_post"][-1]  # (ffn,) the last position's feature activations
+    f = int(np.argmax(np.abs(act)))
+    before = log_softmax(m.next_logits(ids))
+    target = int(np.argsort(before)[0])  # the least likely token now
+    direction = m.weights.output.row(target)
+    # make the strongest feature write the unlikely token's unembedding direction
+    session.vindex.overlay.set(3, f, FeatureOverride(down=50 * direction / np.linalg.norm(direction) / act[f]))
+    edited = execute('INFER "hello there" TOP 3 COMPARE', session)[0]
+    assert "1 overridden feature(s)" in edited.notes[0] and "KL(dense || walk) = 0," not in edited.notes[0]
+    assert [r[3:] for r in edited.rows] == [r[3:] for r in same.rows]  # the dense side ignores the overlay
+    assert log_softmax(m.next_logits(ids))[target] > before[target] + 1.0
 
 
 def test_trace_rows_agree_with_infer(src: dict) -> None:

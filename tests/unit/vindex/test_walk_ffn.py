@@ -10,7 +10,8 @@ import pytest
 
 import larql
 from larql.vindex import extract
-from larql.vindex.walk_ffn import FeatureOverride, walk_model
+from larql.vindex.overlay import FeatureOverride
+from larql.vindex.walk_ffn import walk_model
 from tests.conftest import rel_err
 from tests.synthetic import TinySpec, hf_weights, write_gguf
 
@@ -49,3 +50,34 @@ def test_top_k_walk_keeps_k_features(vx: Path) -> None:
     _, cache = m.run_with_cache(IDS, names=["blocks.2.mlp.hook_post"])
     assert np.all((cache["blocks.2.mlp.hook_post"] != 0).sum(axis=1) <= 5)
     assert rel_err(walk_model(str(vx), top_k=96).forward(IDS), larql.load(vx).forward(IDS)) <= 1e-5
+
+
+def test_vindex_model_is_the_walk_and_sees_its_overlay(vx: Path) -> None:
+    from larql.vindex.store import open_vindex
+
+    v = open_vindex(vx)
+    m = v.model()
+    before = m.forward(IDS)
+    assert np.array_equal(before, larql.load(vx.parent / "m.gguf").forward(IDS))  # dense walk = the GGUF, bitwise
+    v.overlay.set(1, 7, FeatureOverride(down=np.zeros(64, np.float32)))
+    expected = larql.load(vx).forward(IDS, hooks={"blocks.1.mlp.hook_post": lambda x, n: _zero_col(x, 7)})
+    assert rel_err(m.forward(IDS), expected) <= 1e-5  # the edit shows up without reloading
+    assert np.array_equal(m.dense().forward(IDS), before)  # dense() ignores the overlay
+    v.overlay.remove(1, 7)
+    assert np.array_equal(m.forward(IDS), before)
+
+
+def test_overlay_rejects_bad_overrides(vx: Path) -> None:
+    from larql.errors import VindexError
+    from larql.vindex.store import open_vindex
+
+    overlay = open_vindex(vx).overlay
+    with pytest.raises(VindexError, match=r"down has shape \(63,\), expected \(64,\)"):
+        overlay.set(0, 1, FeatureOverride(down=np.zeros(63, np.float32)))
+    with pytest.raises(VindexError, match="layer 3 is out of range"):
+        overlay.set(3, 1, FeatureOverride(gate=np.zeros(64, np.float32)))
+    with pytest.raises(VindexError, match="feature 96 is out of range"):
+        overlay.set(0, 96, FeatureOverride(gate=np.zeros(64, np.float32)))
+    with pytest.raises(VindexError, match="NaN"):
+        overlay.set(0, 1, FeatureOverride(up=np.full(64, np.nan, np.float32)))
+    assert len(overlay) == 0
