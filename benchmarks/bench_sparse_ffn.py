@@ -1,9 +1,10 @@
-"""Accuracy cost of running the FFN with only its top-k features (by |act(gate) * up|) per layer.
+"""Accuracy cost of running the FFN with only its top-k features per layer.
 
-    python benchmarks/bench_sparse_ffn.py [--model gemma3-270m]
+    python benchmarks/bench_sparse_ffn.py [--model gemma3-270m] [--vindex g.vindex]
 
-For each k: top-1 agreement with the dense model and mean KL(dense || sparse) of the next-token
-distribution over the 30 golden prompts. Writes benchmarks/results/sparse_ffn.json.
+Two selections: by |act(gate) * up| (a hook on mlp.hook_post), and, with --vindex, the walk FFN's
+gate KNN (by |gate score|, `walk_model(vindex, top_k=k)`). For each k: top-1 agreement with the dense
+model and mean KL(dense || sparse) over the 30 golden prompts. Writes benchmarks/results/sparse_ffn.json.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "golden" / "prompts.j
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gemma3-270m")
+    parser.add_argument("--vindex", help="an inference-level vindex of the same model: also measure the walk's gate KNN")
     args = parser.parse_args()
     import larql
     from larql.model.generate import log_softmax
@@ -29,16 +31,25 @@ def main() -> None:
     prompts = json.loads(PROMPTS.read_text())
     dense = [log_softmax(m.next_logits(m.tokenize(p))) for p in prompts]
     rows = []
-    print(f"| k (of {m.config.ffn}) | top-1 agreement | mean KL(dense || sparse) |\n|---:|---:|---:|")
-    for k in (32, 128, 256, 512, 1024):
-        spec = sparse_ffn(m.config.n_layers, k)
+
+    def measure(selection: str, k: int, next_logits) -> None:  # noqa: ANN001
         agree, kls = 0, []
         for p, d in zip(prompts, dense):
-            s = log_softmax(m.next_logits(m.tokenize(p), hooks=spec))
+            s = log_softmax(next_logits(m.tokenize(p)))
             agree += int(np.argmax(s) == np.argmax(d))
             kls.append(float(np.sum(np.exp(d) * (d - s))))
-        rows.append({"k": k, "top1_agreement": agree / len(prompts), "mean_kl": float(np.mean(kls))})
-        print(f"| {k} | {agree}/{len(prompts)} | {np.mean(kls):.3f} |")
+        rows.append({"selection": selection, "k": k, "top1_agreement": agree / len(prompts), "mean_kl": float(np.mean(kls))})
+        print(f"| {selection} | {k} | {agree}/{len(prompts)} | {np.mean(kls):.3f} |")
+
+    print(f"| selection | k (of {m.config.ffn}) | top-1 agreement | mean KL(dense || sparse) |\n|---|---:|---:|---:|")
+    for k in (32, 128, 256, 512, 1024):
+        spec = sparse_ffn(m.config.n_layers, k)
+        measure("|act|", k, lambda ids, spec=spec: m.next_logits(ids, hooks=spec))
+    if args.vindex:
+        from larql.vindex.walk_ffn import walk_model
+
+        for k in (256, 512, 1024, 1536):
+            measure("|gate| (walk KNN)", k, walk_model(args.vindex, top_k=k).next_logits)
     out = Path(__file__).parent / "results" / "sparse_ffn.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"model": args.model, "rows": rows}, indent=1))
