@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+from larql.model import fused
 from larql.model.attention import KVCache, RopeTable, apply_rope, attention
 from larql.model.config import ModelConfig
 from larql.model.hooks import HookFns, LayerHookNames, layer_hook_names
@@ -23,8 +24,12 @@ _GELU_C = np.float32(np.sqrt(2.0 / np.pi))
 
 def rms_norm(x: F32, weight: F32, eps: float) -> F32:
     """x `(..., n)` / rms(x) * weight; weight already includes Gemma's +1."""
-    ms = np.mean(np.square(x), axis=-1, keepdims=True, dtype=np.float32)  # (..., 1)
-    return (x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps)))) * weight
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.empty_like(x)
+    n = x.shape[-1]
+    fused.rms_norm_rows(x.reshape(-1, n), np.ascontiguousarray(weight, dtype=np.float32), np.float32(eps),
+                        out.reshape(-1, n))
+    return out
 
 
 def gelu_tanh(x: F32) -> F32:
@@ -33,6 +38,12 @@ def gelu_tanh(x: F32) -> F32:
 
 def silu(x: F32) -> F32:
     return x / (np.float32(1.0) + np.exp(-x))
+
+
+def gated(activation: str, gate: F32, up: F32) -> F32:
+    """act(gate) * up for activation "gelu_tanh" or "silu", `(T, ffn)` in and out. numpy, not numba:
+    numpy's tanh/exp are vectorized, numba's call libm per element (3.5x slower here)."""
+    return (gelu_tanh(gate) if activation == "gelu_tanh" else silu(gate)) * up
 
 
 def _hook(hooks: Hooks, name: str, x: F32, start: int) -> F32:
@@ -52,7 +63,6 @@ class Forward:
         self.ffn = ffn
         self.names: tuple[LayerHookNames, ...] = layer_hook_names(cfg.n_layers)
         self.ropes = {base: RopeTable(base, cfg.head_dim) for base in {cfg.rope_base, cfg.rope_base_local}}
-        self.act = gelu_tanh if cfg.activation == "gelu_tanh" else silu
 
     def embed(self, ids: NDArray[np.int64]) -> F32:
         x = self.w.token_embd.rows(ids)  # (T, hidden)
@@ -104,7 +114,7 @@ class Forward:
         gate = lw.gate.matmul(h)  # (T, ffn)
         if hooks:
             gate = _hook(hooks, n.mlp_pre, gate, start)
-        act = self.act(gate) * lw.up.matmul(h)  # (T, ffn)
+        act = gated(self.cfg.activation, gate, lw.up.matmul(h))  # (T, ffn) act(gate) * up
         if hooks:
             act = _hook(hooks, n.mlp_post, act, start)
         out = lw.down.matmul(act)  # (T, hidden)

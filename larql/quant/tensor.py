@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import threading
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 
 import numba
 import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import QuantError
-from larql.quant import kernels
+from larql.quant import kernels, repack
 from larql.quant.types import BLOCK_LAYOUT, GGMLType, row_bytes
 
 # Above this many activation rows a weight is dequantized in chunks and multiplied with BLAS; at
@@ -21,6 +23,16 @@ CHUNK_ROWS = 4096
 
 
 _scratch = threading.local()
+
+# Memory that repacked copies of 4/5/6-bit weights may take in all (see repack.py): the matrices
+# used first get it. LARQL_REPACK_MB=0 turns repacking off (the kernels then read the GGUF blocks).
+_repack_budget = [int(os.environ.get("LARQL_REPACK_MB", "1024")) << 20]
+_repack_lock = threading.Lock()
+
+
+def _release_budget(size: int) -> None:
+    with _repack_lock:
+        _repack_budget[0] += size
 
 
 def _scratch_rows(n_rows: int, n_cols: int) -> NDArray[np.float32]:
@@ -43,6 +55,7 @@ class QuantMatrix:
     n_rows: int
     n_cols: int
     raw: NDArray[np.uint8]
+    _repacked: list[repack.Repacked | None] = field(default_factory=list, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         expected = (self.n_rows, row_bytes(self.qtype, self.n_cols))
@@ -94,6 +107,25 @@ class QuantMatrix:
         raw = np.ascontiguousarray(self.raw[idx])
         return QuantMatrix(self.name, self.qtype, len(idx), self.n_cols, raw).dequantize()
 
+    def repacked(self) -> repack.Repacked | None:
+        """The int8 + scale copy the small-batch path runs on, made on first use while the
+        process-wide budget lasts (None: not a repackable type, or no budget left)."""
+        if self._repacked:
+            return self._repacked[0]
+        with _repack_lock:
+            if self._repacked:
+                return self._repacked[0]
+            result = None
+            if self.qtype in repack.REPACKABLE and self.n_cols % 32 == 0:
+                size = self.n_rows * self.n_cols * repack.nbytes_per_weight(self.qtype)
+                if size <= _repack_budget[0]:
+                    _repack_budget[0] -= int(size)
+                    block_size, type_size = BLOCK_LAYOUT[self.qtype]
+                    result = repack.repack(self.qtype, block_size, type_size, self.raw, kernels.F16_TO_F32, self.n_cols)
+                    weakref.finalize(result, _release_budget, int(size))  # a freed model gives it back
+            self._repacked.append(result)
+            return result
+
     def matmul(self, x: NDArray[np.float32]) -> NDArray[np.float32]:
         """x `[k]` or `[t, k]` (k = n_cols) -> x @ W.T, `[n_rows]` or `[t, n_rows]` float32."""
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -104,6 +136,11 @@ class QuantMatrix:
             )
         if self.qtype == GGMLType.F32:
             return x @ self.raw.view(np.float32).T
+        if x.shape[0] <= SMALL_BATCH or x.ndim == 1:
+            fast = self.repacked()
+            if fast is not None:
+                out = repack.matmul(fast, x.reshape(-1, self.n_cols))
+                return out.reshape(-1) if x.ndim == 1 else out
         if x.ndim == 1 or x.shape[0] == 1:
             out = np.empty(self.n_rows, dtype=np.float32)
             args = self._args(self.raw)

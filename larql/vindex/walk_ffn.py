@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 
 from larql.errors import VindexError
 from larql.model.config import ModelConfig
-from larql.model.forward import _hook, gelu_tanh, silu
+from larql.model.forward import _hook, gated
 from larql.model.hooks import layer_hook_names
 from larql.model.model import Model
 from larql.model.weights import Weights, load_weights
@@ -40,7 +40,7 @@ class WalkFFN:
         self.vindex, self.weights, self.top_k = vindex, weights, top_k
         self.names = layer_hook_names(cfg.n_layers)
         self.overlay = overlay if overlay is not None else vindex.overlay
-        self.act = gelu_tanh if cfg.activation == "gelu_tanh" else silu
+        self.activation = cfg.activation
         self._downs: dict[int, F32] = {}  # dequantized W_down of layers with an overridden down vector
 
     def __call__(self, layer: int, h: F32, hooks: object, start: int) -> F32:
@@ -56,7 +56,7 @@ class WalkFFN:
         for f, ov in mine.items():
             if ov.up is not None:
                 up[:, f] = h @ ov.up
-        act = self.act(gate) * up  # (T, ffn)
+        act = gated(self.activation, gate, up)  # (T, ffn)
         if self.top_k is not None and self.top_k < act.shape[1]:
             # the gate KNN: keep each position's k features of largest |gate score|
             drop = np.argpartition(-np.abs(gate), self.top_k, axis=1)[:, self.top_k:]  # (T, ffn - k)

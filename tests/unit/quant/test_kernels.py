@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from larql.errors import QuantError
-from larql.quant import BLOCK_LAYOUT, GGMLType, QuantMatrix, dequantize_reference, row_bytes
+from larql.quant import BLOCK_LAYOUT, GGMLType, QuantMatrix, dequantize_reference, repack, row_bytes, tensor
 
 ALL_TYPES = list(BLOCK_LAYOUT)
 # byte offsets of f16 scale fields per block; random bytes there could be inf/nan, so they are
@@ -47,10 +47,24 @@ def test_dequantize_is_bit_exact_against_gguf(qtype: GGMLType) -> None:
     assert np.array_equal(ref.view(np.uint32), expected.view(np.uint32)), f"{qtype.name}: numpy reference differs"
 
 
+@pytest.mark.parametrize("qtype", sorted(repack.REPACKABLE), ids=lambda t: t.name)
+def test_repacked_parts_rebuild_the_exact_weights(qtype: GGMLType) -> None:
+    m = random_matrix(qtype, 37, 512, seed=3 + int(qtype))
+    packed = m.repacked()
+    assert packed is not None and packed.q.dtype == np.int8
+    assert (packed.offset is not None) == (qtype in repack.HAS_OFFSET)
+    assert np.array_equal(packed.dequantize().view(np.uint32), gguf_dequant(m).astype(np.float32).view(np.uint32))
+
+
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("n_tok", [1, 3, 40])  # matvec, matmul_small, chunked BLAS
-def test_matmul_matches_float_matmul(qtype: GGMLType, n_tok: int) -> None:
+@pytest.mark.parametrize("repacking", [True, False], ids=["repacked", "blocks"])
+def test_matmul_matches_float_matmul(qtype: GGMLType, n_tok: int, repacking: bool,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    if not repacking:
+        monkeypatch.setattr(tensor, "_repack_budget", [0])
     m = random_matrix(qtype, 70, 512, seed=1 + int(qtype))
+    assert (m.repacked() is not None) == (repacking and qtype in repack.REPACKABLE)
     w = gguf_dequant(m).astype(np.float64)
     x = np.random.default_rng(5).standard_normal((n_tok, 512)).astype(np.float32)
     expected = x.astype(np.float64) @ w.T
