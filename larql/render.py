@@ -6,20 +6,23 @@ import json
 from typing import IO, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from larql.lql.result import Result
 
 
-def _cell(v: Any) -> str:
+def _cell(v: Any) -> Text:
+    """Plain text, never markup: tokens such as "[/INST]" or "[capital]" must print as they are."""
     if isinstance(v, float):
-        return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.1f}"
-    return str(v)
+        return Text(f"{v:.4g}" if abs(v) < 1e4 else f"{v:.1f}")
+    return Text(str(v))
 
 
 def render(result: Result, console: Console, timing: bool = False) -> None:
     if result.columns and result.rows:
-        table = Table(title=result.title or None, title_justify="left", show_lines=False)
+        table = Table(title=escape(result.title) if result.title else None, title_justify="left", show_lines=False)
         for col in result.columns:
             numeric = all(isinstance(r[result.columns.index(col)], (int, float)) for r in result.rows)
             table.add_column(col, justify="right" if numeric else "left")
@@ -27,7 +30,7 @@ def render(result: Result, console: Console, timing: bool = False) -> None:
             table.add_row(*(_cell(v) for v in row))
         console.print(table)
     elif result.title:
-        console.print(f"[bold]{result.title}[/bold]")
+        console.print(Text(result.title, style="bold"))
     for note in result.notes:
         console.print(f"  {note}", style="dim", markup=False, highlight=False)
     if timing:

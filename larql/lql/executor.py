@@ -7,7 +7,7 @@ from typing import Callable
 
 from larql.errors import LarqlError, LqlError, LqlSemanticError
 from larql.lql import ast
-from larql.lql.ops import inference, lifecycle, query
+from larql.lql.ops import editing, inference, lifecycle, query
 from larql.lql.parser import parse
 from larql.lql.planner import plan
 from larql.lql.result import Result
@@ -20,7 +20,10 @@ HANDLERS: dict[type, Callable[..., None]] = {
     ast.ExplainWalkStmt: query.explain_walk, ast.SelectStmt: query.select, ast.ShowLayersStmt: query.show_layers,
     ast.ShowFeaturesStmt: query.show_features, ast.ShowEntitiesStmt: query.show_entities,
     ast.ShowRelationsStmt: query.show_relations, ast.InferStmt: inference.infer, ast.TraceStmt: inference.trace,
-    ast.ExplainInferStmt: inference.explain_infer,
+    ast.ExplainInferStmt: inference.explain_infer, ast.InsertStmt: editing.insert, ast.DeleteStmt: editing.delete,
+    ast.UpdateStmt: editing.update, ast.BeginPatchStmt: editing.begin_patch, ast.SavePatchStmt: editing.save_patch,
+    ast.ApplyPatchStmt: editing.apply_patch, ast.RemovePatchStmt: editing.remove_patch,
+    ast.ShowPatchesStmt: editing.show_patches,
 }
 
 

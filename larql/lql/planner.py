@@ -36,11 +36,8 @@ class Plan:
 
 
 NOT_YET = {
-    ast.InsertStmt: "INSERT", ast.DeleteStmt: "DELETE", ast.UpdateStmt: "UPDATE", ast.MergeStmt: "MERGE",
-    ast.RebalanceStmt: "REBALANCE", ast.CompactStmt: "COMPACT", ast.CompileStmt: "COMPILE", ast.DiffStmt: "DIFF",
-    ast.BeginPatchStmt: "BEGIN PATCH", ast.SavePatchStmt: "SAVE PATCH", ast.ApplyPatchStmt: "APPLY PATCH",
-    ast.ShowPatchesStmt: "SHOW PATCHES", ast.RemovePatchStmt: "REMOVE PATCH",
-    ast.ShowCompactStatusStmt: "SHOW COMPACT STATUS",
+    ast.MergeStmt: "MERGE", ast.RebalanceStmt: "REBALANCE", ast.CompactStmt: "COMPACT", ast.CompileStmt: "COMPILE",
+    ast.DiffStmt: "DIFF", ast.ShowCompactStatusStmt: "SHOW COMPACT STATUS",
 }
 NEEDS_NOTHING = (ast.UseStmt, ast.ExtractStmt, ast.ShowModelsStmt)
 
@@ -70,9 +67,12 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
     name = NOT_YET.get(type(stmt))
     if name is not None:
         raise _error(session, stmt, f"{name} is not implemented yet",
-                     "it arrives with the inference and editing issues; browse statements work now")
+                     "browse, inference, INSERT / DELETE / UPDATE and the patch statements work now")
     if isinstance(stmt, ast.UseStmt) and stmt.kind == "remote":
         raise _error(session, stmt, "USE REMOTE is not supported", "use a local vindex path or USE MODEL")
+    if isinstance(stmt, ast.InsertStmt) and session.vindex is not None and not session.vindex.has_model_weights:
+        raise _error(session, stmt, "INSERT needs model weights, and the vindex in use is browse-level",
+                     "extract it WITH INFERENCE: the fact is installed by running the model")
     inference = isinstance(stmt, (ast.InferStmt, ast.TraceStmt, ast.ExplainInferStmt))
     if inference and session.model is None and session.vindex is not None and not session.vindex.has_model_weights:
         label = {"InferStmt": "INFER", "TraceStmt": "TRACE", "ExplainInferStmt": "EXPLAIN INFER"}[type(stmt).__name__]
@@ -142,6 +142,20 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
     elif isinstance(stmt, ast.ShowRelationsStmt):
         _check_layer(session, stmt, stmt.layer)
         steps = [Step("read_clusters", "relation_clusters.json")]
+    elif isinstance(stmt, ast.InsertStmt):
+        _check_layer(session, stmt, stmt.layer)
+        steps = [Step("capture", "FFN inputs at the install layer: the prompt and decoys"),
+                 Step("choose_slot", "least-used feature"), Step("install", "gate/up orthogonal to the decoys"),
+                 Step("search_down_scale", f"until p(target) >= {stmt.confidence or 0.9}"),
+                 Step("measure", "target probability, neighbours' KL"), Step("record", "patch overlay")]
+    elif isinstance(stmt, (ast.DeleteStmt, ast.UpdateStmt)):
+        steps = [Step("scan_edges", "down_meta (with the overlay)")]
+        if stmt.where:
+            steps.append(Step("filter", " AND ".join(f"{c.field} {c.op} {c.value!r}" for c in stmt.where)))
+        steps.append(Step("record", "delete" if isinstance(stmt, ast.DeleteStmt) else "metadata update"))
+    elif isinstance(stmt, (ast.BeginPatchStmt, ast.SavePatchStmt, ast.ApplyPatchStmt, ast.RemovePatchStmt,
+                           ast.ShowPatchesStmt)):
+        steps = [Step(type(stmt).__name__.removesuffix("Stmt").lower(), getattr(stmt, "path", ""))]
     else:  # pragma: no cover - every statement type is handled above
         raise _error(session, stmt, f"cannot plan {type(stmt).__name__}")
     return Plan(stmt, tuple(steps))

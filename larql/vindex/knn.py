@@ -44,14 +44,28 @@ def gate_knn(v: Vindex, layer: int, query: NDArray[np.float32], k: int = 10) -> 
     if k < 1:
         raise VindexError(f"gate KNN needs k >= 1, got {k}")
     k = min(k, n)
+    overlay = v.__dict__.get("overlay")
+    edited = overlay.layer(layer) if overlay is not None else {}
+    gone = overlay.deleted(layer) if overlay is not None else set()
+    # with edits: search wider, rescore overridden gates, drop deleted features, re-rank
+    wide = min(n, k + len(edited) + len(gone))
     index = _layer_index(v, layer)
     both = np.stack([q, -q])  # (2, hidden)
-    scores, ids = index.search(both, k)  # (2, k) each
+    scores, ids = index.search(both, wide)  # (2, wide) each
     cand_ids = np.concatenate([ids[0], ids[1]])
     cand_scores = np.concatenate([scores[0], -scores[1]])
     keep = cand_ids >= 0
     cand_ids, cand_scores = cand_ids[keep], cand_scores[keep]
     _, first = np.unique(cand_ids, return_index=True)  # a feature can appear in both lists when n < 2k
     cand_ids, cand_scores = cand_ids[first], cand_scores[first]
+    if edited or gone:
+        rescored = {int(f): float(s) for f, s in zip(cand_ids, cand_scores)}
+        for f, ov in edited.items():
+            if ov.gate is not None:
+                rescored[f] = float(ov.gate @ q)
+        for f in gone:
+            rescored.pop(f, None)
+        cand_ids = np.fromiter(rescored, dtype=np.int64, count=len(rescored))
+        cand_scores = np.fromiter(rescored.values(), dtype=np.float64, count=len(rescored))
     order = np.lexsort((cand_ids, -np.abs(cand_scores)))[:k]
     return [(int(cand_ids[i]), float(cand_scores[i])) for i in order]

@@ -172,12 +172,27 @@ class Vindex:
         return self._map(layout.EMBEDDINGS_FILE).view(self.dtype).reshape(self.vocab_size, self.hidden)
 
     def down_meta(self, layer: int) -> tuple[NDArray[np.uint32], NDArray[np.float32]]:
-        """(token ids `[features, top_k]`, scores `[features, top_k]`) for a layer."""
+        """(token ids `[features, top_k]`, scores `[features, top_k]`) for a layer, as the patch
+        overlay has it: edited rows replaced, deleted rows empty (zeros, as the format writes an
+        empty feature). Without edits on the layer these are read-only views of the file."""
         e = self._layer(layer)
         n = e["num_features"] * self.top_k
         raw = self._map(layout.DOWN_META_FILE)[e["down_meta_offset"]: e["down_meta_offset"] + e["down_meta_length"]]
         ids = raw[: 4 * n].view("<u4").reshape(-1, self.top_k)
         scores = raw[4 * n:].view("<f4").reshape(-1, self.top_k)
+        overlay = self.__dict__.get("overlay")
+        if overlay is None or not len(overlay):
+            return ids, scores
+        metas, gone = overlay.meta(layer), overlay.deleted(layer)
+        if not metas and not gone:
+            return ids, scores
+        ids, scores = ids.copy(), scores.copy()
+        for f in gone:
+            ids[f], scores[f] = 0, 0.0
+        for f, m in metas.items():
+            k = min(len(m.token_ids), self.top_k)
+            ids[f], scores[f] = 0, 0.0
+            ids[f, :k], scores[f, :k] = m.token_ids[:k], m.scores[:k]
         return ids, scores
 
     @cached_property
@@ -256,6 +271,13 @@ class Vindex:
         from larql.vindex.overlay import PatchOverlay
 
         return PatchOverlay(self.num_layers, int(self.index["intermediate_size"]), self.hidden)
+
+    @cached_property
+    def patches(self) -> Any:
+        """The PatchStack: applied patches, unsaved edits, recording state; it rebuilds `overlay`."""
+        from larql.vindex.patch import PatchStack
+
+        return PatchStack(self)
 
     def model(self) -> Any:
         """The model this vindex carries (inference level and up), loaded once; its FFN is the walk

@@ -57,6 +57,9 @@ class WalkFFN:
             if ov.up is not None:
                 up[:, f] = h @ ov.up
         act = gated(self.activation, gate, up)  # (T, ffn)
+        gone = self.overlay.deleted(layer)
+        if gone:
+            act[:, sorted(gone)] = 0.0  # deleted features write nothing
         if self.top_k is not None and self.top_k < act.shape[1]:
             # the gate KNN: keep each position's k features of largest |gate score|
             drop = np.argpartition(-np.abs(gate), self.top_k, axis=1)[:, self.top_k:]  # (T, ffn - k)

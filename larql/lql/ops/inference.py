@@ -51,7 +51,7 @@ def infer(stmt: ast.InferStmt, session: Session, result: Result) -> None:
     overlay = getattr(walk, "overlay", None)
     edits = len(overlay) if overlay is not None else 0
     kl = float(np.sum(np.exp(dense_logp) * (dense_logp - logp)))
-    result.notes.append(f"walk FFN over {edits} overridden feature(s) vs dense FFN: top-1 "
+    result.notes.append(f"walk FFN over {edits} edited feature(s) vs dense FFN: top-1 "
                         f"{'agrees' if top[0] == dense_top[0] else 'differs'}, KL(dense || walk) = {kl:.4g}, "
                         f"max |logit difference| = {float(np.max(np.abs(logits - dense_logits))):.4g}")
 

@@ -43,7 +43,7 @@ def test_infer_compare_shows_an_overlay_edit(src: dict) -> None:
     execute(f'USE "{src["inference"]}"', session)
     same = execute('INFER "hello there" TOP 3 COMPARE', session)[0]
     assert [r[1] for r in same.rows] == [r[3] for r in same.rows]
-    assert "0 overridden feature(s)" in same.notes[0] and "KL(dense || walk) = 0," in same.notes[0]
+    assert "0 edited feature(s)" in same.notes[0] and "KL(dense || walk) = 0," in same.notes[0]
     m = session.vindex.model()
     ids = m.tokenize("hello there")
     _, cache = m.run_with_cache(ids, names=["blocks.3.mlp.hook_post"])
@@ -55,7 +55,7 @@ def test_infer_compare_shows_an_overlay_edit(src: dict) -> None:
     # make the strongest feature write the unlikely token's unembedding direction
     session.vindex.overlay.set(3, f, FeatureOverride(down=50 * direction / np.linalg.norm(direction) / act[f]))
     edited = execute('INFER "hello there" TOP 3 COMPARE', session)[0]
-    assert "1 overridden feature(s)" in edited.notes[0] and "KL(dense || walk) = 0," not in edited.notes[0]
+    assert "1 edited feature(s)" in edited.notes[0] and "KL(dense || walk) = 0," not in edited.notes[0]
     assert [r[3:] for r in edited.rows] == [r[3:] for r in same.rows]  # the dense side ignores the overlay
     assert log_softmax(m.next_logits(ids))[target] > before[target] + 1.0
 

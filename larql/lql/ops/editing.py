@@ -1,0 +1,166 @@
+"""INSERT, DELETE, UPDATE and the patch statements: edits go to the vindex's overlay (never its
+files) and are recorded on its patch stack until SAVE PATCH writes them out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from larql.errors import LqlSemanticError, VindexError
+from larql.lql import ast
+from larql.lql.ops.query import EDGE_FIELDS, _filter
+from larql.lql.result import Result
+from larql.lql.session import Session
+from larql.vindex import browse, edit
+from larql.vindex.overlay import MetaOverride
+from larql.vindex.patch import PatchOp
+from larql.vindex.store import Vindex
+
+
+def _v(session: Session) -> Vindex:
+    assert session.vindex is not None  # the planner checked
+    return session.vindex
+
+
+def _fail(session: Session, stmt: ast.Statement, message: str, hint: str = "") -> LqlSemanticError:
+    return LqlSemanticError(message, session.source, stmt.span.line, stmt.span.column, hint)
+
+
+def insert(stmt: ast.InsertStmt, session: Session, result: Result) -> None:
+    v = _v(session)
+    if stmt.mode == "knn":
+        raise _fail(session, stmt, "MODE KNN (LARQL's lookup after the logits) is not supported: larql edits the FFN "
+                    "itself, so TRACE and every later token see the fact", "omit MODE (or say MODE COMPOSE)")
+    goal = stmt.confidence if stmt.confidence is not None else 0.9
+    try:
+        r = edit.insert(v, stmt.entity, stmt.relation, stmt.target, stmt.layer, goal)
+    except VindexError as e:
+        raise _fail(session, stmt, str(e)) from e
+    result.title = f"Inserted {r.entity} -[{r.relation}]-> {r.target} at L{r.layer} F{r.feature} (patch overlay)"
+    result.columns = ["measure", "before", "after"]
+    result.rows = [
+        [f"p({r.target_token.strip()!s} | {r.prompt!r})", float(f"{r.p_before:.3g}"), float(f"{r.p_after:.3g}")],
+        ["rank of the target", r.rank_before, r.rank_after],
+        *([[f"p({r.target_token.strip()!s} | the few-shot form)", float(f"{r.p_paraphrase_before:.3g}"),
+            float(f"{r.p_paraphrase_after:.3g}")]] if r.paraphrase and r.p_paraphrase_after is not None else []),
+        [f"neighbours keeping their top-1 (of {r.locality_total})", r.locality_total, r.locality_top1],
+        ["neighbours' mean KL(before || after)", 0.0, round(r.locality_kl, 5)],
+    ]
+    if r.p_after < goal:
+        result.notes.append(f"the goal p >= {goal} was not reached at layer {r.layer}; a later layer "
+                            f"(AT LAYER n) usually reaches it")
+    if stmt.alpha is not None:
+        result.notes.append("ALPHA is not used: the down vector's scale is searched to reach CONFIDENCE")
+    _recording_note(v, result)
+
+
+def _slots(stmt: ast.DeleteStmt | ast.UpdateStmt, session: Session) -> list[tuple[int, int]]:
+    """The (layer, feature) slots the WHERE clause selects, from the overlay's view of down_meta."""
+    v = _v(session)
+    if not stmt.where:
+        raise _fail(session, stmt, "a WHERE clause is required (it would touch every feature)",
+                    'e.g. WHERE layer = 12 AND feature = 40, or WHERE entity = "Paris"')
+    layer = next((c.value for c in stmt.where if c.field == "layer" and c.op == "=" and isinstance(c.value, int)), None)
+    feature = next((c.value for c in stmt.where if c.field == "feature" and c.op == "=" and isinstance(c.value, int)), None)
+    if layer is not None and feature is not None and len(stmt.where) == 2:
+        try:
+            v.feature_meta(layer, feature)  # range checks
+        except VindexError as e:
+            raise _fail(session, stmt, str(e)) from e
+        return [(layer, feature)]
+    hits = browse.iter_features(v, None if layer is None else [layer])
+    rows = [{"layer": h.layer, "feature": h.feature, "token": h.top_token, "score": h.score,
+             "relation": v.feature_label(h.layer, h.feature) or ""} for h in hits]
+    return [(r["layer"], r["feature"]) for r in _filter(rows, stmt.where, EDGE_FIELDS, stmt, session)]
+
+
+def delete(stmt: ast.DeleteStmt, session: Session, result: Result) -> None:
+    v = _v(session)
+    slots = _slots(stmt, session)
+    for layer, feature in slots:
+        v.patches.record(PatchOp("delete", layer, feature, reason=f"DELETE {len(slots)} slot(s)"))
+    result.title = f"Deleted {len(slots)} feature(s) (patch overlay)" if slots else "(no matching features found)"
+    result.columns = ["layer", "feature"]
+    result.rows = [[layer, feature] for layer, feature in slots[:50]]
+    if len(slots) > 50:
+        result.notes.append(f"{len(slots)} features, 50 shown")
+    _recording_note(v, result)
+
+
+def update(stmt: ast.UpdateStmt, session: Session, result: Result) -> None:
+    v = _v(session)
+    target: str | None = None
+    confidence: float | None = None
+    for a in stmt.assignments:
+        if a.field in ("target", "top_token", "token") and isinstance(a.value, str):
+            target = a.value
+        elif a.field in ("confidence", "c_score", "score") and isinstance(a.value, (int, float)):
+            confidence = float(a.value)
+        else:
+            raise _fail(session, stmt, f"cannot SET {a.field} = {a.value!r}",
+                        'UPDATE sets the metadata: target = "text" and/or confidence = number')
+    slots = _slots(stmt, session)
+    tid = None
+    if target is not None:
+        tid = edit.target_token_id(v, target)
+    for layer, feature in slots:
+        ids, scores = v.down_meta(layer)
+        new_ids = (tid,) if tid is not None else tuple(int(i) for i in ids[feature])
+        new_scores = (confidence if confidence is not None else float(scores[feature, 0]),)
+        if tid is None:
+            new_scores += tuple(float(s) for s in scores[feature, 1:])
+        v.patches.record(PatchOp("update", layer, feature, meta=MetaOverride(new_ids, new_scores)))
+    result.title = f"Updated {len(slots)} feature(s) (patch overlay)" if slots else "(no matching features found)"
+    result.columns = ["layer", "feature"]
+    result.rows = [[layer, feature] for layer, feature in slots[:50]]
+    result.notes.append("metadata only: what DESCRIBE / SELECT say the feature writes; inference is unchanged")
+    _recording_note(v, result)
+
+
+def _recording_note(v: Vindex, result: Result) -> None:
+    stack = v.patches
+    if stack.recording is not None:
+        result.notes.append(f"recording into {stack.recording.name} ({len(stack.pending)} edit(s) pending)")
+    else:
+        result.notes.append(f"{len(stack.pending)} unsaved edit(s): BEGIN PATCH \"edits.vlp\" then SAVE PATCH keeps them")
+
+
+def _patch_call(session: Session, stmt: ast.Statement, fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except VindexError as e:
+        raise _fail(session, stmt, str(e)) from e
+
+
+def begin_patch(stmt: ast.BeginPatchStmt, session: Session, result: Result) -> None:
+    stack = _v(session).patches
+    _patch_call(session, stmt, stack.begin, stmt.path)
+    kept = len(stack.pending)
+    result.title = f"Patch session started: {stmt.path}" + (f" (keeping {kept} earlier edit(s))" if kept else "")
+
+
+def save_patch(stmt: ast.SavePatchStmt, session: Session, result: Result) -> None:
+    patch = _patch_call(session, stmt, _v(session).patches.save)
+    result.title = f"Saved: {patch.path} ({patch.summary()})"
+
+
+def apply_patch(stmt: ast.ApplyPatchStmt, session: Session, result: Result) -> None:
+    patch = _patch_call(session, stmt, _v(session).patches.apply, stmt.path)
+    result.title = f"Applied: {stmt.path} ({patch.summary()})"
+
+
+def remove_patch(stmt: ast.RemovePatchStmt, session: Session, result: Result) -> None:
+    patch = _patch_call(session, stmt, _v(session).patches.remove, stmt.path)
+    result.title = f"Removed: {patch.name} ({patch.summary()})"
+
+
+def show_patches(stmt: ast.ShowPatchesStmt, session: Session, result: Result) -> None:
+    v = _v(session)
+    stack = v.patches
+    result.title = "Applied patches"
+    result.columns = ["#", "name", "operations", "inserts", "updates", "deletes", "created"]
+    for i, p in enumerate(stack.applied, 1):
+        c = p.counts()
+        result.rows.append([i, p.name, len(p.ops), c["insert"], c["update"], c["delete"], p.created_at])
+    result.notes.append(f"{len(v.overlay)} feature(s) edited in the overlay; {len(stack.pending)} unsaved edit(s)")
+    if stack.recording is not None:
+        result.notes.append(f"recording: {stack.recording}")
