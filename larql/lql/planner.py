@@ -36,7 +36,7 @@ class Plan:
 
 
 NOT_YET = {
-    ast.MergeStmt: "MERGE", ast.RebalanceStmt: "REBALANCE", ast.CompactStmt: "COMPACT", ast.CompileStmt: "COMPILE",
+    ast.MergeStmt: "MERGE", ast.RebalanceStmt: "REBALANCE", ast.CompactStmt: "COMPACT",
     ast.DiffStmt: "DIFF", ast.ShowCompactStatusStmt: "SHOW COMPACT STATUS",
 }
 NEEDS_NOTHING = (ast.UseStmt, ast.ExtractStmt, ast.ShowModelsStmt)
@@ -78,7 +78,11 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
         label = {"InferStmt": "INFER", "TraceStmt": "TRACE", "ExplainInferStmt": "EXPLAIN INFER"}[type(stmt).__name__]
         raise _error(session, stmt, f"{label} needs model weights, and the vindex in use "
                      f"is browse-level", 'extract it WITH INFERENCE, or USE MODEL "gemma3-270m"')
+    if isinstance(stmt, ast.CompileStmt) and stmt.target != "vindex":
+        raise _error(session, stmt, "COMPILE ... INTO MODEL is not implemented yet",
+                     'COMPILE CURRENT INTO VINDEX "edited.vindex" bakes the edits; larql.load runs it')
     if not isinstance(stmt, NEEDS_NOTHING) and not (isinstance(stmt, ast.StatsStmt) and stmt.path) \
+            and not (isinstance(stmt, ast.CompileStmt) and stmt.source is not None) \
             and not (inference and session.model is not None):
         if session.vindex is None:
             raise _error(session, stmt, "no vindex in use", 'run USE "path/to.vindex" (or EXTRACT ... INTO) first')
@@ -153,6 +157,9 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
         if stmt.where:
             steps.append(Step("filter", " AND ".join(f"{c.field} {c.op} {c.value!r}" for c in stmt.where)))
         steps.append(Step("record", "delete" if isinstance(stmt, ast.DeleteStmt) else "metadata update"))
+    elif isinstance(stmt, ast.CompileStmt):
+        steps = [Step("bake_overlay", f"{stmt.source or 'CURRENT'} -> {stmt.into}"),
+                 Step("write_atomic", f"on conflict {stmt.on_conflict or 'last_wins'}")]
     elif isinstance(stmt, (ast.BeginPatchStmt, ast.SavePatchStmt, ast.ApplyPatchStmt, ast.RemovePatchStmt,
                            ast.ShowPatchesStmt)):
         steps = [Step(type(stmt).__name__.removesuffix("Stmt").lower(), getattr(stmt, "path", ""))]

@@ -164,3 +164,24 @@ def show_patches(stmt: ast.ShowPatchesStmt, session: Session, result: Result) ->
     result.notes.append(f"{len(v.overlay)} feature(s) edited in the overlay; {len(stack.pending)} unsaved edit(s)")
     if stack.recording is not None:
         result.notes.append(f"recording: {stack.recording}")
+
+
+def compile_stmt(stmt: ast.CompileStmt, session: Session, result: Result) -> None:
+    from larql.vindex.compile import compile_vindex
+    from larql.vindex.store import open_vindex
+
+    if stmt.target != "vindex":
+        raise _fail(session, stmt, "COMPILE ... INTO MODEL is not implemented yet",
+                    'COMPILE CURRENT INTO VINDEX "edited.vindex" bakes the edits; larql.load runs it')
+    try:
+        v = _v(session) if stmt.source is None else open_vindex(stmt.source)
+        report = compile_vindex(v, stmt.into, stmt.on_conflict or "last_wins")
+    except VindexError as e:
+        raise _fail(session, stmt, str(e)) from e
+    result.title = f"Compiled {v.path} -> {report.path}"
+    result.columns = ["measure", "value"]
+    result.rows = [["edited features baked", report.edited_features],
+                   ["layers with rewritten FFN weights", ", ".join(map(str, report.layers_rewritten)) or "none"],
+                   ["features written by several patches", len(report.conflicts)],
+                   ["size (MB)", round(report.size_bytes / 1e6, 1)]]
+    result.notes.append(f'USE "{report.path}" runs the edited model with no patch applied')

@@ -64,8 +64,10 @@ def test_semantic_errors_are_located() -> None:
     with pytest.raises(LqlSemanticError) as e:
         execute('STATS;\nDESCRIBE "France"')
     assert e.value.message == "no vindex in use" and e.value.line == 1
-    with pytest.raises(LqlSemanticError, match="COMPILE is not implemented yet"):
-        execute('COMPILE CURRENT INTO VINDEX "out.vindex"')
+    with pytest.raises(LqlSemanticError, match="MERGE is not implemented yet"):
+        execute('MERGE "other.vindex"')
+    with pytest.raises(LqlSemanticError, match="COMPILE ... INTO MODEL is not implemented yet"):
+        execute('COMPILE CURRENT INTO MODEL "out/"')
     with pytest.raises(LqlSemanticError, match="no vindex in use"):
         execute('BEGIN PATCH "p.vlp"')
 

@@ -151,3 +151,30 @@ def test_insert_raises_the_target_on_a_tiny_model(vx: Path) -> None:
     assert p_now == pytest.approx(p_after, rel=1e-2)  # the recorded edit is what was measured
     with pytest.raises(VindexError):
         open_vindex(vx).patches.save()
+
+
+def test_compile_bakes_the_overlay_into_a_new_vindex(vx: Path, tmp_path: Path) -> None:
+    s = session_on(vx)
+    rng = np.random.default_rng(3)
+    from larql.vindex.patch import PatchOp
+
+    s.vindex.patches.record(PatchOp("insert", 2, 40, {"gate": rng.standard_normal(64).astype(np.float32),
+                                                      "up": rng.standard_normal(64).astype(np.float32),
+                                                      "down": rng.standard_normal(64).astype(np.float32)}))
+    execute('DELETE FROM EDGES WHERE layer = 1 AND feature = 8; '
+            'UPDATE EDGES SET confidence = 0.75 WHERE layer = 3 AND feature = 2', s)
+    live = s.vindex.model().forward(IDS)
+    before_files = {p.name: p.read_bytes() for p in vx.iterdir()}
+    res = execute(f'COMPILE CURRENT INTO VINDEX "{tmp_path / "baked.vindex"}"', s)[0]
+    assert dict((r[0], r[1]) for r in res.rows)["layers with rewritten FFN weights"] == "1, 2"
+    baked = open_vindex(tmp_path / "baked.vindex")
+    assert baked.verify() == [] and baked.index["compiled_from"]["edited_features"] == 3
+    out = larql.load(tmp_path / "baked.vindex").forward(IDS)  # no patch: the edits are in the weights
+    assert np.max(np.abs(out - live)) <= 1e-4 * np.max(np.abs(live))
+    assert baked.feature_meta(3, 2).scores[0] == pytest.approx(0.75)
+    assert baked.down_meta(1)[0][8].sum() == 0 and np.all(baked.gate_vectors(1)[8] == 0)
+    assert {p.name: p.read_bytes() for p in vx.iterdir()} == before_files  # the base is untouched
+    with pytest.raises(LqlSemanticError, match="already exists"):
+        execute(f'COMPILE CURRENT INTO VINDEX "{tmp_path / "baked.vindex"}"', s)
+    with pytest.raises(LqlSemanticError, match="cannot compile a vindex into itself"):
+        execute(f'COMPILE CURRENT INTO VINDEX "{vx}"', s)

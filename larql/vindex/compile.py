@@ -1,0 +1,145 @@
+"""COMPILE ... INTO VINDEX: bake a vindex's patch overlay into a new standalone vindex.
+
+The new vindex runs, dense, as the base ran with its overlay (no patch needed): for every layer
+with vector edits or deletions its ffn_gate / ffn_up / ffn_down are written as float32 with the
+edited rows (gate, up) and columns (down) replaced and deleted features zeroed, so no
+requantization error creeps in; every other tensor keeps its stored bytes. gate_vectors.bin and
+down_meta.bin carry the edits too. Written atomically, like an extraction; the base is not touched.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from larql.errors import VindexError
+from larql.quant import GGMLType
+from larql.vindex import layout
+from larql.vindex.store import Vindex
+from larql.vindex.writer import VindexWriter
+
+CONFLICT_RULES = ("last_wins", "highest_confidence", "fail")
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    path: Path
+    edited_features: int
+    layers_rewritten: tuple[int, ...]
+    conflicts: tuple[tuple[int, int], ...]  # slots written by more than one patch
+    size_bytes: int
+
+
+def conflicts(v: Vindex) -> list[tuple[int, int]]:
+    """(layer, feature) slots that more than one applied patch (or the unsaved edits) write."""
+    owners: dict[tuple[int, int], set[int]] = {}
+    groups = [p.ops for p in v.patches.applied] + [v.patches.pending]
+    for g, ops in enumerate(groups):
+        for op in ops:
+            owners.setdefault((op.layer, op.feature), set()).add(g)
+    return sorted(k for k, gs in owners.items() if len(gs) > 1)
+
+
+def _edited_layers(v: Vindex) -> dict[int, tuple[dict[int, Any], set[int]]]:
+    out = {}
+    for layer in range(v.num_layers):
+        vectors, gone = v.overlay.layer(layer), v.overlay.deleted(layer)
+        if vectors or gone:
+            out[layer] = (vectors, gone)
+    return out
+
+
+def compile_vindex(v: Vindex, out: str | Path, on_conflict: str = "last_wins", overwrite: bool = False) -> CompileReport:
+    if on_conflict not in CONFLICT_RULES:
+        raise VindexError(f"ON CONFLICT must be one of {', '.join(CONFLICT_RULES)}, got {on_conflict!r}")
+    clashes = conflicts(v)
+    if clashes and on_conflict == "fail":
+        shown = ", ".join(f"L{l} F{f}" for l, f in clashes[:5])
+        raise VindexError(f"{len(clashes)} feature(s) are written by more than one patch ({shown}); "
+                          f"ON CONFLICT LAST_WINS keeps the latest")
+    out = Path(out)
+    if out.resolve() == v.path.resolve():
+        raise VindexError(f"{out}: cannot compile a vindex into itself (base vindexes are read-only)")
+    edited = _edited_layers(v)
+    with VindexWriter(out, overwrite=overwrite) as w:
+        for name in v.index["files"]:
+            if name not in (layout.GATE_FILE, layout.DOWN_META_FILE, layout.WEIGHTS_FILE, layout.MANIFEST_FILE):
+                w.copy(name, v.path / name)
+        layers = _write_gates_and_meta(v, w, edited)
+        if v.has_model_weights:
+            _write_weights(v, w, edited)
+        index = {**v.index, "layers": layers,
+                 "compiled_from": {"path": str(v.path.resolve()), "patches": [p.name for p in v.patches.applied],
+                                   "unsaved_edits": len(v.patches.pending), "edited_features": len(v.overlay),
+                                   "compiled_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}}
+        index.pop("files", None)
+        path = w.finish(index)
+    size = sum(f.stat().st_size for f in path.iterdir())
+    return CompileReport(path, len(v.overlay), tuple(sorted(edited)), tuple(clashes), size)
+
+
+def _write_gates_and_meta(v: Vindex, w: VindexWriter, edited: dict[int, Any]) -> list[dict[str, Any]]:
+    gates, meta = w.binary(layout.GATE_FILE), w.binary(layout.DOWN_META_FILE)
+    header = layout.DOWN_META_MAGIC + np.array([layout.DOWN_META_VERSION, v.num_layers, v.top_k], "<u4").tobytes()
+    meta.write(header.ljust(layout.DOWN_META_HEADER, b"\0"))
+    layers = []
+    for layer in range(v.num_layers):
+        gate = v.gate_vectors(layer)
+        if layer in edited:
+            vectors, gone = edited[layer]
+            gate = np.array(gate)
+            for f, ov in vectors.items():
+                if ov.gate is not None:
+                    gate[f] = ov.gate.astype(gate.dtype)
+            for f in gone:
+                gate[f] = 0
+        ids, scores = v.down_meta(layer)  # the overlay's view: edited and deleted rows applied
+        gate_offset = gates.write_aligned(np.ascontiguousarray(gate))
+        dm_offset = meta.write_aligned(np.ascontiguousarray(ids, dtype="<u4"))
+        meta.write(np.ascontiguousarray(scores, dtype="<f4"))
+        layers.append({"layer": layer, "num_features": int(gate.shape[0]), "gate_offset": gate_offset,
+                       "gate_length": int(gate.nbytes), "down_meta_offset": dm_offset,
+                       "down_meta_length": int(ids.size * 8)})
+    return layers
+
+
+def _write_weights(v: Vindex, w: VindexWriter, edited: dict[int, Any]) -> None:
+    from larql.vindex.weights import VindexWeightSource
+
+    source = VindexWeightSource(v.path)
+    manifest = json.loads((v.path / layout.MANIFEST_FILE).read_text())
+    blob = w.binary(layout.WEIGHTS_FILE)
+    out = []
+    for e in manifest:
+        name = e["name"]
+        parts = name.split(".")
+        layer = int(parts[1]) if parts[0] == "blk" else -1
+        kind = parts[2] if layer >= 0 else ""
+        if layer in edited and kind in ("ffn_gate", "ffn_up", "ffn_down"):
+            vectors, gone = edited[layer]
+            m = source.matrix(name).dequantize()  # float32: gate/up (ffn, hidden), down (hidden, ffn)
+            field = {"ffn_gate": "gate", "ffn_up": "up", "ffn_down": "down"}[kind]
+            for f, ov in vectors.items():
+                vec = getattr(ov, field)
+                if vec is None:
+                    continue
+                if field == "down":
+                    m[:, f] = vec
+                else:
+                    m[f] = vec
+            for f in gone:
+                if field == "down":
+                    m[:, f] = 0.0
+            offset = blob.write_aligned(np.ascontiguousarray(m, dtype=np.float32))
+            out.append({"name": name, "type": GGMLType.F32.name, "shape": [int(m.shape[0]), int(m.shape[1])],
+                        "nbytes": int(m.nbytes), "offset": offset})
+        else:
+            raw = source.matrix(name).raw
+            offset = blob.write_aligned(np.ascontiguousarray(raw))
+            out.append({**e, "offset": offset})
+    w.text(layout.MANIFEST_FILE, json.dumps(out, indent=0))
