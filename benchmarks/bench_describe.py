@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from results_file import save_results
+
 FACTS = Path(__file__).parent / "data" / "facts_gemma3_270m.json"
 
 
@@ -60,10 +62,8 @@ def main() -> None:
           f"contrastive feature edges {counts['contrastive']}, with probe edges {counts['full']}")
     print(f"latency: feature edges only {feature_only_ms:.0f} ms; full card with probes "
           f"median {sorted(times)[n // 2] * 1e3:.0f} ms")
-    out = Path(__file__).parent / "results" / "describe.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"n": n, "surfaced": counts, "feature_only_ms": feature_only_ms,
-                               "full_median_ms": sorted(times)[n // 2] * 1e3, "facts": rows}, indent=1))
+    out = save_results("describe", {"n": n, "surfaced": counts, "feature_only_ms": feature_only_ms,
+                                     "full_median_ms": sorted(times)[n // 2] * 1e3, "facts": rows})
     print(f"wrote {out}")
 
 

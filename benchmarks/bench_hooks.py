@@ -8,11 +8,10 @@ benchmarks/results/hooks.json.
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 import numpy as np
+from results_file import save_results
 
 
 def best(fn, reps: int = 7) -> float:  # type: ignore[no-untyped-def]
@@ -43,9 +42,7 @@ def main() -> None:
             "decode_16_tokens_ms": d_plain * 1e3, "decode_empty_spec_overhead_pct": 100 * (d_empty / d_plain - 1)}
     for k, v in rows.items():
         print(f"| {k} | {v:.1f} |")
-    out = Path(__file__).parent / "results" / "hooks.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(rows, indent=1))
+    save_results("hooks", rows)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,10 @@ Writes benchmarks/results/lql.json.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
+
+from results_file import save_results
 
 from larql.lql import parse
 
@@ -37,10 +38,8 @@ def main() -> None:
     print(f"| parse {n} mixed statements in one text | {median:.1f} ms (best {best:.1f}) | target <= 20 ms |")
     print(f"| executor overhead per statement (plan + dispatch + result, STATS) | {overhead_us:.0f} us | |")
     print(f"| parse one statement (own call) | {one_by_one:.0f} us | LARQL Rust: 78 us |")
-    out = Path(__file__).parent / "results" / "lql.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"statements": n, "median_ms": median, "best_ms": best, "single_us": one_by_one,
-                               "executor_overhead_us": overhead_us}))
+    save_results("lql", {"statements": n, "median_ms": median, "best_ms": best, "single_us": one_by_one,
+                         "executor_overhead_us": overhead_us})
 
 
 def executor_overhead_us() -> float:

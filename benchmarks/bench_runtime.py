@@ -76,8 +76,8 @@ def bench_transformers(key: str, n_prompt: int, n_decode: int, threads: int) -> 
         from transformers import AutoModelForCausalLM
     except ImportError:
         return None
-    from larql.model.load import resolve
     import larql
+    from larql.model.load import resolve
 
     torch.set_num_threads(threads)
     path = resolve(key)[1]

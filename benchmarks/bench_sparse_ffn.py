@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from results_file import save_results
 
 PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "golden" / "prompts.json"
 
@@ -50,9 +51,7 @@ def main() -> None:
 
         for k in (256, 512, 1024, 1536):
             measure("|gate| (walk KNN)", k, walk_model(args.vindex, top_k=k).next_logits)
-    out = Path(__file__).parent / "results" / "sparse_ffn.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"model": args.model, "rows": rows}, indent=1))
+    save_results("sparse_ffn", {"model": args.model, "rows": rows})
 
 
 if __name__ == "__main__":

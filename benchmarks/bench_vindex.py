@@ -10,12 +10,12 @@ on Gemma-3-4B (its README; 0.98 ms/layer in its spec).
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from results_file import save_results
 
 LARQL_KNN_MS = 2.7
 
@@ -132,9 +132,7 @@ def main() -> None:
         if key in results:
             peer = f"{LARQL_KNN_MS}" if key == "knn_4b_ms" else ""
             print(f"| {label} | {results[key]:.2f} | {peer} |")
-    out = Path(__file__).parent / "results" / "vindex.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+    out = save_results("vindex", results)
     print(f"\nwrote {out}")
 
 

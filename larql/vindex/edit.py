@@ -246,8 +246,10 @@ def plan_insert(vindex: object, entity: str, relation: str, target: str, layer: 
                           f"facts installed at layer {layer}; try another layer (AT LAYER n)") from None
     retuned = []
     for i, (op, h) in enumerate(zip(others, other_h)):
+        own = relation_prompt(op.entity or "", op.relation or "")
+        decoys = h_decoys[[d != own for d in decoy_prompts]]  # a decoy may be this fact's own prompt
         rest = [x[-1:] for j, x in enumerate(other_h) if j != i] + [h_all[-1:]]
-        g, u = _selective(h, np.concatenate([h_decoys] + rest), common)
+        g, u = _selective(h, np.concatenate([decoys] + rest), common)
         retuned.append(PatchOp("update", layer, op.feature, {"gate": g, "up": u}))
     unit_down = _target_direction(model, layer, tid)
     ref = float(np.median(np.linalg.norm(down_cols, axis=0)))
