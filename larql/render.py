@@ -6,7 +6,6 @@ import json
 from typing import IO, Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -21,16 +20,16 @@ def _cell(v: Any) -> Text:
 
 
 def render(result: Result, console: Console, timing: bool = False) -> None:
+    if result.title:  # above the table, not as its title: rich wraps a title to the table's width
+        console.print(Text(result.title, style="bold"))
     if result.columns and result.rows:
-        table = Table(title=escape(result.title) if result.title else None, title_justify="left", show_lines=False)
+        table = Table(show_lines=False)
         for col in result.columns:
             numeric = all(isinstance(r[result.columns.index(col)], (int, float)) for r in result.rows)
             table.add_column(col, justify="right" if numeric else "left")
         for row in result.rows:
             table.add_row(*(_cell(v) for v in row))
         console.print(table)
-    elif result.title:
-        console.print(Text(result.title, style="bold"))
     for note in result.notes:
         console.print(f"  {note}", style="dim", markup=False, highlight=False)
     if timing:

@@ -43,3 +43,17 @@ def test_errors_exit_nonzero_with_caret(vx: Path) -> None:
     assert r.returncode == 1 and "no vindex in use" in r.stderr and 'hint: run USE "path/to.vindex"' in r.stderr
     r = larql("lql", "-f", "/nonexistent.lql")
     assert r.returncode == 1 and "cannot read" in r.stderr
+
+
+def test_editing_errors_exit_nonzero(vx: Path, tmp_path: Path) -> None:
+    r = larql("lql", f'USE "{vx}"; APPLY PATCH "{tmp_path / "missing.vlp"}";')
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "no such patch file" in r.stderr
+    r = larql("lql", f'USE "{vx}"; INSERT INTO EDGES (entity, relation, target) VALUES ("a", "b", "c");')
+    assert r.returncode == 1 and "INSERT needs model weights, and the vindex in use is browse-level" in r.stderr
+    r = larql("lql", f'USE "{vx}"; DELETE FROM EDGES WHERE layer = 0 AND feature = 1; SAVE PATCH;', "--width", "200")
+    assert r.returncode == 1 and "no patch is being recorded" in r.stderr and "Deleted 1 feature(s)" in r.stdout
+    out = tmp_path / "d.vlp"
+    r = larql("lql", f'USE "{vx}"; BEGIN PATCH "{out}"; DELETE FROM EDGES WHERE layer = 0 AND feature = 1; SAVE PATCH;')
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["operations"] == [{"op": "delete", "layer": 0, "feature": 1,
+                                                          "reason": "DELETE 1 slot(s)"}]
