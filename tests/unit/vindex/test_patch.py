@@ -178,3 +178,16 @@ def test_compile_bakes_the_overlay_into_a_new_vindex(vx: Path, tmp_path: Path) -
         execute(f'COMPILE CURRENT INTO VINDEX "{tmp_path / "baked.vindex"}"', s)
     with pytest.raises(LqlSemanticError, match="cannot compile a vindex into itself"):
         execute(f'COMPILE CURRENT INTO VINDEX "{vx}"', s)
+
+
+def test_compile_on_conflict_fail(vx: Path, tmp_path: Path) -> None:
+    s = session_on(vx)
+    for name, conf in (("a.vlp", 0.1), ("b.vlp", 0.2)):
+        execute(f'BEGIN PATCH "{tmp_path / name}"; UPDATE EDGES SET confidence = {conf} '
+                'WHERE layer = 0 AND feature = 4; SAVE PATCH', s)
+    with pytest.raises(LqlSemanticError, match=r"1 feature\(s\) are written by more than one patch \(L0 F4\)"):
+        execute(f'COMPILE CURRENT INTO VINDEX "{tmp_path / "c.vindex"}" ON CONFLICT FAIL', s)
+    assert not (tmp_path / "c.vindex").exists()
+    res = execute(f'COMPILE CURRENT INTO VINDEX "{tmp_path / "c.vindex"}"', s)[0]  # LAST_WINS by default
+    assert dict((r[0], r[1]) for r in res.rows)["features written by several patches"] == 1
+    assert open_vindex(tmp_path / "c.vindex").feature_meta(0, 4).scores[0] == pytest.approx(0.2)
