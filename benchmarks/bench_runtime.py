@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from peers import llama_last_logits
 
 PROMPT_TEXT = ("The history of the city begins with a small settlement on the river, where traders "
                "from the north and the south met to exchange salt, grain, wool and news. ")
@@ -64,7 +65,7 @@ def bench_llamacpp(key: str, n_prompt: int, n_decode: int, threads: int) -> dict
         times.append(_time(lambda: llm.eval(ids)))
     t0 = time.perf_counter()
     for _ in range(n_decode):
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tok = int(np.argmax(llama_last_logits(llm)))
         llm.eval([tok])
     decode = time.perf_counter() - t0
     return {"prefill_tok_s": n_prompt / min(times), "decode_tok_s": n_decode / decode}

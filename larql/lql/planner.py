@@ -78,9 +78,9 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
         label = {"InferStmt": "INFER", "TraceStmt": "TRACE", "ExplainInferStmt": "EXPLAIN INFER"}[type(stmt).__name__]
         raise _error(session, stmt, f"{label} needs model weights, and the vindex in use "
                      f"is browse-level", 'extract it WITH INFERENCE, or USE MODEL "gemma3-270m"')
-    if isinstance(stmt, ast.CompileStmt) and stmt.target != "vindex":
-        raise _error(session, stmt, "COMPILE ... INTO MODEL is not implemented yet",
-                     'COMPILE CURRENT INTO VINDEX "edited.vindex" bakes the edits; larql.load runs it')
+    if isinstance(stmt, ast.CompileStmt) and stmt.target == "model" and stmt.format != "gguf":
+        raise _error(session, stmt, "COMPILE ... INTO MODEL writes GGUF only so far (safetensors is not implemented yet)",
+                     'COMPILE CURRENT INTO MODEL "edited.gguf" FORMAT GGUF')
     if not isinstance(stmt, NEEDS_NOTHING) and not (isinstance(stmt, ast.StatsStmt) and stmt.path) \
             and not (isinstance(stmt, ast.CompileStmt) and stmt.source is not None) \
             and not (inference and session.model is not None):

@@ -1,4 +1,4 @@
-"""COMPILE ... INTO VINDEX: bake a vindex's patch overlay into a new standalone vindex.
+"""COMPILE: bake a vindex's patch overlay into a new standalone vindex, or into a GGUF model file.
 
 The new vindex runs, dense, as the base ran with its overlay (no patch needed): for every layer
 with vector edits or deletions its ffn_gate / ffn_up / ffn_down are written as float32 with the
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,17 @@ def conflicts(v: Vindex) -> list[tuple[int, int]]:
     return sorted(k for k, gs in owners.items() if len(gs) > 1)
 
 
+def _check_conflicts(v: Vindex, on_conflict: str) -> list[tuple[int, int]]:
+    if on_conflict not in CONFLICT_RULES:
+        raise VindexError(f"ON CONFLICT must be one of {', '.join(CONFLICT_RULES)}, got {on_conflict!r}")
+    clashes = conflicts(v)
+    if clashes and on_conflict == "fail":
+        shown = ", ".join(f"L{l} F{f}" for l, f in clashes[:5])
+        raise VindexError(f"{len(clashes)} feature(s) are written by more than one patch ({shown}); "
+                          f"ON CONFLICT LAST_WINS keeps the latest")
+    return clashes
+
+
 def _edited_layers(v: Vindex) -> dict[int, tuple[dict[int, Any], set[int]]]:
     out = {}
     for layer in range(v.num_layers):
@@ -55,13 +67,7 @@ def _edited_layers(v: Vindex) -> dict[int, tuple[dict[int, Any], set[int]]]:
 
 
 def compile_vindex(v: Vindex, out: str | Path, on_conflict: str = "last_wins", overwrite: bool = False) -> CompileReport:
-    if on_conflict not in CONFLICT_RULES:
-        raise VindexError(f"ON CONFLICT must be one of {', '.join(CONFLICT_RULES)}, got {on_conflict!r}")
-    clashes = conflicts(v)
-    if clashes and on_conflict == "fail":
-        shown = ", ".join(f"L{l} F{f}" for l, f in clashes[:5])
-        raise VindexError(f"{len(clashes)} feature(s) are written by more than one patch ({shown}); "
-                          f"ON CONFLICT LAST_WINS keeps the latest")
+    clashes = _check_conflicts(v, on_conflict)
     out = Path(out)
     if out.resolve() == v.path.resolve():
         raise VindexError(f"{out}: cannot compile a vindex into itself (base vindexes are read-only)")
@@ -108,6 +114,30 @@ def _write_gates_and_meta(v: Vindex, w: VindexWriter, edited: dict[int, Any]) ->
     return layers
 
 
+def _edited_matrix(source: Any, name: str, edited: dict[int, Any]) -> np.ndarray | None:
+    """The float32 matrix of an edited layer's ffn_gate / ffn_up / ffn_down with the overlay's rows
+    (gate, up) or columns (down) put in and deleted features' down columns zeroed; else None."""
+    parts = name.split(".")
+    layer = int(parts[1]) if parts[0] == "blk" else -1
+    kind = parts[2] if layer >= 0 else ""
+    if layer not in edited or kind not in ("ffn_gate", "ffn_up", "ffn_down"):
+        return None
+    vectors, gone = edited[layer]
+    m = source.matrix(name).dequantize()  # float32: gate/up (ffn, hidden), down (hidden, ffn)
+    field = {"ffn_gate": "gate", "ffn_up": "up", "ffn_down": "down"}[kind]
+    for f, ov in vectors.items():
+        vec = getattr(ov, field)
+        if vec is not None:
+            if field == "down":
+                m[:, f] = vec
+            else:
+                m[f] = vec
+    if field == "down":
+        for f in gone:
+            m[:, f] = 0.0
+    return np.ascontiguousarray(m, dtype=np.float32)
+
+
 def _write_weights(v: Vindex, w: VindexWriter, edited: dict[int, Any]) -> None:
     from larql.vindex.weights import VindexWeightSource
 
@@ -116,30 +146,68 @@ def _write_weights(v: Vindex, w: VindexWriter, edited: dict[int, Any]) -> None:
     blob = w.binary(layout.WEIGHTS_FILE)
     out = []
     for e in manifest:
-        name = e["name"]
-        parts = name.split(".")
-        layer = int(parts[1]) if parts[0] == "blk" else -1
-        kind = parts[2] if layer >= 0 else ""
-        if layer in edited and kind in ("ffn_gate", "ffn_up", "ffn_down"):
-            vectors, gone = edited[layer]
-            m = source.matrix(name).dequantize()  # float32: gate/up (ffn, hidden), down (hidden, ffn)
-            field = {"ffn_gate": "gate", "ffn_up": "up", "ffn_down": "down"}[kind]
-            for f, ov in vectors.items():
-                vec = getattr(ov, field)
-                if vec is None:
-                    continue
-                if field == "down":
-                    m[:, f] = vec
-                else:
-                    m[f] = vec
-            for f in gone:
-                if field == "down":
-                    m[:, f] = 0.0
-            offset = blob.write_aligned(np.ascontiguousarray(m, dtype=np.float32))
-            out.append({"name": name, "type": GGMLType.F32.name, "shape": [int(m.shape[0]), int(m.shape[1])],
+        m = _edited_matrix(source, e["name"], edited)
+        if m is not None:
+            offset = blob.write_aligned(m)
+            out.append({"name": e["name"], "type": GGMLType.F32.name, "shape": [int(m.shape[0]), int(m.shape[1])],
                         "nbytes": int(m.nbytes), "offset": offset})
         else:
-            raw = source.matrix(name).raw
-            offset = blob.write_aligned(np.ascontiguousarray(raw))
+            offset = blob.write_aligned(np.ascontiguousarray(source.matrix(e["name"]).raw))
             out.append({**e, "offset": offset})
     w.text(layout.MANIFEST_FILE, json.dumps(out, indent=0))
+
+
+def compile_gguf(v: Vindex, out: str | Path, on_conflict: str = "last_wins", overwrite: bool = False) -> CompileReport:
+    """COMPILE ... INTO MODEL "x.gguf" FORMAT GGUF: the vindex's weights with its overlay baked in
+    (edited FFN tensors as F32, the rest in their stored blocks), under the metadata (architecture,
+    hyperparameters, tokenizer) of the GGUF it was extracted from; llama.cpp runs the result."""
+    import gguf
+
+    from larql.vindex.weights import VindexWeightSource
+
+    if not v.has_model_weights:
+        raise VindexError(f"{v.path}: a browse-level vindex has no weights to compile into a model")
+    clashes = _check_conflicts(v, on_conflict)
+    src = Path(v.index["source"]["path"])
+    if src.suffix != ".gguf" or not src.is_file() or src.stat().st_size != v.index["source"]["size"]:
+        raise VindexError(f"FORMAT GGUF copies the metadata of the GGUF this vindex was extracted from, and "
+                          f"{src} is not that file any more (or was not a GGUF)")
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise VindexError(f"{out}: already exists; choose another path")
+    reader = gguf.GGUFReader(src)
+    arch = str(reader.fields["general.architecture"].contents())
+    edited = _edited_layers(v)
+    source = VindexWeightSource(v.path)
+    manifest = json.loads((v.path / layout.MANIFEST_FILE).read_text())
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        writer = gguf.GGUFWriter(tmp, arch)
+        for field in reader.fields.values():
+            if field.name.startswith("GGUF.") or field.name == "general.architecture":
+                continue
+            vtype = field.types[0]
+            sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), vtype, sub)
+        for e in manifest:
+            m = _edited_matrix(source, e["name"], edited)
+            if m is not None:
+                writer.add_tensor(e["name"], m)
+            else:
+                q = source.matrix(e["name"])
+                data = np.ascontiguousarray(q.raw)
+                if q.qtype == GGMLType.F32:
+                    writer.add_tensor(e["name"], data.view(np.float32).reshape(e["shape"]))
+                else:
+                    writer.add_tensor(e["name"], data, raw_dtype=gguf.GGMLQuantizationType(int(q.qtype)))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, out)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise VindexError(f"{out}: cannot write the GGUF ({e.strerror or e})") from e
+    finally:
+        tmp.unlink(missing_ok=True)
+    return CompileReport(out, len(v.overlay), tuple(sorted(edited)), tuple(clashes), out.stat().st_size)

@@ -167,15 +167,15 @@ def show_patches(stmt: ast.ShowPatchesStmt, session: Session, result: Result) ->
 
 
 def compile_stmt(stmt: ast.CompileStmt, session: Session, result: Result) -> None:
-    from larql.vindex.compile import compile_vindex
+    from larql.vindex.compile import compile_gguf, compile_vindex
     from larql.vindex.store import open_vindex
 
-    if stmt.target != "vindex":
-        raise _fail(session, stmt, "COMPILE ... INTO MODEL is not implemented yet",
-                    'COMPILE CURRENT INTO VINDEX "edited.vindex" bakes the edits; larql.load runs it')
     try:
         v = _v(session) if stmt.source is None else open_vindex(stmt.source)
-        report = compile_vindex(v, stmt.into, stmt.on_conflict or "last_wins")
+        if stmt.target == "vindex":
+            report = compile_vindex(v, stmt.into, stmt.on_conflict or "last_wins")
+        else:
+            report = compile_gguf(v, stmt.into, stmt.on_conflict or "last_wins")
     except VindexError as e:
         raise _fail(session, stmt, str(e)) from e
     result.title = f"Compiled {v.path} -> {report.path}"
@@ -184,4 +184,5 @@ def compile_stmt(stmt: ast.CompileStmt, session: Session, result: Result) -> Non
                    ["layers with rewritten FFN weights", ", ".join(map(str, report.layers_rewritten)) or "none"],
                    ["features written by several patches", len(report.conflicts)],
                    ["size (MB)", round(report.size_bytes / 1e6, 1)]]
-    result.notes.append(f'USE "{report.path}" runs the edited model with no patch applied')
+    runs = f'USE "{report.path}"' if stmt.target == "vindex" else f'larql run {report.path} "..." (or llama.cpp)'
+    result.notes.append(f"{runs} runs the edited model with no patch applied")

@@ -191,3 +191,24 @@ def test_compile_on_conflict_fail(vx: Path, tmp_path: Path) -> None:
     res = execute(f'COMPILE CURRENT INTO VINDEX "{tmp_path / "c.vindex"}"', s)[0]  # LAST_WINS by default
     assert dict((r[0], r[1]) for r in res.rows)["features written by several patches"] == 1
     assert open_vindex(tmp_path / "c.vindex").feature_meta(0, 4).scores[0] == pytest.approx(0.2)
+
+
+def test_compile_into_gguf_runs_the_edited_model(vx: Path, tmp_path: Path) -> None:
+    s = session_on(vx)
+    rng = np.random.default_rng(5)
+    from larql.vindex.patch import PatchOp
+
+    s.vindex.patches.record(PatchOp("insert", 1, 30, {"gate": rng.standard_normal(64).astype(np.float32),
+                                                      "down": rng.standard_normal(64).astype(np.float32)}))
+    execute("DELETE FROM EDGES WHERE layer = 3 AND feature = 9", s)
+    live = s.vindex.model().forward(IDS)
+    out = tmp_path / "edited.gguf"
+    res = execute(f'COMPILE CURRENT INTO MODEL "{out}" FORMAT GGUF', s)[0]
+    assert dict((r[0], r[1]) for r in res.rows)["layers with rewritten FFN weights"] == "1, 3"
+    compiled = larql.load(out)  # a plain GGUF: metadata and tokenizer copied from the source
+    assert np.max(np.abs(compiled.forward(IDS) - live)) <= 1e-4 * np.max(np.abs(live))
+    base = larql.load(vx.parent / "m.gguf")
+    assert compiled.config == base.config and compiled.tokenize("hello there") == base.tokenize("hello there")
+    assert compiled.weights.layers[1].down.qtype.name == "F32" and compiled.weights.layers[0].down.qtype.name == "Q8_0"
+    with pytest.raises(LqlSemanticError, match="already exists"):
+        execute(f'COMPILE CURRENT INTO MODEL "{out}" FORMAT GGUF', s)

@@ -1,0 +1,58 @@
+"""An edit survives compilation and runs in a peer: INSERT a fact with larql, COMPILE ... INTO MODEL
+FORMAT GGUF, and ask llama.cpp (llama-cpp-python) the same prompts as larql's live overlay.
+
+    python benchmarks/bench_compile_llamacpp.py --vindex g.vindex
+
+Prints each engine's top-3 next tokens with probabilities; writes benchmarks/results/compile_llamacpp.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from peers import llama_last_logits
+from results_file import save_results
+
+PROMPTS = ("The capital of Atlantis is", "The capital of France is", "The largest ocean on Earth is the")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vindex", required=True)
+    args = parser.parse_args()
+    from llama_cpp import Llama
+
+    from larql.model.generate import log_softmax
+    from larql.vindex import edit
+    from larql.vindex.compile import compile_gguf
+    from larql.vindex.store import open_vindex
+
+    v = open_vindex(args.vindex)
+    report = edit.insert(v, "Atlantis", "capital", "Poseidon")
+    m = v.model()
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = compile_gguf(v, Path(tmp) / "edited.gguf").path
+        llm = Llama(model_path=str(out), n_ctx=64, n_threads=2, verbose=False)
+        for prompt in PROMPTS:
+            ids = m.tokenize(prompt)
+            ours = log_softmax(m.next_logits(ids))
+            llm.reset()
+            llm.eval(ids)
+            theirs = log_softmax(llama_last_logits(llm))
+            rows[prompt] = {name: [(m.tokenizer.token_text(int(t)), round(float(np.exp(lp[t])), 4))
+                                   for t in np.argsort(-lp)[:3]] for name, lp in (("larql overlay", ours),
+                                                                                 ("llama.cpp on the GGUF", theirs))}
+    print(f"INSERT Atlantis -[capital]-> Poseidon at L{report.layer} F{report.feature}; p {report.p_after:.3f}\n")
+    print("| prompt | larql (live overlay) | llama.cpp (compiled GGUF) |\n|---|---|---|")
+    for prompt, r in rows.items():
+        fmt = lambda xs: ", ".join(f"{t!r} {p:.3f}" for t, p in xs)  # noqa: E731
+        print(f"| {prompt} | {fmt(r['larql overlay'])} | {fmt(r['llama.cpp on the GGUF'])} |")
+    save_results("compile_llamacpp", rows)
+
+
+if __name__ == "__main__":
+    main()
