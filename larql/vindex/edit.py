@@ -5,8 +5,7 @@ The install, for (entity, relation, target) at layer L:
    reached (on gemma3-270m the knowledge band's last layers reach it for fewer facts and leak more).
 1. The prompt is the relation's template ("The capital of {} is" for the relations probes.py knows,
    else LARQL's "The {relation} of {entity} is"); the target is the first token of " " + target.
-2. Capture the FFN input h (the normalised residual at L) at the prompt's last position (averaged
-   with the same prompt behind a few short prefixes, as ROME averages its key), and at
+2. Capture the FFN input h (the normalised residual at L) at the prompt's last position, and at
    the "decoys": the last positions of neutral prompts, of the same template about other entities,
    and the prompt's own earlier positions.
 3. Slot: the feature at L that matters least on the decoys (mean |activation| x |down column|),
@@ -52,7 +51,6 @@ DECOY_ENTITIES = ("Germany", "Japan", "the moon", "music", "Brazil", "a cat")
 CHECK_PROMPTS = ("The capital of Germany is", "The sun rises in the", "Two plus two equals",
                  "The largest ocean on Earth is the", "A dog is a kind of", "The opposite of hot is",
                  "Paris is a city in", "The colour of grass is")
-KEY_PREFIXES = ("Here is a fact. ", "I looked it up. ", "This is true. ", "Listen. ")
 PRE_ACTIVATION = 12.0  # gate . h at the prompt: deep in the linear part of GELU / SiLU
 # The feature fires only where h is at least 70% as close as the prompt (see _selective). Measured
 # over 8 facts on gemma3-270m: neighbours' mean KL 0.031 (0.051 at 0.5, 0.108 at 0.3), few-shot p same.
@@ -114,16 +112,6 @@ def _ffn_inputs(model: object, prompts: list[str], layer: int, last_only: bool) 
         hs.append(rms_norm(resid, lw.ffn_norm, cfg.norm_eps))
         acts.append(act)
     return np.concatenate(hs), np.concatenate(acts)
-
-
-def _key(model: object, prompt: str, layer: int) -> F32:
-    """The prompt's FFN inputs at `layer` `[positions, hidden]`, the last row replaced by the mean
-    last-position input over the prompt alone and behind KEY_PREFIXES (ROME averages its key over
-    random prefixes the same way): a key that holds in other contexts generalises better."""
-    h_all, _ = _ffn_inputs(model, [prompt], layer, last_only=False)
-    lasts, _ = _ffn_inputs(model, [p + prompt for p in KEY_PREFIXES], layer, last_only=True)
-    key = np.concatenate([h_all[-1:], lasts]).mean(axis=0)
-    return np.concatenate([h_all[:-1], key[None]])
 
 
 def _orthogonal_part(target: F32, others: F32) -> F32:
@@ -231,7 +219,7 @@ def plan_insert(vindex: object, entity: str, relation: str, target: str, layer: 
     before = log_softmax(model.next_logits(ids))
     para_before = p_of(paraphrase) if paraphrase else None
     checks_before = _distributions(model, CHECK_PROMPTS)
-    h_all = _key(model, prompt, layer)
+    h_all, _ = _ffn_inputs(model, [prompt], layer, last_only=False)
     decoy_prompts = list(DECOY_PROMPTS) + [relation_prompt(e, relation) for e in DECOY_ENTITIES
                                            if e.lower() != entity.lower()]
     h_decoys, acts = _ffn_inputs(model, decoy_prompts, layer, last_only=True)
@@ -241,7 +229,8 @@ def plan_insert(vindex: object, entity: str, relation: str, target: str, layer: 
     others = installed(v, layer)
     same = [op for op in others if op.entity == entity and (op.relation or "").lower() == relation.lower()]
     others = [op for op in others if op not in same]
-    other_h = [_key(model, relation_prompt(op.entity or "", op.relation or ""), layer) for op in others]
+    other_h = [_ffn_inputs(model, [relation_prompt(op.entity or "", op.relation or "")], layer, last_only=False)[0]
+               for op in others]
 
     down_cols = model.weights.layers[layer].down.dequantize()  # (hidden, ffn)
     if same:
