@@ -162,7 +162,9 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
                  Step("write_atomic", f"on conflict {stmt.on_conflict or 'last_wins'}")]
     elif isinstance(stmt, (ast.BeginPatchStmt, ast.SavePatchStmt, ast.ApplyPatchStmt, ast.RemovePatchStmt,
                            ast.ShowPatchesStmt)):
-        steps = [Step(type(stmt).__name__.removesuffix("Stmt").lower(), getattr(stmt, "path", ""))]
+        name = {"BeginPatchStmt": "begin_patch", "SavePatchStmt": "save_patch", "ApplyPatchStmt": "apply_patch",
+                "RemovePatchStmt": "remove_patch", "ShowPatchesStmt": "show_patches"}[type(stmt).__name__]
+        steps = [Step(name, getattr(stmt, "path", ""))]
     else:  # pragma: no cover - every statement type is handled above
         raise _error(session, stmt, f"cannot plan {type(stmt).__name__}")
     return Plan(stmt, tuple(steps))

@@ -92,7 +92,10 @@ def test_plans_are_golden(vx: Path, update_golden: bool) -> None:
              'EXPLAIN WALK "x" VERBOSE', 'SELECT * FROM EDGES WHERE entity = "Par" AND score > 0.1 ORDER BY score DESC',
              'SELECT * FROM EDGES NEAREST TO "France" AT LAYER 1 LIMIT 5', "SELECT * FROM ENTITIES LIMIT 3",
              "SHOW LAYERS 0-1", "SHOW FEATURES 2 LIMIT 4", "SHOW ENTITIES AT LAYER 1", "SHOW RELATIONS",
-             'WALK "a" |> DESCRIBE "b"']
+             'WALK "a" |> DESCRIBE "b"', 'DELETE FROM EDGES WHERE layer = 1 AND feature = 2',
+             'UPDATE EDGES SET target = "x" WHERE entity = "Par"', 'BEGIN PATCH "p.vlp"', "SAVE PATCH",
+             'APPLY PATCH "p.vlp"', 'REMOVE PATCH "p.vlp"', "SHOW PATCHES",
+             'COMPILE CURRENT INTO VINDEX "o.vindex" ON CONFLICT FAIL', 'COMPILE "a.vindex" INTO MODEL "o.gguf" FORMAT GGUF']
     got = "\n".join(plan(parse(t)[0], session).to_text() for t in texts) + "\n"
     path = Path(__file__).resolve().parents[2] / "golden" / "plans" / "plans.txt"
     if update_golden:
