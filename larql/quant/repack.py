@@ -18,7 +18,7 @@ from numba import njit, prange
 from numpy.typing import NDArray
 
 from larql.quant.kernels import (
-    T_Q4_0, T_Q4_1, T_Q4_K, T_Q5_0, T_Q5_1, T_Q5_K, T_Q6_K, _k_scale_min, _u16, _u32,
+    T_Q4_0, T_Q4_1, T_Q4_K, T_Q5_0, T_Q5_1, T_Q5_K, T_Q6_K, _k_scale_min, _lane_sum, _u16, _u32,
 )
 from larql.quant.types import GGMLType
 
@@ -122,14 +122,6 @@ def nbytes_per_weight(qtype: GGMLType) -> float:
 
 # The kernels: one 32-lane pass per 32 weights. With 16-groups each lane picks its group's scale
 # (a blend, which vectorizes; two 16-wide loops do not, measured 10x slower).
-
-
-@njit(cache=True, fastmath=True, inline="always")
-def _lane_sum(acc):
-    total = np.float32(0.0)
-    for i in range(32):
-        total += acc[i]
-    return total
 
 
 @njit(cache=True, fastmath=True, inline="always")
