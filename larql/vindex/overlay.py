@@ -39,19 +39,19 @@ class MetaOverride:
 
 
 class PatchOverlay:
-    """(layer, feature) -> edits, checked against the vindex's shape when set."""
+    """(layer, feature) -> edits, checked against the vindex's shape when set. Stored per layer, so
+    the walk FFN's per-layer lookups cost nothing when the layer has no edits."""
 
     def __init__(self, num_layers: int, num_features: int, hidden: int) -> None:
         self.num_layers, self.num_features, self.hidden = num_layers, num_features, hidden
-        self._features: dict[tuple[int, int], FeatureOverride] = {}
-        self._layers: dict[int, dict[int, FeatureOverride]] = {}
-        self._meta: dict[tuple[int, int], MetaOverride] = {}
-        self._deleted: set[tuple[int, int]] = set()
-        self.version = 0  # bumped on every change: readers cache per version
+        self._vectors: dict[int, dict[int, FeatureOverride]] = {}
+        self._meta: dict[int, dict[int, MetaOverride]] = {}
+        self._deleted: dict[int, set[int]] = {}
 
     def __len__(self) -> int:
         """How many features are edited in any way."""
-        return len(set(self._features) | set(self._meta) | self._deleted)
+        keys = {(l, f) for part in (self._vectors, self._meta, self._deleted) for l, fs in part.items() for f in fs}
+        return len(keys)
 
     def _check(self, layer: int, feature: int) -> None:
         if not 0 <= layer < self.num_layers:
@@ -59,38 +59,31 @@ class PatchOverlay:
         if not 0 <= feature < self.num_features:
             raise VindexError(f"feature {feature} is out of range (features 0-{self.num_features - 1})")
 
-    def set_meta(self, layer: int, feature: int, meta: MetaOverride) -> None:
-        self._check(layer, feature)
-        self._meta[(layer, feature)] = meta
-        self._deleted.discard((layer, feature))
-        self.version += 1
+    # -- reading, per layer ---------------------------------------------------------------------
+
+    def layer(self, layer: int) -> dict[int, FeatureOverride]:
+        """The features of one layer with vector overrides (empty when none)."""
+        return self._vectors.get(layer) or {}
 
     def meta(self, layer: int) -> dict[int, MetaOverride]:
         """The metadata overrides of one layer, by feature."""
-        return {f: m for (l, f), m in self._meta.items() if l == layer}
-
-    def delete(self, layer: int, feature: int) -> None:
-        """Silence a feature: no FFN output, no metadata, not found by KNN."""
-        self._check(layer, feature)
-        self.remove(layer, feature)
-        self._deleted.add((layer, feature))
-        self.version += 1
+        return self._meta.get(layer) or {}
 
     def deleted(self, layer: int) -> set[int]:
-        return {f for (l, f) in self._deleted if l == layer}
-
-    def is_deleted(self, layer: int, feature: int) -> bool:
-        return (layer, feature) in self._deleted
+        return self._deleted.get(layer) or set()
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         """The (layer, feature) keys with vector overrides, in order."""
-        return iter(sorted(self._features))
+        return iter(sorted((l, f) for l, fs in self._vectors.items() for f in fs))
 
     def __contains__(self, key: object) -> bool:
-        return key in self._features
+        layer, feature = key  # type: ignore[misc]
+        return feature in self._vectors.get(layer, {})
 
     def __getitem__(self, key: tuple[int, int]) -> FeatureOverride:
-        return self._features[key]
+        return self._vectors[key[0]][key[1]]
+
+    # -- editing --------------------------------------------------------------------------------
 
     def set(self, layer: int, feature: int, override: FeatureOverride) -> None:
         self._check(layer, feature)
@@ -106,30 +99,38 @@ class PatchOverlay:
             if not np.all(np.isfinite(arr)):
                 raise VindexError(f"override of L{layer} F{feature}: {part} has NaN or infinite values")
             fixed[part] = np.ascontiguousarray(arr)
-        ov = FeatureOverride(**fixed)
-        self._features[(layer, feature)] = ov
-        self._layers.setdefault(layer, {})[feature] = ov
-        self._deleted.discard((layer, feature))
-        self.version += 1
+        self._deleted.get(layer, set()).discard(feature)
+        self._vectors.setdefault(layer, {})[feature] = FeatureOverride(**fixed)
+
+    def set_meta(self, layer: int, feature: int, meta: MetaOverride) -> None:
+        self._check(layer, feature)
+        self._deleted.get(layer, set()).discard(feature)
+        self._meta.setdefault(layer, {})[feature] = meta
+
+    def delete(self, layer: int, feature: int) -> None:
+        """Silence a feature: no FFN output, no metadata, not found by KNN."""
+        self._check(layer, feature)
+        self.remove(layer, feature)
+        self._deleted.setdefault(layer, set()).add(feature)
 
     def remove(self, layer: int, feature: int) -> None:
         """Drop every edit of one feature (it reads as the base again)."""
-        self._features.pop((layer, feature), None)
-        self._layers.get(layer, {}).pop(feature, None)
-        self._meta.pop((layer, feature), None)
-        self._deleted.discard((layer, feature))
-        self.version += 1
+        for part in (self._vectors, self._meta):
+            part.get(layer, {}).pop(feature, None)  # type: ignore[attr-defined]
+        self._deleted.get(layer, set()).discard(feature)
 
     def clear(self) -> None:
-        self._features.clear()
-        self._layers.clear()
+        self._vectors.clear()
         self._meta.clear()
         self._deleted.clear()
-        self.version += 1
+
+    def update(self, overrides: dict[tuple[int, int], FeatureOverride]) -> None:
+        for (layer, feature), ov in overrides.items():
+            self.set(layer, feature, ov)
 
     def snapshot(self, keys: list[tuple[int, int]]) -> dict[tuple[int, int], tuple]:
         """Every edit of these slots, to put back with `restore` (for trial edits)."""
-        return {k: (self._features.get(k), self._meta.get(k), k in self._deleted) for k in keys}
+        return {(l, f): (self.layer(l).get(f), self.meta(l).get(f), f in self.deleted(l)) for l, f in keys}
 
     def restore(self, snap: dict[tuple[int, int], tuple]) -> None:
         for (layer, feature), (vectors, meta, deleted) in snap.items():
@@ -140,11 +141,3 @@ class PatchOverlay:
                 self.set_meta(layer, feature, meta)
             if deleted:
                 self.delete(layer, feature)
-
-    def layer(self, layer: int) -> dict[int, FeatureOverride]:
-        """The overridden features of one layer (empty when none)."""
-        return self._layers.get(layer) or {}
-
-    def update(self, overrides: dict[tuple[int, int], FeatureOverride]) -> None:
-        for (layer, feature), ov in overrides.items():
-            self.set(layer, feature, ov)

@@ -181,7 +181,7 @@ class Vindex:
         ids = raw[: 4 * n].view("<u4").reshape(-1, self.top_k)
         scores = raw[4 * n:].view("<f4").reshape(-1, self.top_k)
         overlay = self.__dict__.get("overlay")
-        if overlay is None or not len(overlay):
+        if overlay is None:
             return ids, scores
         metas, gone = overlay.meta(layer), overlay.deleted(layer)
         if not metas and not gone:
