@@ -71,6 +71,24 @@ def _k_scale_min(w, b, s):
     return np.int64(sc), np.int64(mn)
 
 
+@njit(cache=True, inline="always")
+def _k_quant(qtype, w, b, qs, s, shift_bits, i):
+    """Q4_K / Q5_K: the unsigned integer of weight i of sub-block s (diagram in reference.py)."""
+    q = np.int64((w[qs + 32 * (s // 2) + i] >> shift_bits) & 15)
+    if qtype == T_Q5_K:
+        q |= np.int64((w[b + 16 + i] >> s) & 1) << 4
+    return q
+
+
+@njit(cache=True, inline="always")
+def _q6_k_quant(w, b, e):
+    """Q6_K: the signed integer (q - 32) of weight e of the block at b (diagram in reference.py)."""
+    h, t, c = e // 128, (e % 128) // 32, e % 32
+    lo = (w[b + 64 * h + 32 * (t % 2) + c] >> (4 * (t // 2))) & 15
+    hi = (w[b + 128 + 32 * h + c] >> (2 * t)) & 3
+    return np.int64(lo | (hi << 4)) - 32
+
+
 @njit(cache=True)
 def _dequant_block(qtype, w, wi8, b, tab, out, o):
     """Write the weights of the block starting at byte b of row `w` to out[o:o+block_size]."""
@@ -115,18 +133,11 @@ def _dequant_block(qtype, w, wi8, b, tab, out, o):
             scale, shift = d * f32(sc), dmin * f32(mn)
             shift_bits = 4 * (s % 2)
             for i in range(32):
-                q = np.int64((w[qs + 32 * (s // 2) + i] >> shift_bits) & 15)
-                if qtype == T_Q5_K:
-                    q |= np.int64((w[b + 16 + i] >> s) & 1) << 4
-                out[o + 32 * s + i] = scale * f32(q) - shift
+                out[o + 32 * s + i] = scale * f32(_k_quant(qtype, w, b, qs, s, shift_bits, i)) - shift
     elif qtype == T_Q6_K:
         d = tab[_u16(w, b + 208)]
         for e in range(256):
-            h, t, c = e // 128, (e % 128) // 32, e % 32
-            lo = (w[b + 64 * h + 32 * (t % 2) + c] >> (4 * (t // 2))) & 15
-            hi = (w[b + 128 + 32 * h + c] >> (2 * t)) & 3
-            q = np.int64(lo | (hi << 4)) - 32
-            out[o + e] = (d * f32(wi8[b + 192 + e // 16])) * f32(q)
+            out[o + e] = (d * f32(wi8[b + 192 + e // 16])) * f32(_q6_k_quant(w, b, e))
 
 
 @njit(cache=True, parallel=True)

@@ -18,7 +18,8 @@ from numba import njit, prange
 from numpy.typing import NDArray
 
 from larql.quant.kernels import (
-    T_Q4_0, T_Q4_1, T_Q4_K, T_Q5_0, T_Q5_1, T_Q5_K, T_Q6_K, _k_scale_min, _lane_sum, _u16, _u32,
+    T_Q4_0, T_Q4_1, T_Q4_K, T_Q5_0, T_Q5_1, T_Q5_K, T_Q6_K, _k_quant, _k_scale_min, _lane_sum, _q6_k_quant,
+    _u16, _u32,
 )
 from larql.quant.types import GGMLType
 
@@ -80,17 +81,11 @@ def _repack_block(qtype, w, wi8, b, tab, q, scale, offset, o):
             offset[g + 2 * s] = offset[g + 2 * s + 1] = -(dmin * f32(mn))
             shift_bits = 4 * (s % 2)
             for i in range(32):
-                v = np.int64((w[qs + 32 * (s // 2) + i] >> shift_bits) & 15)
-                if qtype == T_Q5_K:
-                    v |= np.int64((w[b + 16 + i] >> s) & 1) << 4
-                q[o + 32 * s + i] = v
+                q[o + 32 * s + i] = _k_quant(qtype, w, b, qs, s, shift_bits, i)
     elif qtype == T_Q6_K:
         d = tab[_u16(w, b + 208)]
         for e in range(256):
-            h, t, c = e // 128, (e % 128) // 32, e % 32
-            lo = (w[b + 64 * h + 32 * (t % 2) + c] >> (4 * (t // 2))) & 15
-            hi = (w[b + 128 + 32 * h + c] >> (2 * t)) & 3
-            q[o + e] = np.int64(lo | (hi << 4)) - 32
+            q[o + e] = _q6_k_quant(w, b, e)
         for k in range(16):
             scale[g + k] = d * f32(wi8[b + 192 + k])
             offset[g + k] = f32(0.0)
