@@ -11,6 +11,7 @@ to fix it. The CLI prints `str(err)` and exits non-zero; tracebacks appear only 
     ├── QuantError              a quant kernel got data of the wrong type, shape or size
     ├── TokenizerError          a tokenizer cannot be built from the metadata given
     ├── VindexError             a vindex is missing, damaged, or asked for something it lacks
+    ├── EditError               an edit that cannot be made (bad fact, target, edit set, or goal not reachable)
     ├── LqlError                an LQL statement at fault; renders line:column, the line and a caret
     │   ├── LqlSyntaxError      it does not parse
     │   └── LqlSemanticError    it parses but cannot run here (no vindex in use, layer out of range...)
@@ -50,6 +51,11 @@ class TokenizerError(LarqlError):
 
 class VindexError(LarqlError, ValueError):
     """A vindex is missing, truncated, corrupt, or lacks what an operation needs."""
+
+
+class EditError(LarqlError, ValueError):
+    """A fact edit that cannot be made as asked: a bad fact, target or edit-set file, non-finite
+    numbers, or statistics that cannot be computed. Nothing is half-applied when it is raised."""
 
 
 class LqlError(LarqlError):

@@ -1,0 +1,48 @@
+"""Activations at a few hook points, from a forward pass that stops once the last of them is seen.
+
+Editing reads activations at one or two early layers of many short prompts (keys, residuals,
+statistics); running the remaining layers and the 262k-token unembedding for nothing would cost
+most of the time. The pass is ended by an exception raised from the last hook, which no
+intervention can observe (the model keeps no state between calls: each uses a fresh KV cache).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+from larql.model.hooks import all_hook_names
+
+if TYPE_CHECKING:
+    from larql.model.model import Model
+
+F32 = NDArray[np.float32]
+
+
+class _Enough(Exception):
+    """Ends a forward pass early: every activation asked for has been captured."""
+
+
+def capture(model: Model, ids: Sequence[int], names: Sequence[str]) -> dict[str, F32]:
+    """{name: activation `(T, ...)`} at `names` for the prompt `ids`, computing no further than the
+    last of them (hook points fire in `all_hook_names` order)."""
+    order = {n: i for i, n in enumerate(all_hook_names(model.config.n_layers))}
+    unknown = [n for n in names if n not in order]
+    if unknown:
+        raise KeyError(f"unknown hook point {unknown[0]!r}")
+    last = max(names, key=order.__getitem__)
+    got: dict[str, F32] = {}
+
+    def keep(x: F32, name: str) -> None:
+        got[name] = np.array(x, dtype=np.float32, copy=True)
+        if name == last:
+            raise _Enough
+
+    try:
+        model.next_logits(list(ids), hooks={n: keep for n in names})
+    except _Enough:
+        pass
+    return got

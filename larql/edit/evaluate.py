@@ -1,0 +1,326 @@
+"""Scoring an edit set before and after editing, with CounterFact's measures (and EasyEdit's).
+
+For each edit record (see `edit_set.schema.json` and vindex_spec/EDITING.md):
+- ES  efficacy: on the prompt, the new target is likelier than the true one (whole-target mean NLL,
+      teacher-forced; without a true target: every token of the new target is the top-1);
+- PS  paraphrase: the same on the user's paraphrases and on the prompt behind model-written prefixes
+      from a seed the edit never saw (`facts.model_prefixes(seed=EVAL_PREFIX_SEED)`);
+- NS  neighbourhood: on prompts about other subjects, their own target still beats the new one;
+- RS  reverse: prompts about the old object ("Paris is the capital of") keep their answer;
+- the same comparisons by first token only (LARQL's and larql's earlier benchmark), and token
+  accuracy (every target token the top-1, EasyEdit's "reliability");
+- magnitudes: mean probability of the whole new target on the prompt (product of its tokens);
+- GEN: the greedy continuation of the prompt (8 tokens) names the new target;
+- unrelated prompts (a broad fixed set, `UNRELATED`): how many keep their top-1, and mean KL;
+- fluency (GE): ROME's n-gram entropy of greedy continuations of the generation prompts.
+S is the harmonic mean of ES, PS and NS. Every score is measured on prompts the edit did not optimise
+on, except ES (its own prompt), and reported beside the unedited model's.
+
+Two protocols: "single" (each edit alone, then undone: ROME's table) and "stacked" (all edits at
+once, scored at the end: MEMIT's). Editing is a callable, so any method is scored the same way.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from larql.edit.facts import Fact, model_prefixes, target_ids
+from larql.errors import EditError
+from larql.model.attention import KVCache
+from larql.model.model import Model
+
+F32 = NDArray[np.float32]
+EVAL_PREFIX_SEED = 1  # the edit optimises on facts.PREFIX_SEED's prefixes; these are others
+EVAL_PREFIXES = 3
+GEN_TOKENS = 8
+FLUENCY_TOKENS = 32
+UNRELATED = ("The sun rises in the", "Two plus two equals", "The largest ocean on Earth is the",
+             "A dog is a kind of", "The opposite of hot is", "Water freezes at zero degrees",
+             "The colour of grass is", "Shakespeare was born in the town of", "Berlin is a city in",
+             "The first man on the moon was", "The chemical symbol for gold is", "A week has seven",
+             "The Great Wall is in", "Mount Everest is the highest mountain in", "The piano is a musical",
+             "Bees make", "The Amazon river flows through", "Einstein is famous for the theory of",
+             "The Mona Lisa was painted by", "In winter it is often", "A triangle has three",
+             "The Pacific Ocean is the", "Coffee is made from", "The heart pumps")
+
+
+@dataclass(frozen=True)
+class EditRecord:
+    subject: str
+    prompt: str
+    target_new: str
+    relation: str = ""
+    target_true: str | None = None
+    paraphrases: tuple[str, ...] = ()
+    neighbours: tuple[tuple[str, str], ...] = ()  # (prompt, its target)
+    reverse: tuple[tuple[str, str], ...] = ()
+    generation_prompts: tuple[str, ...] = ()
+
+    def fact(self) -> Fact:
+        return Fact(self.subject, self.prompt, self.target_new, self.relation, self.target_true)
+
+
+@lru_cache(maxsize=1)
+def _edit_set_validator() -> Any:
+    import jsonschema
+
+    schema = json.loads(Path(__file__).with_name("edit_set.schema.json").read_text())
+    return jsonschema.Draft202012Validator(schema)
+
+
+def load_edit_set(path: str | Path) -> list[EditRecord]:
+    """Read and validate an edit-set JSON file (one line of error naming the first violation)."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise EditError(f"{path}: no such edit-set file") from None
+    except (OSError, ValueError) as e:
+        raise EditError(f"{path}: not an edit-set file (not valid JSON: {e})") from None
+    errors = sorted(_edit_set_validator().iter_errors(doc), key=lambda e: list(e.absolute_path))
+    if errors:
+        at = "/".join(str(p) for p in errors[0].absolute_path) or "(top level)"
+        raise EditError(f"{path}: edit set fails its schema at {at}: {errors[0].message}")
+    out = []
+    for i, e in enumerate(doc["edits"]):
+        rec = EditRecord(e["subject"], e["prompt"], e["target_new"], e.get("relation", ""), e.get("target_true"),
+                         tuple(e.get("paraphrases", ())),
+                         tuple((n["prompt"], n["target"]) for n in e.get("neighbours", ())),
+                         tuple((n["prompt"], n["target"]) for n in e.get("reverse", ())),
+                         tuple(e.get("generation_prompts", ())))
+        try:
+            rec.fact()
+        except EditError as err:
+            raise EditError(f"{path}: edit {i}: {err}") from None
+        out.append(rec)
+    return out
+
+
+# -- scoring primitives -------------------------------------------------------------------------------
+
+
+def _log_softmax(x: F32) -> NDArray[np.float64]:
+    z = x.astype(np.float64) - float(np.max(x))
+    return z - math.log(float(np.exp(z).sum()))
+
+
+class Scorer:
+    """Teacher-forced log-probabilities of targets after prompts, one prefill per prompt: each
+    target continues from a copy of the prompt's KV cache."""
+
+    def __init__(self, model: Model) -> None:
+        self.m = model
+        self._ids: dict[str, list[int]] = {}
+
+    def target(self, text: str) -> list[int]:
+        if text not in self._ids:
+            self._ids[text] = target_ids(self.m, text)
+        return self._ids[text]
+
+    def prompt(self, prompt: str) -> tuple[KVCache, NDArray[np.float64]]:
+        ids = self.m.tokenize(prompt)
+        cache = self.m.new_cache(len(ids) + 8)
+        return cache, _log_softmax(self.m.next_logits(ids, cache))
+
+    def token_logps(self, state: tuple[KVCache, NDArray[np.float64]], target: str) -> list[tuple[float, bool]]:
+        """(log p, is top-1) of each token of `target` after the prompt."""
+        cache, first = state
+        toks = self.target(target)
+        out = [(float(first[toks[0]]), int(np.argmax(first)) == toks[0])]
+        if len(toks) > 1:
+            c = copy.deepcopy(cache)
+            for prev, tok in itertools.pairwise(toks):
+                lp = _log_softmax(self.m.next_logits([prev], c))
+                out.append((float(lp[tok]), int(np.argmax(lp)) == tok))
+        return out
+
+
+@dataclass
+class Compare:
+    """One prompt, a target it should prefer (`good`) against one it should not (`bad`)."""
+
+    whole: float  # 1 if mean NLL(good) < mean NLL(bad)
+    first: float  # 1 if p(first token of good) > p(first token of bad)
+
+
+def _compare(sc: Scorer, prompt: str, good: str, bad: str) -> Compare:
+    state = sc.prompt(prompt)
+    g, b = sc.token_logps(state, good), sc.token_logps(state, bad)
+    return Compare(float(np.mean([x for x, _ in g]) > np.mean([x for x, _ in b])), float(g[0][0] > b[0][0]))
+
+
+def _accuracy(sc: Scorer, prompt: str, target: str) -> tuple[float, float]:
+    """(every token top-1, probability of the whole target)."""
+    toks = sc.token_logps(sc.prompt(prompt), target)
+    return float(all(t for _, t in toks)), float(math.exp(sum(x for x, _ in toks)))
+
+
+def ngram_entropy(ids: Sequence[int]) -> float:
+    """ROME's generation entropy: 2/3 of the bigram entropy + 4/3 of the trigram entropy (bits)."""
+    def ent(n: int) -> float:
+        grams = Counter(tuple(ids[i: i + n]) for i in range(len(ids) - n + 1))
+        total = sum(grams.values())
+        return -sum(c / total * math.log2(c / total) for c in grams.values()) if total else 0.0
+    return 2 / 3 * ent(2) + 4 / 3 * ent(3)
+
+
+@dataclass
+class EditScores:
+    es: float | None = None
+    ps: list[float] = field(default_factory=list)
+    ns: list[float] = field(default_factory=list)
+    rs: list[float] = field(default_factory=list)
+    es_first: float | None = None
+    ps_first: list[float] = field(default_factory=list)
+    ns_first: list[float] = field(default_factory=list)
+    acc: float = 0.0  # every token of the new target top-1 on the prompt
+    para_acc: list[float] = field(default_factory=list)
+    p_new: float = 0.0
+    gen: float = 0.0
+
+
+def score_record(model: Model, rec: EditRecord, prefixes: Sequence[str]) -> EditScores:
+    sc, s = Scorer(model), EditScores()
+    s.acc, s.p_new = _accuracy(sc, rec.prompt, rec.target_new)
+    paras = list(rec.paraphrases) + [p + rec.prompt for p in prefixes]
+    for p in paras:
+        s.para_acc.append(_accuracy(sc, p, rec.target_new)[0])
+    if rec.target_true is not None:
+        c = _compare(sc, rec.prompt, rec.target_new, rec.target_true)
+        s.es, s.es_first = c.whole, c.first
+        for p in paras:
+            c = _compare(sc, p, rec.target_new, rec.target_true)
+            s.ps.append(c.whole)
+            s.ps_first.append(c.first)
+    else:  # a fictional subject has no true target: success is the new target's tokens being top-1
+        s.es = s.es_first = s.acc
+        s.ps = s.ps_first = list(s.para_acc)
+    for prompt, target in rec.neighbours:
+        if target.strip() == rec.target_new.strip():
+            continue
+        c = _compare(sc, prompt, target, rec.target_new)
+        s.ns.append(c.whole)
+        s.ns_first.append(c.first)
+    for prompt, target in rec.reverse:
+        s.rs.append(_compare(sc, prompt, target, rec.target_new).whole)
+    gen = model.generate(rec.prompt, max_new_tokens=GEN_TOKENS)
+    s.gen = float(rec.target_new.strip().lower() in gen.text.lower())
+    return s
+
+
+def unrelated_logps(model: Model) -> list[NDArray[np.float64]]:
+    return [_log_softmax(model.next_logits(model.tokenize(p))) for p in UNRELATED]
+
+
+def fluency(model: Model, prompts: Sequence[str]) -> float:
+    if not prompts:
+        return float("nan")
+    return float(np.mean([ngram_entropy(model.generate(p, max_new_tokens=FLUENCY_TOKENS).ids) for p in prompts]))
+
+
+# -- protocols ------------------------------------------------------------------------------------------
+
+
+Apply = Callable[[Sequence[EditRecord]], Callable[[], None]]  # makes the edits, returns their undo
+
+
+def _mean(xs: Sequence[float | None]) -> float:
+    vals = [x for x in xs if x is not None]
+    return 100.0 * float(np.mean(vals)) if vals else float("nan")
+
+
+def summarise(scores: Sequence[EditScores], unrelated_before: list[NDArray[np.float64]] | None = None,
+              unrelated_after: list[NDArray[np.float64]] | None = None) -> dict[str, float]:
+    def per_edit(key: str) -> list[float | None]:
+        return [float(np.mean(getattr(s, key))) if getattr(s, key) else None for s in scores]
+    es, ps, ns = _mean([s.es for s in scores]), _mean(per_edit("ps")), _mean(per_edit("ns"))
+    out = {"S": 3 / (1 / es + 1 / ps + 1 / ns) if min(es, ps, ns) > 0 else 0.0, "ES": es, "PS": ps, "NS": ns,
+           "RS": _mean(per_edit("rs")), "ES_first": _mean([s.es_first for s in scores]),
+           "PS_first": _mean(per_edit("ps_first")), "NS_first": _mean(per_edit("ns_first")),
+           "token_acc": _mean([s.acc for s in scores]), "para_token_acc": _mean(per_edit("para_acc")),
+           "p_new": float(np.mean([s.p_new for s in scores])), "GEN": _mean([s.gen for s in scores])}
+    if unrelated_before is not None and unrelated_after is not None:
+        kls = [float(np.sum(np.exp(b) * (b - a))) for b, a in zip(unrelated_before, unrelated_after)]
+        out["unrelated_top1_kept"] = _mean([float(np.argmax(b) == np.argmax(a))
+                                            for b, a in zip(unrelated_before, unrelated_after)])
+        out["unrelated_kl"] = float(np.mean(kls))
+    return out
+
+
+@dataclass
+class EvalReport:
+    edits: int
+    unedited: dict[str, float]
+    single: dict[str, float] | None
+    stacked: dict[str, float] | None
+    seconds_per_edit: float | None = None
+    seconds_stacked: float | None = None
+    per_edit: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"edits": self.edits, "unedited": self.unedited, "single": self.single, "stacked": self.stacked,
+                "seconds_per_edit": self.seconds_per_edit, "seconds_stacked": self.seconds_stacked,
+                "per_edit": self.per_edit}
+
+
+def evaluate(model: Model, records: Sequence[EditRecord], apply: Apply, protocols: Sequence[str] = ("single", "stacked"),
+             progress: Callable[[str], None] | None = None) -> EvalReport:
+    """Score `records` unedited, then under each protocol. `apply(records)` edits `model` (in place,
+    e.g. through its overlay) and returns a function that undoes exactly those edits."""
+    if not records:
+        raise EditError("the edit set is empty")
+    for p in protocols:
+        if p not in ("single", "stacked"):
+            raise EditError(f"unknown protocol {p!r} (single, stacked)")
+    say = progress or (lambda _msg: None)
+    prefixes = model_prefixes(model, EVAL_PREFIXES, seed=EVAL_PREFIX_SEED)
+    gen_prompts = [g for r in records for g in r.generation_prompts][:20]
+    say("scoring the unedited model")
+    base_scores = [score_record(model, r, prefixes) for r in records]
+    base_unrelated = unrelated_logps(model)
+    unedited = summarise(base_scores) | {"fluency": fluency(model, gen_prompts)}
+    report = EvalReport(len(records), unedited, None, None)
+    if "single" in protocols:
+        scores, kls, kept, times = [], [], [], []
+        for i, r in enumerate(records):
+            say(f"single edit {i + 1}/{len(records)}: {r.fact().label}")
+            t0 = time.perf_counter()
+            undo = apply([r])
+            times.append(time.perf_counter() - t0)
+            try:
+                scores.append(score_record(model, r, prefixes))
+                after = unrelated_logps(model)
+            finally:
+                undo()
+            summary = summarise([scores[-1]], base_unrelated, after)
+            kls.append(summary["unrelated_kl"])
+            kept.append(summary["unrelated_top1_kept"])
+            report.per_edit.append({"edit": r.fact().label, "seconds": times[-1], **summary})
+        report.single = summarise(scores) | {"unrelated_kl": float(np.mean(kls)),
+                                             "unrelated_top1_kept": float(np.mean(kept))}
+        report.seconds_per_edit = float(np.mean(times))
+    if "stacked" in protocols:
+        say(f"all {len(records)} edits at once")
+        t0 = time.perf_counter()
+        undo = apply(list(records))
+        report.seconds_stacked = time.perf_counter() - t0
+        try:
+            scores = [score_record(model, r, prefixes) for r in records]
+            report.stacked = summarise(scores, base_unrelated, unrelated_logps(model)) | {
+                "fluency": fluency(model, gen_prompts)}
+        finally:
+            undo()
+    return report

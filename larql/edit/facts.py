@@ -1,0 +1,103 @@
+"""Facts to edit and the prompts an edit is optimised on.
+
+A `Fact` is a CounterFact-style request: a subject, a prompt that contains it ("The capital of
+France is"), the new target ("Rome"), and optionally the true target, the relation's name and the
+user's own extra prompts. Weight edits key on the subject's LAST token, so every prompt must
+contain the subject; they are optimised on the prompt behind short prefixes that the model writes
+itself (ROME's context templates: in-distribution text, nothing shipped or downloaded) so that the
+edit does not depend on what comes before the subject.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from larql.errors import EditError
+
+if TYPE_CHECKING:
+    from larql.model.model import Model
+
+# Seeds for the model-written prefixes (MEMIT's). The optimisation uses PREFIX_SEED, the evaluation
+# (edit/evaluate.py) a different seed, so that it scores contexts the edit never saw.
+PREFIX_SEEDS = ("The", "Therefore", "Because", "I", "You")
+PREFIX_SEED = 0
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One edit: `prompt` contains `subject`, the model should continue it with `target`."""
+
+    subject: str
+    prompt: str
+    target: str
+    relation: str = ""
+    target_true: str | None = None
+    prompts: tuple[str, ...] = field(default=())  # the user's extra prompts to optimise on
+
+    def __post_init__(self) -> None:
+        for name in ("subject", "prompt", "target"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise EditError(f"an edit needs a non-empty {name} (got {value!r})")
+        for p in (self.prompt, *self.prompts):
+            if self.subject not in p:
+                raise EditError(f"the subject {self.subject!r} does not occur in the prompt {p!r}; weight edits "
+                                f"key on the subject's last token, so every prompt must contain it")
+
+    @property
+    def label(self) -> str:
+        rel = f"-[{self.relation}]-> " if self.relation else "-> "
+        return f"{self.subject} {rel}{self.target}"
+
+
+def target_ids(model: Model, target: str) -> list[int]:
+    """Every token of " " + target (the whole target is taught and scored, not only its first token)."""
+    text = target if target.startswith(" ") else " " + target
+    ids = [int(i) for i in model.tokenizer.tok.encode(text, add_special_tokens=False).ids]
+    if not ids:
+        raise EditError(f"the target {target!r} tokenizes to nothing; give a target with visible text")
+    return ids
+
+
+def subject_position(model: Model, text: str, subject: str) -> tuple[list[int], int]:
+    """(token ids of `text` with BOS, index of the subject's last token) — the subject's first
+    occurrence in `text`, located through the tokenizer's character offsets."""
+    begin = text.find(subject)
+    if begin < 0:
+        raise EditError(f"the subject {subject!r} does not occur in {text!r}")
+    end = begin + len(subject)
+    enc = model.tokenizer.tok.encode(text, add_special_tokens=True)
+    last = None
+    for i, (a, b) in enumerate(enc.offsets):
+        if b > a and a < end and b > begin:
+            last = i
+    if last is None:
+        raise EditError(f"the subject {subject!r} has no token of its own in {text!r}")
+    return [int(i) for i in enc.ids], last
+
+
+_prefix_cache: weakref.WeakKeyDictionary[Model, dict[tuple[int, int], tuple[str, ...]]] = weakref.WeakKeyDictionary()
+
+
+def model_prefixes(model: Model, n: int = 10, seed: int = PREFIX_SEED) -> tuple[str, ...]:
+    """`n` short texts the model writes itself from MEMIT's seed words (top-5 sampling, seeded), half
+    about 5 tokens long and half about 10, each ending in ". " ready for a prompt to follow."""
+    per_model = _prefix_cache.setdefault(model, {})
+    key = (n, seed)
+    if key in per_model:
+        return per_model[key]
+    rng = np.random.default_rng(seed)
+    out = []
+    for j in range(n):
+        start = PREFIX_SEEDS[j % len(PREFIX_SEEDS)]
+        length = 4 if j < n // 2 else 9
+        gen = model.generate(start, max_new_tokens=length, temperature=1.0, top_k=5,
+                             seed=int(rng.integers(1 << 31)), stop_at_eos=True)
+        text = (start + gen.text).replace("{", " ").replace("}", " ").replace("\n", " ").strip()
+        out.append(text.rstrip(".") + ". ")
+    per_model[key] = tuple(out)
+    return per_model[key]

@@ -1,0 +1,122 @@
+"""Key statistics for weight edits: C = E[k k^T] of a layer's down-projection input.
+
+ROME and MEMIT weight their update by C^-1 so that the edit changes the layer's output as little
+as possible on the keys the layer usually sees. C is estimated here from text that needs no
+download: CPython's own reference prose (`pydoc_data.topics`, on every Python install) after a
+short general-English text shipped with larql (`data/stats_corpus.txt`), in 128-token chunks. The
+forward pass stops after the deepest layer asked for.
+
+Computed once per (model, layer, corpus, token count) and cached as `.npz` (written atomically,
+with a sha256 of the matrix checked on load) in a directory the caller names — beside the vindex
+for `edit_vindex`, else larql's cache directory. `benchmarks/bench_editing_stats.py` measures how
+the token count changes an edit's specificity; DEFAULT_TOKENS is the chosen size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+from larql.edit.capture import capture
+from larql.errors import EditError
+
+if TYPE_CHECKING:
+    from larql.model.model import Model
+
+F64 = NDArray[np.float64]
+DEFAULT_TOKENS = 16384
+CHUNK = 128
+STATS_VERSION = 1
+
+
+def corpus_text() -> str:
+    """The statistics corpus: larql's shipped text, then CPython's reference prose."""
+    from pydoc_data import topics
+
+    shipped = (Path(__file__).with_name("data") / "stats_corpus.txt").read_text(encoding="utf-8")
+    return shipped + "\n\n" + "\n\n".join(topics.topics[k] for k in sorted(topics.topics))
+
+
+def corpus_chunks(model: Model, n_tokens: int) -> list[list[int]]:
+    """Token chunks (BOS + up to CHUNK - 1 tokens each) covering about `n_tokens` tokens."""
+    ids = model.tokenizer.tok.encode(corpus_text(), add_special_tokens=False).ids
+    if len(ids) < n_tokens:
+        raise EditError(f"the statistics corpus has {len(ids)} tokens, fewer than the {n_tokens} asked for")
+    bos = [model.tokenizer.bos_id] if model.tokenizer.bos_id is not None else []
+    step = CHUNK - len(bos)
+    return [bos + list(ids[i: i + step]) for i in range(0, n_tokens, step)]
+
+
+def compute_second_moments(model: Model, layers: list[int], n_tokens: int = DEFAULT_TOKENS) -> dict[int, tuple[F64, int]]:
+    """{layer: (E[k k^T] `(ffn, ffn)` float64, tokens counted)} of the down-projection input k
+    (`blocks.L.mlp.hook_post`) at every position of the corpus chunks except BOS."""
+    sums = {layer: np.zeros((model.config.ffn, model.config.ffn), np.float64) for layer in layers}
+    count = 0
+    names = {layer: f"blocks.{layer}.mlp.hook_post" for layer in layers}
+    for chunk in corpus_chunks(model, n_tokens):
+        got = capture(model, chunk, list(names.values()))
+        for layer, name in names.items():
+            k = got[name][1:].astype(np.float64)  # (T-1, ffn) without BOS, whose keys are off the scale
+            sums[layer] += k.T @ k
+        count += len(chunk) - 1
+    return {layer: (s / count, count) for layer, s in sums.items()}
+
+
+def _fingerprint(model: Model) -> str:
+    c = model.config
+    w = model.weights.layers[0].down
+    probe = np.asarray(w.raw[:4]).tobytes()  # a few stored bytes: a different checkpoint differs here
+    return hashlib.sha256(f"{c}|{model.name}|{STATS_VERSION}".encode() + probe).hexdigest()[:16]
+
+
+def _path(directory: Path, model: Model, layer: int, n_tokens: int) -> Path:
+    return directory / f"cov-{_fingerprint(model)}-L{layer}-{n_tokens}.npz"
+
+
+def _load(path: Path) -> tuple[F64, int] | None:
+    try:
+        with np.load(path) as f:
+            cov, count, digest = f["cov"], int(f["count"]), str(f["sha256"])
+    except (OSError, ValueError, KeyError):
+        return None
+    if hashlib.sha256(np.ascontiguousarray(cov).tobytes()).hexdigest() != digest:
+        return None  # damaged: recompute
+    return cov.astype(np.float64), count
+
+
+def _save(path: Path, cov: F64, count: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    cov32 = np.ascontiguousarray(cov, dtype=np.float32)
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, cov=cov32, count=np.int64(count), sha256=hashlib.sha256(cov32.tobytes()).hexdigest())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a cache that cannot be written is recomputed next time
+
+
+def second_moments(model: Model, layers: list[int], directory: Path | None, n_tokens: int = DEFAULT_TOKENS,
+                   ) -> dict[int, tuple[F64, int]]:
+    """E[k k^T] per layer, from the cache in `directory` when present and intact, else computed
+    (and cached when `directory` is given)."""
+    out: dict[int, tuple[F64, int]] = {}
+    missing = []
+    for layer in layers:
+        hit = _load(_path(directory, model, layer, n_tokens)) if directory is not None else None
+        if hit is not None:
+            out[layer] = hit
+        else:
+            missing.append(layer)
+    if missing:
+        fresh = compute_second_moments(model, missing, n_tokens)
+        for layer, (cov, count) in fresh.items():
+            if directory is not None:
+                _save(_path(directory, model, layer, n_tokens), cov, count)
+            out[layer] = (cov.astype(np.float32).astype(np.float64), count)  # what a cache hit would give
+    return out

@@ -1,0 +1,219 @@
+"""The value step of ROME/MEMIT: what a layer's MLP should output at the subject's last token.
+
+For a group of facts about one subject, find vectors delta[L] (one per edited layer) added to those
+layers' MLP outputs (before Gemma's post-FFN norm) at the subject's last token, such that:
+- every target token wins, teacher-forced, on the fact's prompts — each bare and behind the
+  model-written prefixes of `facts.model_prefixes` — (mean NLL of the whole target, not its first
+  token), and
+- what the model says about the subject otherwise (KL_PROMPTS, "{subject} is a"...) moves little (KL),
+- delta stays small (weight decay relative to the MLP output's norm; a hard clamp at CLAMP times it).
+Optimised with Adam through `model.grad.Tail` (an exact hand-written backward pass), stopping two
+steps after every target token is the top-1 on every optimised prompt (ENCORE's MPES) or at
+`max_steps`. The keys (the down projection's inputs at the same token, averaged over the same
+prompts) come out of the same forward passes.
+
+The loss reads logits over candidate tokens only (the targets and the tokens that were likely at
+the scored positions, refreshed from the full vocabulary every REFRESH steps), which keeps the
+262k-token unembedding out of the inner loop; the caller checks the edit with the real model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from larql.edit.capture import capture
+from larql.edit.facts import Fact, subject_position, target_ids
+from larql.errors import EditError
+from larql.model.grad import DenseLayer, Tail, TailContext
+from larql.model.model import Model
+
+F32 = NDArray[np.float32]
+KL_WEIGHT = 0.0625  # ROME's, per prompt below
+# ROME keeps "{subject} is a" close to the unedited distribution; the other two guard the subject's
+# other facts, which share its key (measured: "People in France speak" lost French without them)
+KL_PROMPTS = ("{} is a", "{} is known for", "In {}, people")
+WEIGHT_DECAY = 0.5  # ROME's v_weight_decay, on ||delta||^2 / ||mlp out||^2
+CLAMP = 4.0  # ROME's clamp_norm_factor
+LR = 0.5  # Adam step per coordinate, in units of the MLP output's rms at the subject
+MAX_STEPS = 25
+EXTRA_STEPS = 2  # MPES: keep going this many steps after every target token is top-1
+CANDIDATES = 256  # per scored position, from the full vocabulary
+REFRESH = 6
+
+
+@dataclass(frozen=True)
+class ValueResult:
+    deltas: dict[int, F32]  # layer -> (hidden,)
+    keys: dict[int, F32]  # layer -> (ffn,) mean down-projection input at the subject's last token
+    steps: int
+    nll_before: float  # mean per-token NLL of the targets over the optimised prompts (tail's view)
+    nll_after: float
+    top1: bool  # every target token the top-1 on every optimised prompt, at the end
+    n_prompts: int
+
+
+@dataclass
+class _Scored:
+    ctx: int  # index into contexts
+    rows: NDArray[np.int64]  # rows of that context's suffix whose next token is scored
+    tokens: NDArray[np.int64]  # the target tokens there (empty for the KL prompt)
+    kl: bool = False
+
+
+def _capture(model: Model, ids: list[int], first: int, layers: Sequence[int]) -> dict[str, F32]:
+    """resid_mid at `first`, and the down-projection input and MLP output at `layers`."""
+    names = [f"blocks.{first}.hook_resid_mid"] + [f"blocks.{layer}.mlp.hook_post" for layer in layers]
+    return capture(model, ids, names + [f"blocks.{layer}.hook_mlp_out" for layer in layers])
+
+
+def optimise_value(model: Model, facts: Sequence[Fact], layers: Sequence[int], prefixes: Sequence[str],
+                   ffn_layers: Callable[[int], DenseLayer] | None = None, max_steps: int = MAX_STEPS,
+                   kl_weight: float = KL_WEIGHT) -> ValueResult:
+    """Optimise one delta per layer for facts that share a subject (MEMIT-Merge: one key, one value)."""
+    subject = facts[0].subject
+    if any(f.subject != subject for f in facts):
+        raise EditError("optimise_value takes facts about one subject; group them first")
+    layers = sorted(set(layers))
+    first, cfg = layers[0], model.config
+
+    # the prompts: each fact's prompt and user prompts, bare and behind each prefix; then the KL prompt
+    ctx_ids: list[list[int]] = []
+    starts: list[int] = []
+    scored: list[_Scored] = []
+    for fact in facts:
+        tids = target_ids(model, fact.target)
+        for base in (fact.prompt, *fact.prompts):
+            for prefix in ("", *prefixes):
+                ids, s = subject_position(model, prefix + base, subject)
+                n_prompt = len(ids)
+                ids = ids + tids[:-1]  # teacher forcing: the target's tokens follow the prompt
+                scored.append(_Scored(len(ctx_ids), np.arange(n_prompt - 1, n_prompt - 1 + len(tids)) - s,
+                                      np.asarray(tids, np.int64)))
+                ctx_ids.append(ids)
+                starts.append(s)
+    n_prompts = len(ctx_ids)
+    for template in KL_PROMPTS:  # what the model says about the subject otherwise should stay
+        kl_ids, kl_s = subject_position(model, template.format(subject), subject)
+        scored.append(_Scored(len(ctx_ids), np.array([len(kl_ids) - 1 - kl_s]), np.zeros(0, np.int64), kl=True))
+        ctx_ids.append(kl_ids)
+        starts.append(kl_s)
+    if max(len(i) for i in ctx_ids) > cfg.context_length:
+        raise EditError("a prompt with its target is longer than the model's context")
+
+    # one real forward pass per prompt: the residual entering the first layer's MLP, and the keys
+    contexts, full_resid = [], []
+    keys = {layer: np.zeros(cfg.ffn, np.float64) for layer in layers}
+    mlp_norm = 0.0
+    for j, (ids, s) in enumerate(zip(ctx_ids, starts)):
+        got = _capture(model, ids, first, layers)
+        resid = got[f"blocks.{first}.hook_resid_mid"]
+        full_resid.append(resid)
+        contexts.append(TailContext(np.asarray(ids, np.int64), s, resid[s:]))
+        if j < n_prompts:
+            for layer in layers:
+                keys[layer] += got[f"blocks.{layer}.mlp.hook_post"][s]
+        if j == 0:
+            mlp_norm = float(np.mean([np.linalg.norm(got[f"blocks.{layer}.hook_mlp_out"][s]) for layer in layers]))
+    keys_mean = {layer: (k / n_prompts).astype(np.float32) for layer, k in keys.items()}
+
+    dense = {i: ffn_layers(i) for i in range(first, cfg.n_layers)} if ffn_layers is not None else None
+    tail = Tail(cfg, model.weights, first, layers=dense)
+    tail.prepare(contexts, full_resid)
+
+    offsets = np.cumsum([0] + [c.n for c in contexts])[:-1]
+    all_rows = np.concatenate([offsets[sc.ctx] + sc.rows for sc in scored])
+    out = model.weights.output
+
+    def full_logits(y: F32) -> F32:
+        logits = out.matmul(np.ascontiguousarray(y[all_rows]))  # (R, vocab)
+        if cfg.final_softcap:
+            logits = np.tanh(logits / np.float32(cfg.final_softcap)) * np.float32(cfg.final_softcap)
+        return logits
+
+    deltas = {layer: np.zeros(cfg.hidden, np.float32) for layer in layers}
+    y0, _ = tail.forward(contexts, deltas)
+    base = full_logits(y0)
+    cand = _candidates(base, np.concatenate([sc.tokens for sc in scored]))
+    kl_rows = np.arange(len(all_rows) - len(KL_PROMPTS), len(all_rows))  # the KL prompts are scored last
+    ref = base[kl_rows].astype(np.float64)  # (n_kl, vocab)
+
+    m1 = {layer: np.zeros(cfg.hidden, np.float64) for layer in layers}
+    m2 = {layer: np.zeros(cfg.hidden, np.float64) for layer in layers}
+    lr = LR * mlp_norm / np.sqrt(cfg.hidden)
+    max_norm = CLAMP * mlp_norm
+    nll_before = nll = float("inf")
+    top1, extra, step = False, 0, 0
+    for step in range(1, max_steps + 1):
+        if step % REFRESH == 0:
+            y_now, _ = tail.forward(contexts, deltas)
+            cand = np.union1d(cand, _candidates(full_logits(y_now), np.zeros(0, np.int64)))
+        e_c = out.rows(cand)  # (K, hidden)
+        ref_c = ref[:, cand]
+        ref_p = np.exp(ref_c - ref_c.max(axis=1, keepdims=True))
+        ref_p /= ref_p.sum(axis=1, keepdims=True)  # (n_kl, K)
+        y, saves = tail.forward(contexts, deltas)
+        nll, top1, dy = _loss_grad(y[all_rows], e_c, cand, scored, cfg.final_softcap, ref_p, kl_weight, n_prompts)
+        if step == 1:
+            nll_before = nll
+        if top1:
+            extra += 1
+            if extra > EXTRA_STEPS:
+                break
+        d_rows = np.zeros_like(y)
+        np.add.at(d_rows, all_rows, dy)
+        grads = tail.backward(contexts, deltas, saves, d_rows)
+        for layer in layers:
+            g = grads[layer].astype(np.float64) + 2 * WEIGHT_DECAY * deltas[layer] / mlp_norm ** 2
+            m1[layer] = 0.9 * m1[layer] + 0.1 * g
+            m2[layer] = 0.999 * m2[layer] + 0.001 * g * g
+            upd = lr * (m1[layer] / (1 - 0.9 ** step)) / (np.sqrt(m2[layer] / (1 - 0.999 ** step)) + 1e-12)
+            d = deltas[layer] - upd.astype(np.float32)
+            norm = float(np.linalg.norm(d))
+            deltas[layer] = d * np.float32(max_norm / norm) if norm > max_norm else d
+    if not all(np.all(np.isfinite(d)) for d in deltas.values()):
+        raise EditError(f"the value optimisation for {subject!r} diverged (non-finite values)")
+    return ValueResult(deltas, keys_mean, step, nll_before, nll, top1, n_prompts)
+
+
+def _candidates(logits: F32, must: NDArray[np.int64]) -> NDArray[np.int64]:
+    k = min(CANDIDATES, logits.shape[1] - 1)
+    top = np.argpartition(-logits, k, axis=1)[:, :k]
+    return np.union1d(top.reshape(-1), must).astype(np.int64)
+
+
+def _loss_grad(y: F32, e_c: F32, cand: NDArray[np.int64], scored: list[_Scored], softcap: float,
+               ref_p: NDArray[np.float64], kl_weight: float, n_prompts: int) -> tuple[float, bool, F32]:
+    """Mean target NLL over the prompts (each prompt's tokens averaged), whether every target token
+    is the top-1, and d(NLL + kl_weight * KL) / d y for the scored rows `y` `(R, hidden)`."""
+    z = y @ e_c.T  # (R, K)
+    capped = None
+    if softcap:
+        capped = np.tanh(z / np.float32(softcap))
+        z = capped * np.float32(softcap)
+    z64 = z.astype(np.float64)
+    logp = z64 - z64.max(axis=1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(axis=1, keepdims=True))
+    p = np.exp(logp)
+    pos = {int(t): i for i, t in enumerate(cand)}
+    dz = np.zeros_like(z64)
+    nll, top1, row, k = 0.0, True, 0, 0
+    for sc in scored:
+        n = len(sc.rows)
+        if sc.kl:
+            dz[row] = kl_weight * (p[row] - ref_p[k])
+            k += 1
+        else:
+            idx = np.array([pos[int(t)] for t in sc.tokens])
+            r = np.arange(row, row + n)
+            nll -= float(logp[r, idx].sum()) / n / n_prompts
+            top1 &= bool(np.all(np.argmax(logp[r], axis=1) == idx))
+            dz[r] += p[r] / n / n_prompts
+            dz[r, idx] -= 1.0 / n / n_prompts
+        row += n
+    if capped is not None:
+        dz = dz * (1.0 - capped.astype(np.float64) ** 2)
+    return nll, top1, (dz @ e_c).astype(np.float32)

@@ -1,0 +1,176 @@
+"""ROME / MEMIT weight edits, end to end: facts in, low-rank down-projection updates out.
+
+1. Facts are grouped by subject (facts about one subject share its key, so they share one value:
+   MEMIT-Merge); each group's value is optimised (`value.py`) at the edit layers.
+2. Keys to hold still (dW k = 0): the keys of every edit already made at the layer (so later
+   edits leave earlier ones exactly as they were), and "decoys" — the same prompts about other
+   subjects (DECOY_SUBJECTS), so that the edit is keyed on the subject rather than on the relation's
+   wording ("The capital of France" must not move "The capital of Germany").
+3. Per layer, the minimum-C-norm update that maps every new key to its new value (`rome.py`).
+ROME is this with one fact at one layer; MEMIT with many facts solved jointly (over one or more
+layers). Nothing here touches the model: the caller records the deltas (edit/overlay) and the
+model's FFN applies them.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+from larql.edit.capture import capture
+from larql.edit.facts import Fact, model_prefixes, subject_position
+from larql.edit.rome import KeyMetric, LowRankDelta, solve_update
+from larql.edit.value import ValueResult, optimise_value
+from larql.errors import EditError
+from larql.model.grad import DenseLayer
+from larql.model.model import Model
+
+if TYPE_CHECKING:
+    from larql.model.ffn import FFNEdits
+
+F32 = NDArray[np.float32]
+# Subjects whose keys the edit must not move, substituted for the fact's subject in its prompt.
+# None of them is a subject of benchmarks/data (the benchmark drops any that its held-out prompts use).
+DECOY_SUBJECTS = ("Sweden", "Peru", "Greece", "Vietnam", "Argentina", "Austria", "Denmark", "Morocco",
+                  "Nigeria", "Thailand", "Ukraine", "Cuba", "Finland", "Chile", "Hungary", "Iceland", "Nepal",
+                  "Belgium", "Turkey", "Iran", "Pakistan", "Ghana", "Malaysia", "Switzerland", "Israel",
+                  "New Zealand", "the Netherlands", "Chicago", "Sydney", "Vienna", "Seoul", "Istanbul",
+                  "Picasso", "Newton", "Darwin", "Beethoven", "Dickens", "Napoleon", "Microsoft", "Toyota",
+                  "the river", "my neighbour", "the company", "the city", "the island", "the moon", "music",
+                  "football")
+MAX_DECOY_PROMPTS = 64
+OLD_OBJECT_TEMPLATES = ("{} is a", "{} is the", "I live in {}")
+N_PREFIXES = 10
+
+
+@dataclass(frozen=True)
+class WeightEditPlan:
+    facts: tuple[Fact, ...]
+    layers: tuple[int, ...]
+    deltas: tuple[LowRankDelta, ...]  # one per layer
+    keys: dict[int, F32]  # layer -> (ffn, n_subjects): the keys this edit maps (hold them in later edits)
+    values: tuple[ValueResult, ...]  # one per subject group
+    decoy_prompts: int
+    seconds: float
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class DenseLayers:
+    """Float32 copies of a model's layers for the value step's backward pass, made once per model;
+    a layer whose FFN is edited gets its effective matrices (overrides, deletions, down delta)."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self._base: dict[int, DenseLayer] = {}
+
+    def __call__(self, layer: int, edits: FFNEdits | None = None) -> DenseLayer:
+        if layer not in self._base:
+            self._base[layer] = DenseLayer.of(self.model.weights.layers[layer])
+        base = self._base[layer]
+        if edits is None:
+            return base
+        overrides, gone, delta = edits.feature_overrides(layer), edits.deleted(layer), edits.down_delta(layer)
+        if not overrides and not gone and delta is None:
+            return base
+        gate, up, down = base.gate.copy(), base.up.copy(), base.down.copy()
+        for f, (g, u, d) in overrides.items():
+            if g is not None:
+                gate[f] = g
+            if u is not None:
+                up[f] = u
+            if d is not None:
+                down[:, f] = d
+        if gone:
+            down[:, sorted(gone)] = 0.0  # a deleted feature's activation is zeroed: it writes nothing
+        if delta is not None:
+            down += delta[0] @ delta[1].T
+        return replace(base, gate=gate, up=up, down=down)
+
+
+_dense: weakref.WeakKeyDictionary[Model, DenseLayers] = weakref.WeakKeyDictionary()
+
+
+def dense_layers(model: Model) -> DenseLayers:
+    if model not in _dense:
+        _dense[model] = DenseLayers(model)
+    return _dense[model]
+
+
+def group_by_subject(facts: Sequence[Fact]) -> list[list[Fact]]:
+    groups: dict[str, list[Fact]] = {}
+    for f in facts:
+        groups.setdefault(f.subject, []).append(f)
+    return list(groups.values())
+
+
+def decoy_keys(model: Model, facts: Sequence[Fact], layers: Sequence[int], decoys: Sequence[str],
+               limit: int = MAX_DECOY_PROMPTS) -> tuple[dict[int, F32], int]:
+    """Keys `(ffn, n)` per layer at the last token of decoy subjects put in the facts' prompts."""
+    subjects = {f.subject.lower() for f in facts}
+    templates = list(dict.fromkeys(f.prompt.replace(f.subject, "{}", 1) for f in facts))
+    prompts = [(t.format(d), d) for d in decoys if d.lower() not in subjects for t in templates]
+    if len(prompts) > limit:  # spread the budget over templates and decoys alike
+        idx = np.linspace(0, len(prompts) - 1, limit).round().astype(int)
+        prompts = [prompts[i] for i in idx]
+    # what the model knows about the old object ("Paris is the capital of") must not move either
+    olds = dict.fromkeys(f.target_true.strip() for f in facts if f.target_true and f.target_true.strip())
+    prompts += [(t.format(o), o) for o in olds if o.lower() not in subjects for t in OLD_OBJECT_TEMPLATES]
+    names = [f"blocks.{layer}.mlp.hook_post" for layer in layers]
+    got: dict[int, list[F32]] = {layer: [] for layer in layers}
+    for text, d in prompts:
+        ids, s = subject_position(model, text, d)
+        seen = capture(model, ids, names)
+        for layer, name in zip(layers, names):
+            got[layer].append(seen[name][s])
+    return {layer: (np.stack(ks, axis=1) if ks else np.zeros((model.config.ffn, 0), np.float32))
+            for layer, ks in got.items()}, len(prompts)
+
+
+def plan_weight_edit(model: Model, facts: Sequence[Fact], layers: Sequence[int], metrics: dict[int, KeyMetric],
+                     preserved: dict[int, F32] | None = None, edits: FFNEdits | None = None,
+                     decoys: Sequence[str] = DECOY_SUBJECTS, n_prefixes: int = N_PREFIXES,
+                     progress: Callable[[str], None] | None = None) -> WeightEditPlan:
+    """Compute (do not apply) the update of `layers`' down projections that teaches `facts` to
+    `model`, whose FFN already carries `edits` (the value step must see earlier edits)."""
+    if not facts:
+        raise EditError("no facts to edit")
+    layers = tuple(sorted(set(layers)))
+    for layer in layers:
+        if not 0 <= layer < model.config.n_layers:
+            raise EditError(f"layer {layer} is out of range (layers 0-{model.config.n_layers - 1})")
+        if layer not in metrics:
+            raise EditError(f"no key statistics for layer {layer}")
+    say = progress or (lambda _m: None)
+    t0 = time.perf_counter()
+    prefixes = model_prefixes(model, n_prefixes) if n_prefixes else ()
+    t_prefix = time.perf_counter()
+    groups = group_by_subject(facts)
+    dense = dense_layers(model)
+
+    def ffn_layers(layer: int) -> DenseLayer:
+        return dense(layer, edits)
+
+    values = []
+    for i, group in enumerate(groups):
+        say(f"value {i + 1}/{len(groups)}: {group[0].subject}")
+        values.append(optimise_value(model, group, layers, prefixes, ffn_layers))
+    t_value = time.perf_counter()
+    decoy, n_decoys = decoy_keys(model, facts, layers, decoys)
+    deltas, keys = [], {}
+    for layer in layers:
+        k = np.stack([v.keys[layer] for v in values], axis=1)  # (ffn, n_groups)
+        r = np.stack([v.deltas[layer] for v in values], axis=1)  # (hidden, n_groups)
+        hold = [decoy[layer]]
+        if preserved is not None and layer in preserved:
+            hold.insert(0, preserved[layer])
+        deltas.append(solve_update(metrics[layer], layer, k, r, np.concatenate(hold, axis=1)))
+        keys[layer] = k.astype(np.float32)
+    t_end = time.perf_counter()
+    return WeightEditPlan(tuple(facts), layers, tuple(deltas), keys, tuple(values), n_decoys, t_end - t0,
+                          {"prefixes": t_prefix - t0, "values": t_value - t_prefix, "solve": t_end - t_value})

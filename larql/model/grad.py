@@ -1,0 +1,375 @@
+"""Gradients through the top of the model, for the value step of ROME/MEMIT-style weight edits.
+
+A weight edit of layer L's down projection changes the MLP output at the subject's last token. To
+choose that change, ROME optimises a vector delta added there so that the target wins; that needs
+d loss / d delta through every layer above L, at the positions from the subject onwards. There is
+no autograd in larql's stack (numpy + numba), so this module writes the backward pass by hand —
+exact, not an approximation (tests check it against finite differences) — for what `Forward`
+runs: RMS norms (Gemma's sandwich and q/k norms included), RoPE in both layouts, grouped-query
+causal attention with sliding windows and soft-capping, GELU-tanh / SiLU gated MLPs, the final
+norm and the unembedding.
+
+Three things keep it cheap on a CPU:
+- it works on dense float32 copies of the layers it touches (`DenseLayer`), made once per model;
+- positions before the subject do not depend on delta, so their keys and values are computed once
+  (`TailContext.prefix_kv`) and only the suffix runs per step — all contexts' suffix rows in one
+  matmul;
+- the loss reads logits only over a candidate set of tokens (the targets plus every token that
+  was likely at a scored position before the edit), so the 262k-row unembedding is not touched
+  per step. Callers re-check the result with the real forward pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from larql.model.config import ModelConfig
+from larql.model.weights import LayerWeights, Weights
+
+F32 = NDArray[np.float32]
+I64 = NDArray[np.int64]
+_GELU_C = np.float32(np.sqrt(2.0 / np.pi))
+
+# (gate, up, down) dense float32 matrices `(ffn, hidden)`, `(ffn, hidden)`, `(hidden, ffn)` of a layer's
+# FFN as the model runs it now (edits included); None: the stored weights
+FFNMatrices = Callable[[int], tuple[F32, F32, F32] | None]
+
+
+# -- elementwise pieces and their derivatives -------------------------------------------------------
+
+
+def _rms(x: F32, w: F32, eps: float) -> tuple[F32, F32, F32]:
+    """y = x / rms(x) * w over the last axis; also returns (x / rms, 1 / rms) for the backward."""
+    inv = (1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(eps))).astype(np.float32)
+    n = x * inv
+    return n * w, n, inv
+
+
+def _rms_back(dy: F32, w: F32, n: F32, inv: F32) -> F32:
+    dn = dy * w
+    return (dn - n * np.mean(dn * n, axis=-1, keepdims=True)) * inv
+
+
+def _act(kind: str, g: F32) -> tuple[F32, F32]:
+    """act(g) and act'(g) for "gelu_tanh" or "silu"."""
+    if kind == "gelu_tanh":
+        inner = _GELU_C * (g + np.float32(0.044715) * g * g * g)
+        t = np.tanh(inner)
+        y = np.float32(0.5) * g * (np.float32(1.0) + t)
+        dy = np.float32(0.5) * (np.float32(1.0) + t) + np.float32(0.5) * g * (np.float32(1.0) - t * t) * _GELU_C * (
+            np.float32(1.0) + np.float32(3 * 0.044715) * g * g)
+        return y, dy
+    s = np.float32(1.0) / (np.float32(1.0) + np.exp(-g))
+    return g * s, s * (np.float32(1.0) + g * (np.float32(1.0) - s))
+
+
+def _rope(x: F32, cos: F32, sin: F32, interleaved: bool) -> F32:
+    """x `(T, heads, d)` rotated by position; with -sin it is the inverse (and the backward)."""
+    c, s = cos[:, None, :], sin[:, None, :]
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = x1 * c - x2 * s
+        out[..., 1::2] = x2 * c + x1 * s
+        return out
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def rope_angles(base: float, head_dim: int, positions: I64) -> tuple[F32, F32]:
+    """cos/sin `(T, d/2)` as `attention.RopeTable` builds them (float32, HF's order of operations)."""
+    exponent = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+    inv_freq = (np.float32(1.0) / np.power(np.float32(base), exponent)).astype(np.float32)
+    angles = positions.astype(np.float32)[:, None] * inv_freq[None, :]
+    return np.cos(angles), np.sin(angles)
+
+
+# -- dense layers -------------------------------------------------------------------------------------
+
+
+@dataclass
+class DenseLayer:
+    """One layer's weights as float32 arrays `(out, in)`; norms already carry Gemma's +1."""
+
+    attn_norm: F32
+    q: F32
+    k: F32
+    v: F32
+    o: F32
+    ffn_norm: F32
+    gate: F32
+    up: F32
+    down: F32
+    q_bias: F32 | None
+    k_bias: F32 | None
+    v_bias: F32 | None
+    q_norm: F32 | None
+    k_norm: F32 | None
+    post_attn_norm: F32 | None
+    post_ffn_norm: F32 | None
+
+    @staticmethod
+    def of(lw: LayerWeights, ffn: tuple[F32, F32, F32] | None = None) -> DenseLayer:
+        gate, up, down = ffn if ffn is not None else (lw.gate.dequantize(), lw.up.dequantize(), lw.down.dequantize())
+        return DenseLayer(lw.attn_norm, lw.q.dequantize(), lw.k.dequantize(), lw.v.dequantize(), lw.o.dequantize(),
+                          lw.ffn_norm, gate, up, down, lw.q_bias, lw.k_bias, lw.v_bias, lw.q_norm, lw.k_norm,
+                          lw.post_attn_norm, lw.post_ffn_norm)
+
+
+# -- one context: a token sequence whose positions from `start` on depend on the injected vectors ------
+
+
+@dataclass
+class TailContext:
+    """A prompt run through the tail. Positions `start..` are recomputed each step; `resid` is the
+    residual entering the first tail layer's MLP (its `hook_resid_mid`) at those positions."""
+
+    ids: I64  # (T,) the whole sequence, for positions
+    start: int  # first position the injected vectors reach (the subject's last token)
+    resid: F32  # (T - start, hidden)
+    inject_rows: I64 = field(default_factory=lambda: np.zeros(1, np.int64))  # rows of the suffix that get delta
+    prefix_kv: list[tuple[F32, F32]] = field(default_factory=list)  # per tail layer above the first: (K, V) `(start, n_kv, d)`
+
+    @property
+    def n(self) -> int:
+        return len(self.ids) - self.start
+
+
+@dataclass
+class _Saved:
+    """What one layer's forward keeps for its backward (over the stacked suffix rows)."""
+
+    x_in: F32 | None = None
+    attn: dict[str, object] = field(default_factory=dict)
+    mlp: dict[str, object] = field(default_factory=dict)
+
+
+class Tail:
+    """Layers `first..` of a model as a differentiable function of vectors added to some of their MLP
+    outputs (before Gemma's post-FFN norm) at the subject rows of each context."""
+
+    def __init__(self, cfg: ModelConfig, weights: Weights, first: int, ffn: FFNMatrices | None = None,
+                 layers: dict[int, DenseLayer] | None = None) -> None:
+        self.cfg, self.w, self.first = cfg, weights, first
+        self.layers = layers if layers is not None else {}
+        for i in range(first, cfg.n_layers):
+            if i not in self.layers:
+                self.layers[i] = DenseLayer.of(weights.layers[i], ffn(i) if ffn is not None else None)
+
+    # -- attention -----------------------------------------------------------------------------
+
+    def _qkv(self, i: int, dl: DenseLayer, h: F32, positions: I64) -> tuple[F32, F32, F32, dict[str, object]]:
+        cfg = self.cfg
+        t = h.shape[0]
+        q = h @ dl.q.T  # (T, n_heads*d)
+        k = h @ dl.k.T  # (T, n_kv*d)
+        v = h @ dl.v.T
+        if dl.q_bias is not None:
+            q, k, v = q + dl.q_bias, k + dl.k_bias, v + dl.v_bias
+        q = q.reshape(t, cfg.n_heads, cfg.head_dim)
+        k = k.reshape(t, cfg.n_kv_heads, cfg.head_dim)
+        v = v.reshape(t, cfg.n_kv_heads, cfg.head_dim)
+        saved: dict[str, object] = {}
+        if cfg.qk_norm:
+            assert dl.q_norm is not None and dl.k_norm is not None
+            q, saved["qn"], saved["qinv"] = _rms(q, dl.q_norm, cfg.norm_eps)
+            k, saved["kn"], saved["kinv"] = _rms(k, dl.k_norm, cfg.norm_eps)
+        cos, sin = rope_angles(cfg.layer_rope_base(i), cfg.head_dim, positions)
+        saved["cos"], saved["sin"] = cos, sin
+        return _rope(q, cos, sin, cfg.rope_interleaved), _rope(k, cos, sin, cfg.rope_interleaved), v, saved
+
+    def _qkv_back(self, dl: DenseLayer, h: F32, saved: dict[str, object], dq: F32, dk: F32, dv: F32) -> F32:
+        cfg = self.cfg
+        cos, sin = saved["cos"], saved["sin"]
+        dq = _rope(dq, cos, -sin, cfg.rope_interleaved)  # type: ignore[arg-type, operator]
+        dk = _rope(dk, cos, -sin, cfg.rope_interleaved)  # type: ignore[arg-type, operator]
+        if cfg.qk_norm:
+            dq = _rms_back(dq, dl.q_norm, saved["qn"], saved["qinv"])  # type: ignore[arg-type]
+            dk = _rms_back(dk, dl.k_norm, saved["kn"], saved["kinv"])  # type: ignore[arg-type]
+        t = h.shape[0]
+        return dq.reshape(t, -1) @ dl.q + dk.reshape(t, -1) @ dl.k + dv.reshape(t, -1) @ dl.v  # (T, hidden)
+
+    def _mask(self, i: int, qpos: I64, kpos: I64) -> NDArray[np.bool_]:
+        allowed = kpos[None, :] <= qpos[:, None]  # (n, S)
+        window = self.cfg.layer_window(i)
+        if window:
+            allowed &= (qpos[:, None] - kpos[None, :]) < window
+        return allowed
+
+    def _attend(self, i: int, q: F32, keys: F32, values: F32, qpos: I64) -> tuple[F32, dict[str, object]]:
+        """q `(n, H, d)` at positions qpos; keys/values `(S, n_kv, d)` at positions 0..S-1 -> z `(n, H*d)`."""
+        cfg = self.cfg
+        group = cfg.n_heads // cfg.n_kv_heads
+        kx = np.repeat(keys, group, axis=1)  # (S, H, d)
+        vx = np.repeat(values, group, axis=1)
+        scores = np.einsum("nhd,shd->hns", q, kx) * np.float32(cfg.attn_scale)  # (H, n, S)
+        capped = None
+        if cfg.attn_softcap:
+            capped = np.tanh(scores / np.float32(cfg.attn_softcap))
+            scores = capped * np.float32(cfg.attn_softcap)
+        allowed = self._mask(i, qpos, np.arange(keys.shape[0]))
+        scores = np.where(allowed[None], scores, np.float32(-np.inf))
+        scores = scores - scores.max(axis=-1, keepdims=True)
+        p = np.exp(scores)
+        p /= p.sum(axis=-1, keepdims=True)  # (H, n, S)
+        z = np.einsum("hns,shd->nhd", p, vx)  # (n, H, d)
+        return z.reshape(len(qpos), -1), {"p": p, "kx": kx, "vx": vx, "q": q, "capped": capped}
+
+    def _attend_back(self, dz: F32, s: dict[str, object]) -> tuple[F32, F32, F32]:
+        """-> dq `(n, H, d)`, dK and dV `(S, n_kv, d)` over all key positions."""
+        cfg = self.cfg
+        p, kx, vx, q = s["p"], s["kx"], s["vx"], s["q"]
+        n = dz.shape[0]
+        dz = dz.reshape(n, cfg.n_heads, cfg.head_dim)
+        dp = np.einsum("nhd,shd->hns", dz, vx)  # (H, n, S)
+        dvx = np.einsum("hns,nhd->shd", p, dz)  # (S, H, d)
+        ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True))  # type: ignore[operator]
+        if s["capped"] is not None:
+            ds = ds * (np.float32(1.0) - s["capped"] ** 2)  # type: ignore[operator]
+        ds = ds * np.float32(cfg.attn_scale)
+        dq = np.einsum("hns,shd->nhd", ds, kx)
+        dkx = np.einsum("hns,nhd->shd", ds, q)
+        group = cfg.n_heads // cfg.n_kv_heads
+        sh = dkx.shape
+        dk = dkx.reshape(sh[0], cfg.n_kv_heads, group, sh[2]).sum(axis=2)
+        dv = dvx.reshape(sh[0], cfg.n_kv_heads, group, sh[2]).sum(axis=2)
+        return dq, dk, dv
+
+    # -- whole layers over the stacked suffixes ------------------------------------------------
+
+    def _attention(self, i: int, dl: DenseLayer, x: F32, ctxs: Sequence[TailContext], slot: int,
+                   sv: _Saved) -> F32:
+        cfg = self.cfg
+        h, hn, hinv = _rms(x, dl.attn_norm, cfg.norm_eps)
+        positions = np.concatenate([np.arange(c.start, len(c.ids)) for c in ctxs])
+        q, k, v, qkv_saved = self._qkv(i, dl, h, positions)
+        zs, per = [], []
+        row = 0
+        for c in ctxs:
+            pk, pv = c.prefix_kv[slot]
+            sl = slice(row, row + c.n)
+            z, s = self._attend(i, q[sl], np.concatenate([pk, k[sl]]), np.concatenate([pv, v[sl]]),
+                                np.arange(c.start, len(c.ids)))
+            zs.append(z)
+            per.append(s)
+            row += c.n
+        z = np.concatenate(zs)  # (N, H*d)
+        a = z @ dl.o.T  # (N, hidden)
+        sv.attn = {"h": h, "hn": hn, "hinv": hinv, "qkv": qkv_saved, "per": per, "z": z}
+        if dl.post_attn_norm is not None:
+            a, sv.attn["an"], sv.attn["ainv"] = _rms(a, dl.post_attn_norm, cfg.norm_eps)
+        return a
+
+    def _attention_back(self, dl: DenseLayer, da: F32, ctxs: Sequence[TailContext], sv: _Saved) -> F32:
+        s = sv.attn
+        if dl.post_attn_norm is not None:
+            da = _rms_back(da, dl.post_attn_norm, s["an"], s["ainv"])  # type: ignore[arg-type]
+        dz = da @ dl.o  # (N, H*d)
+        dqs, dks, dvs = [], [], []
+        row = 0
+        for c, per in zip(ctxs, s["per"]):  # type: ignore[call-overload]
+            dq, dk, dv = self._attend_back(dz[row: row + c.n], per)
+            dqs.append(dq)
+            dks.append(dk[c.start:])  # the prefix's keys and values are constants
+            dvs.append(dv[c.start:])
+            row += c.n
+        dh = self._qkv_back(dl, s["h"], s["qkv"], np.concatenate(dqs), np.concatenate(dks),  # type: ignore[arg-type]
+                            np.concatenate(dvs))
+        return _rms_back(dh, dl.attn_norm, s["hn"], s["hinv"])  # type: ignore[arg-type]
+
+    def _mlp(self, dl: DenseLayer, x: F32, sv: _Saved) -> F32:
+        h, hn, hinv = _rms(x, dl.ffn_norm, self.cfg.norm_eps)
+        g = h @ dl.gate.T  # (N, ffn)
+        u = h @ dl.up.T
+        a, da = _act(self.cfg.activation, g)
+        sv.mlp = {"h": h, "hn": hn, "hinv": hinv, "a": a, "da": da, "u": u}
+        return (a * u) @ dl.down.T  # (N, hidden), before any post-FFN norm
+
+    def _mlp_back(self, dl: DenseLayer, dm: F32, sv: _Saved) -> F32:
+        s = sv.mlp
+        dact = dm @ dl.down  # (N, ffn)
+        dg = dact * s["u"] * s["da"]  # type: ignore[operator]
+        du = dact * s["a"]  # type: ignore[operator]
+        dh = dg @ dl.gate + du @ dl.up
+        return _rms_back(dh, dl.ffn_norm, s["hn"], s["hinv"])  # type: ignore[arg-type]
+
+    # -- the tail ------------------------------------------------------------------------------
+
+    def prepare(self, ctxs: Sequence[TailContext], full_resid: Sequence[F32]) -> None:
+        """Fill each context's prefix keys/values for the layers above `first`, from the residual
+        entering `first`'s MLP at ALL its positions (`full_resid[c]`, `(T, hidden)`), with nothing
+        injected. Runs the tail once over whole sequences."""
+        for c, resid in zip(ctxs, full_resid):
+            full = TailContext(c.ids, 0, resid, np.zeros(0, np.int64), [])
+            x = resid
+            sv = _Saved()
+            x = x + self._post_ffn(self.layers[self.first], self._mlp(self.layers[self.first], x, sv))
+            c.prefix_kv = []
+            for slot, i in enumerate(range(self.first + 1, self.cfg.n_layers)):
+                dl = self.layers[i]
+                h, _, _ = _rms(x, dl.attn_norm, self.cfg.norm_eps)
+                _, k, v, _ = self._qkv(i, dl, h, np.arange(len(c.ids)))
+                c.prefix_kv.append((k[: c.start].copy(), v[: c.start].copy()))
+                full.prefix_kv = [(k[:0], v[:0])] * (slot + 1)
+                a = self._attention(i, dl, x, [full], slot, _Saved())
+                x = x + a
+                x = x + self._post_ffn(dl, self._mlp(dl, x, _Saved()))
+
+    def _post_ffn(self, dl: DenseLayer, m: F32, sv: _Saved | None = None) -> F32:
+        if dl.post_ffn_norm is None:
+            return m
+        y, n, inv = _rms(m, dl.post_ffn_norm, self.cfg.norm_eps)
+        if sv is not None:
+            sv.mlp["pn"], sv.mlp["pinv"] = n, inv
+        return y
+
+    def forward(self, ctxs: Sequence[TailContext], deltas: dict[int, F32]) -> tuple[F32, list[_Saved]]:
+        """The final-normed residual `(N, hidden)` at every suffix row (contexts stacked in order),
+        with `deltas[layer]` `(hidden,)` added to that layer's MLP output at each context's inject rows."""
+        cfg = self.cfg
+        x = np.concatenate([c.resid for c in ctxs]).astype(np.float32)  # (N, hidden)
+        offsets = np.cumsum([0] + [c.n for c in ctxs])[:-1]
+        rows = np.concatenate([off + c.inject_rows for off, c in zip(offsets, ctxs)]).astype(np.int64)
+        saves = []
+        for slot, i in enumerate(range(self.first, cfg.n_layers)):
+            dl, sv = self.layers[i], _Saved()
+            if i > self.first:
+                sv.x_in = x
+                x = x + self._attention(i, dl, x, ctxs, slot - 1, sv)
+            m = self._mlp(dl, x, sv)
+            if i in deltas:
+                m = m.copy()
+                m[rows] += deltas[i]
+            x = x + self._post_ffn(dl, m, sv)
+            saves.append(sv)
+        y, n, inv = _rms(x, self.w.output_norm, cfg.norm_eps)
+        saves.append(_Saved(mlp={"n": n, "inv": inv}))
+        return y, saves
+
+    def backward(self, ctxs: Sequence[TailContext], deltas: dict[int, F32], saves: list[_Saved],
+                 dy: F32) -> dict[int, F32]:
+        """d loss / d deltas[layer] for every injected layer, from d loss / d (final-normed rows) `dy`."""
+        cfg = self.cfg
+        offsets = np.cumsum([0] + [c.n for c in ctxs])[:-1]
+        rows = np.concatenate([off + c.inject_rows for off, c in zip(offsets, ctxs)]).astype(np.int64)
+        fin = saves[-1].mlp
+        dx = _rms_back(dy, self.w.output_norm, fin["n"], fin["inv"])  # type: ignore[arg-type]
+        grads: dict[int, F32] = {}
+        for slot in range(cfg.n_layers - self.first - 1, -1, -1):
+            i = self.first + slot
+            dl, sv = self.layers[i], saves[slot]
+            dm = dx
+            if dl.post_ffn_norm is not None:
+                dm = _rms_back(dx, dl.post_ffn_norm, sv.mlp["pn"], sv.mlp["pinv"])  # type: ignore[arg-type]
+            if i in deltas:
+                grads[i] = dm[rows].sum(axis=0)
+            if i == self.first:
+                break  # the residual entering the first MLP is a constant
+            dx = dx + self._mlp_back(dl, dm, sv)
+            dx = dx + self._attention_back(dl, dx, ctxs, sv)
+        return grads
