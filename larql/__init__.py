@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from larql.model import Model, load
+from larql.model.load import load
+from larql.model.model import Model
 
 __version__ = "0.1.0"
 

@@ -104,7 +104,7 @@ def _progress_bars(console: object, disable: bool = False) -> tuple[object, obje
 def cmd_extract(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from larql.vindex import extract
+    from larql.vindex.extract import extract
 
     _threads(args.threads)
     console = Console(stderr=True)
@@ -119,7 +119,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from larql.vindex import open_vindex
+    from larql.vindex.store import open_vindex
 
     v = open_vindex(args.path)
     bad = v.verify()
@@ -155,9 +155,9 @@ def cmd_lql(args: argparse.Namespace) -> int:
     bar, report = _progress_bars(Console(stderr=True), disable=args.json)
     session = Session(source=text, progress=report)
     if args.vindex:
-        from larql.vindex import open_vindex
+        from larql.edit.view import edit_vindex
 
-        session.vindex = open_vindex(args.vindex)
+        session.vindex = edit_vindex(args.vindex)
     for stmt in parse(text):
         if args.plan:
             print(plan(stmt, session).to_text())

@@ -77,11 +77,10 @@ def load(src: str | Path) -> Model:
 
 
 def _load_vindex(name: str, path: Path) -> Model:
-    """Run a model from an inference-level vindex alone, its FFN as the walk FFN (the vindex package
-    is imported lazily: model/ does not depend on vindex/)."""
-    from larql.vindex.store import open_vindex
+    """Run a model from an inference-level vindex alone, its FFN as the walk FFN."""
+    from larql.edit.view import edit_vindex
 
-    return open_vindex(path).model()
+    return edit_vindex(path).model()
 
 
 def _load_gguf(name: str, path: Path) -> Model:

@@ -16,14 +16,12 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from larql.edit.overlay import FeatureOverride, PatchOverlay
 from larql.errors import VindexError
-from larql.model.config import ModelConfig
 from larql.model.ffn import FeatureVectors
 from larql.model.model import Model
-from larql.model.weights import load_weights
-from larql.vindex.overlay import FeatureOverride, PatchOverlay
-from larql.vindex.store import Vindex, open_vindex
-from larql.vindex.weights import VindexWeightSource
+from larql.vindex.runtime import carried_model
+from larql.vindex.store import open_vindex
 
 F32 = NDArray[np.float32]
 
@@ -50,31 +48,11 @@ class OverlayEdits:
         return None  # the overlay edits features, not whole matrices
 
 
-def vindex_model(vindex: Vindex, top_k: int | None = None, overlay: PatchOverlay | None = None) -> Model:
-    """The model an inference-level vindex carries, its FFN the walk FFN over `overlay` (default: the
-    vindex's own overlay, so edits made through it show up at once)."""
-    if not vindex.has_model_weights:
-        raise VindexError(f"{vindex.path}: a browse-level vindex has no model weights; "
-                          f"re-extract with --level inference to run the model from it")
-    mc = dict(vindex.index["model_config"])
-    mc["global_layers"] = tuple(mc["global_layers"])
-    try:
-        cfg = ModelConfig(**mc)
-    except TypeError as e:
-        raise VindexError(f"{vindex.path / 'index.json'}: model_config does not describe a model this larql "
-                          f"runs ({e})") from e
-    if vindex.num_layers != cfg.n_layers or vindex.hidden != cfg.hidden:
-        raise VindexError(f"{vindex.path}: this vindex does not match the model "
-                          f"({vindex.num_layers} layers x {vindex.hidden} vs {cfg.n_layers} x {cfg.hidden})")
-    weights = load_weights(VindexWeightSource(vindex.path), cfg)
-    edits = OverlayEdits(overlay if overlay is not None else vindex.overlay, top_k)
-    return Model(vindex.index["model"], vindex.path, cfg, weights, vindex.tokenizer, edits)
-
-
 def walk_model(vindex_path: str | Path, top_k: int | None = None,
                overrides: dict[tuple[int, int], FeatureOverride] | None = None) -> Model:
-    """A model over the vindex at `vindex_path` with its own overlay holding `overrides`."""
+    """A model over the vindex at `vindex_path`, its FFN the walk over a fresh overlay holding
+    `overrides` (for experiments and benchmarks; LQL and `larql.load` go through EditableVindex)."""
     v = open_vindex(vindex_path)
     overlay = PatchOverlay(v.num_layers, int(v.index["intermediate_size"]), v.hidden)
     overlay.update(overrides or {})
-    return vindex_model(v, top_k, overlay)
+    return carried_model(v, OverlayEdits(overlay, top_k))
