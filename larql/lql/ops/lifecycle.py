@@ -14,7 +14,7 @@ from larql.vindex.store import open_vindex
 
 def use(stmt: ast.UseStmt, session: Session, result: Result) -> None:
     if stmt.kind == "model":
-        from larql.model.load import load
+        from larql import load  # the facade: USE MODEL also takes a vindex (its walk FFN model)
 
         session.model = load(stmt.target)
         result.notes.append(f"Using model: {session.model!r}")
