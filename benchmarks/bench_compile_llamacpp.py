@@ -25,12 +25,12 @@ def main() -> None:
     args = parser.parse_args()
     from llama_cpp import Llama
 
+    from larql.edit import feature_insert as edit
+    from larql.edit.compile import compile_gguf
+    from larql.edit.view import edit_vindex
     from larql.model.generate import log_softmax
-    from larql.vindex import edit
-    from larql.vindex.compile import compile_gguf
-    from larql.vindex.store import open_vindex
 
-    v = open_vindex(args.vindex)
+    v = edit_vindex(args.vindex)
     report = edit.insert(v, "Atlantis", "capital", "Poseidon")
     m = v.model()
     rows = {}

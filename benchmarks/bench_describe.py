@@ -33,20 +33,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vindex", help="an inference-level gemma3-270m vindex (extracted if omitted)")
     args = parser.parse_args()
-    from larql.vindex import extract, open_vindex
+    import larql
+    from larql.vindex.extract import extract
+    from larql.vindex.store import open_vindex
     from larql.vindex.describe import describe
 
     path = args.vindex
     if path is None:
         path = extract("gemma3-270m", Path(tempfile.mkdtemp()) / "g.vindex", level="inference")
     v = open_vindex(path)
+    model = larql.load(path)  # probe edges ask the model the vindex carries
     facts = json.loads(FACTS.read_text())["facts"]
     rows, counts, times = [], {"raw": 0, "contrastive": 0, "full": 0}, []
     for fact in facts:
         raw = describe(v, fact["entity"], probes=False, contrastive=False)
         con = describe(v, fact["entity"], probes=False)
         t0 = time.perf_counter()
-        full = describe(v, fact["entity"])
+        full = describe(v, fact["entity"], model=model)
         times.append(time.perf_counter() - t0)
         hit = {"raw": surfaced(raw.edges, fact), "contrastive": surfaced(con.edges, fact), "full": surfaced(full.edges, fact)}
         for key, ok in hit.items():

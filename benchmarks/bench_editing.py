@@ -43,12 +43,12 @@ def main() -> None:
     parser.add_argument("--vindex", required=True, help="an inference-level vindex of gemma3-270m")
     parser.add_argument("--limit", type=int, default=0)
     args = parser.parse_args()
+    from larql.edit import feature_insert as edit
+    from larql.edit.view import edit_vindex
     from larql.model.generate import log_softmax
-    from larql.vindex import edit
     from larql.vindex.probes import TEMPLATES, probe_prompt
-    from larql.vindex.store import open_vindex
 
-    v = open_vindex(args.vindex)
+    v = edit_vindex(args.vindex)
     m = v.model()
     cases = counterfacts(json.loads(FACTS.read_text())["facts"])
     if args.limit:

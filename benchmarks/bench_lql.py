@@ -50,7 +50,8 @@ def executor_overhead_us() -> float:
 
     from larql.lql.executor import run_statement
     from larql.lql.session import Session
-    from larql.vindex import extract, open_vindex
+    from larql.vindex.extract import extract
+    from larql.vindex.store import open_vindex
 
     sys_path = str(Path(__file__).resolve().parents[1])
     import sys

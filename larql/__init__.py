@@ -1,9 +1,82 @@
-"""larql: a language model as a database."""
+"""larql: a language model as a database.
+
+The facade, and the only module that knows a path may be a vindex, a GGUF file or an HF directory:
+
+    larql.load(src)          a Model: alias / .gguf / HF directory, or a vindex (its walk FFN over an
+                             editable view, so patches applied to the view show in the model)
+    larql.open_vindex(path)  the read-only store (vindex.store.Vindex)
+    larql.edit_vindex(path)  the editable view (edit.view.EditableVindex: store + overlay + patches)
+
+Everything resolves on first use (PEP 562): `import larql` loads no numpy, numba or faiss, and LQL
+parsing and planning never load the numba runtime.
+"""
 
 from __future__ import annotations
 
-from larql.model import Model, load
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from larql.version import __version__
 
-__all__ = ["Model", "__version__", "load"]
+if TYPE_CHECKING:
+    from larql.edit.view import EditableVindex
+    from larql.model.model import Model
+    from larql.vindex.store import Vindex
+
+__all__ = ["EditableVindex", "Model", "Vindex", "__version__", "edit_vindex", "load", "open_vindex"]
+
+_CLASSES = {"Model": "larql.model.model", "Vindex": "larql.vindex.store", "EditableVindex": "larql.edit.view"}
+
+
+def load(src: str | Path) -> Model:
+    """Load a model: a bundled alias (`gemma3-270m`, `smollm2-135m`), a GGUF file, an HF directory,
+    or an inference-level vindex directory (the model it carries, its FFN the walk FFN over an
+    editable view of the vindex; `.dense()` is the same model without it).
+
+    Weights stay memory-mapped in their stored quantization; nothing is dequantized up front.
+
+    Example:
+        >>> m = larql.load("gemma3-270m")
+        >>> m.generate("The capital of France is", max_new_tokens=4).text
+    """
+    from larql.model.load import resolve
+
+    name, path = resolve(src)
+    if path.is_dir() and (path / "index.json").is_file():
+        return edit_vindex(path).model()
+    from larql.model.load import load_path
+
+    return load_path(name, path)
+
+
+def open_vindex(path: str | Path) -> Vindex:
+    """Open a vindex read-only (validated: index.json against its schema, file sizes, headers).
+
+    Example:
+        >>> v = larql.open_vindex("g.vindex")
+        >>> v.gate_knn(10, v.entity_embedding("France"), k=5)
+    """
+    from larql.vindex.store import open_vindex as open_store
+
+    return open_store(path)
+
+
+def edit_vindex(path: str | Path) -> EditableVindex:
+    """Open a vindex for editing: the read-only store wrapped in an EditableVindex, whose overlay
+    (empty at first) INSERT / DELETE / UPDATE / APPLY PATCH fill; the files are never written.
+
+    Example:
+        >>> v = larql.edit_vindex("g.vindex")
+        >>> v.patches.apply("fiction.vlp"); v.model().generate("The capital of Atlantis is", 3).text
+    """
+    from larql.edit.view import edit_vindex as open_view
+
+    return open_view(path)
+
+
+def __getattr__(name: str) -> Any:
+    home = _CLASSES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'larql' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

@@ -8,7 +8,8 @@ import json
 import os
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
+from pathlib import Path
 
 from larql.errors import LarqlError
 
@@ -104,7 +105,7 @@ def _progress_bars(console: object, disable: bool = False) -> tuple[object, obje
 def cmd_extract(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from larql.vindex import extract
+    from larql.vindex.extract import extract
 
     _threads(args.threads)
     console = Console(stderr=True)
@@ -119,7 +120,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from larql.vindex import open_vindex
+    from larql.vindex.store import open_vindex
 
     v = open_vindex(args.path)
     bad = v.verify()
@@ -133,7 +134,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_lql(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from larql.lql.executor import run_statement
     from larql.lql.parser import parse
     from larql.lql.planner import plan
     from larql.lql.session import Session
@@ -145,7 +145,7 @@ def cmd_lql(args: argparse.Namespace) -> int:
         return 2
     if args.file is not None:
         try:
-            text = open(args.file, encoding="utf-8").read()
+            text = Path(args.file).read_text(encoding="utf-8")
         except OSError as e:
             sys.stderr.write(f"larql: error: {args.file}: cannot read ({e.strerror})\n")
             return 1
@@ -155,13 +155,17 @@ def cmd_lql(args: argparse.Namespace) -> int:
     bar, report = _progress_bars(Console(stderr=True), disable=args.json)
     session = Session(source=text, progress=report)
     if args.vindex:
-        from larql.vindex import open_vindex
+        from larql.edit.view import edit_vindex
 
-        session.vindex = open_vindex(args.vindex)
+        session.vindex = edit_vindex(args.vindex)
     for stmt in parse(text):
         if args.plan:
             print(plan(stmt, session).to_text())
             continue
+        from larql.lql.executor import (
+            run_statement,  # the runtime (numba) loads only to run, not to plan
+        )
+
         with bar:  # type: ignore[attr-defined]  # shows bars only while a long statement reports progress
             results = run_statement(stmt, session)
         for result in results:

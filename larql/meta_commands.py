@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from larql.errors import LarqlError
 
@@ -78,11 +78,11 @@ _register_toggle("plan", "print each statement's plan instead of running it")
 
 @META.command(".use", ".use PATH", "open a vindex (same as USE \"PATH\";)")
 def _use(state: ReplState, arg: str, session: object) -> str:
-    from larql.vindex import open_vindex
+    from larql.edit.view import edit_vindex
 
     if not arg:
         raise LarqlError(".use needs a vindex path")
-    session.vindex = open_vindex(arg)  # type: ignore[attr-defined]
+    session.vindex = edit_vindex(arg)  # type: ignore[attr-defined]
     return f"Using: {session.describe_backend()}"  # type: ignore[attr-defined]
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from prompt_toolkit import PromptSession
 from prompt_toolkit.completion import Completer, Completion
@@ -117,9 +118,9 @@ def run_repl(vindex: str | None = None, input: Any = None, output: Any = None, c
     state = ReplState()
     console = console or Console()
     if vindex:
-        from larql.vindex import open_vindex
+        from larql.edit.view import edit_vindex
 
-        session.vindex = open_vindex(vindex)
+        session.vindex = edit_vindex(vindex)
         console.print(f"Using: {session.describe_backend()}", markup=False, highlight=False)
     history = FileHistory(str(history_path())) if persistent_history else InMemoryHistory()
     prompt: PromptSession[str] = PromptSession(

@@ -50,7 +50,7 @@ def gemma() -> larql.Model:
 @pytest.fixture(scope="session")
 def gemma_vindex(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Gemma 3 270M extracted at the inference level (about a minute, once per run)."""
-    from larql.vindex import extract
+    from larql.vindex.extract import extract
 
     return extract("gemma3-270m", tmp_path_factory.mktemp("real") / "g.vindex", level="inference")
 

@@ -1,16 +1,17 @@
-"""Session: what a run of LQL statements shares — the vindex in use and the source text."""
+"""Session: what a run of LQL statements shares — the vindex in use (an editable view: the
+read-only store plus its patch overlay) and the source text."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from larql.vindex.store import Vindex
+from larql.edit.view import EditableVindex
 
 
 @dataclass
 class Session:
-    vindex: Vindex | None = None
+    vindex: EditableVindex | None = None  # set by USE / EXTRACT
     model: Any = None  # a larql.Model set by USE MODEL
     source: str = ""  # the LQL text being run (for error carets)
     progress: Any = None  # callable(stage, done, total) for long statements, or None

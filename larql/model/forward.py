@@ -13,14 +13,12 @@ from numpy.typing import NDArray
 from larql.model import fused
 from larql.model.attention import KVCache, RopeTable, apply_rope, attention
 from larql.model.config import ModelConfig
-from larql.model.hooks import HookFns, LayerHookNames, layer_hook_names
+from larql.model.ffn import FFN, FFNEdits
+from larql.model.hooks import HookFns, LayerHookNames, layer_hook_names, run_hook
 from larql.model.weights import LayerWeights, Weights
 
 F32 = NDArray[np.float32]
 Hooks = HookFns  # compiled hook functions: name -> fn(x, name, start), see hooks.compile_spec
-
-_GELU_C = np.float32(np.sqrt(2.0 / np.pi))
-
 
 def rms_norm(x: F32, weight: F32, eps: float) -> F32:
     """x `(..., n)` / rms(x) * weight; weight already includes Gemma's +1."""
@@ -32,35 +30,12 @@ def rms_norm(x: F32, weight: F32, eps: float) -> F32:
     return out
 
 
-def gelu_tanh(x: F32) -> F32:
-    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(_GELU_C * (x + np.float32(0.044715) * x * x * x)))
-
-
-def silu(x: F32) -> F32:
-    return x / (np.float32(1.0) + np.exp(-x))
-
-
-def gated(activation: str, gate: F32, up: F32) -> F32:
-    """act(gate) * up for activation "gelu_tanh" or "silu", `(T, ffn)` in and out. numpy, not numba:
-    numpy's tanh/exp are vectorized, numba's call libm per element (3.5x slower here)."""
-    return (gelu_tanh(gate) if activation == "gelu_tanh" else silu(gate)) * up
-
-
-def _hook(hooks: Hooks, name: str, x: F32, start: int) -> F32:
-    fn = hooks.get(name)
-    if fn is None:
-        return x
-    out = fn(x, name, start)
-    return x if out is None else out
-
-
 class Forward:
     """Runs the layers of one model over a KV cache."""
 
-    def __init__(self, cfg: ModelConfig, weights: Weights, ffn: object | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, weights: Weights, edits: FFNEdits | None = None) -> None:
         self.cfg, self.w = cfg, weights
-        # an alternative FFN (e.g. the vindex walk FFN): called as ffn(layer, h, hooks, start) -> (T, hidden)
-        self.ffn = ffn
+        self.ffn = FFN(cfg, weights, edits)  # edits: None for the dense FFN, else e.g. the vindex's overlay
         self.names: tuple[LayerHookNames, ...] = layer_hook_names(cfg.n_layers)
         self.ropes = {base: RopeTable(base, cfg.head_dim) for base in {cfg.rope_base, cfg.rope_base_local}}
 
@@ -90,54 +65,41 @@ class Forward:
         q = apply_rope(q, cos, sin, cfg.rope_interleaved)
         k = apply_rope(k, cos, sin, cfg.rope_interleaved)
         if hooks:
-            q, k, v = _hook(hooks, n.q, q, start), _hook(hooks, n.k, k, start), _hook(hooks, n.v, v, start)
+            q, k, v = run_hook(hooks, n.q, q, start), run_hook(hooks, n.k, k, start), run_hook(hooks, n.v, v, start)
         keys, values = cache.write(i, start, k, v)  # (n_kv, S, d) each
         scores_hook = pattern_hook = None
         if hooks:
             if n.scores in hooks:
-                scores_hook = lambda x: _hook(hooks, n.scores, x, start)  # noqa: E731
+                scores_hook = lambda x: run_hook(hooks, n.scores, x, start)
             if n.pattern in hooks:
-                pattern_hook = lambda x: _hook(hooks, n.pattern, x, start)  # noqa: E731
+                pattern_hook = lambda x: run_hook(hooks, n.pattern, x, start)
         z = attention(q, keys, values, start, cfg.attn_scale, cfg.layer_window(i), cfg.attn_softcap,
                       scores_hook, pattern_hook)  # (T, n_heads*d)
         out = lw.o.matmul(z)  # (T, hidden)
         if hooks:
-            out = _hook(hooks, n.attn_out, out, start)
+            out = run_hook(hooks, n.attn_out, out, start)
         return out
 
     def mlp_block(self, i: int, lw: LayerWeights, x: F32, hooks: Hooks | None, start: int) -> F32:
-        n = self.names[i]
         h = rms_norm(x, lw.ffn_norm, self.cfg.norm_eps)  # (T, hidden)
-        if self.ffn is not None:
-            out = self.ffn(i, h, hooks, start)  # type: ignore[operator]
-            return _hook(hooks, n.mlp_out, out, start) if hooks else out
-        gate = lw.gate.matmul(h)  # (T, ffn)
-        if hooks:
-            gate = _hook(hooks, n.mlp_pre, gate, start)
-        act = gated(self.cfg.activation, gate, lw.up.matmul(h))  # (T, ffn) act(gate) * up
-        if hooks:
-            act = _hook(hooks, n.mlp_post, act, start)
-        out = lw.down.matmul(act)  # (T, hidden)
-        if hooks:
-            out = _hook(hooks, n.mlp_out, out, start)
-        return out
+        return self.ffn(i, h, hooks, start)  # (T, hidden)
 
     def layer(self, i: int, x: F32, cache: KVCache, start: int, hooks: Hooks | None) -> F32:
         lw, n, eps = self.w.layers[i], self.names[i], self.cfg.norm_eps
         if hooks:
-            x = _hook(hooks, n.resid_pre, x, start)
+            x = run_hook(hooks, n.resid_pre, x, start)
         a = self.attention_block(i, lw, x, cache, start, hooks)  # (T, hidden)
         if lw.post_attn_norm is not None:
             a = rms_norm(a, lw.post_attn_norm, eps)
         x = x + a  # (T, hidden)
         if hooks:
-            x = _hook(hooks, n.resid_mid, x, start)
+            x = run_hook(hooks, n.resid_mid, x, start)
         m = self.mlp_block(i, lw, x, hooks, start)  # (T, hidden)
         if lw.post_ffn_norm is not None:
             m = rms_norm(m, lw.post_ffn_norm, eps)
         x = x + m  # (T, hidden)
         if hooks:
-            x = _hook(hooks, n.resid_post, x, start)
+            x = run_hook(hooks, n.resid_post, x, start)
         return x
 
     def __call__(self, ids: NDArray[np.int64], cache: KVCache, hooks: Hooks | None = None,
@@ -147,13 +109,13 @@ class Forward:
         cache.reserve(start + len(ids))
         x = self.embed(ids)  # (T, hidden)
         if hooks:
-            x = _hook(hooks, "hook_embed", x, start)
+            x = run_hook(hooks, "hook_embed", x, start)
         for i in range(self.cfg.n_layers):
             x = self.layer(i, x, cache, start, hooks)
         cache.length = start + len(ids)
         x = rms_norm(x if all_logits else x[-1], self.w.output_norm, self.cfg.norm_eps)  # (T|, hidden)
         if hooks:
-            x = _hook(hooks, "hook_final_norm", x, start)
+            x = run_hook(hooks, "hook_final_norm", x, start)
         logits = self.w.output.matmul(x)  # (T|, vocab)
         if self.cfg.final_softcap:
             cap = np.float32(self.cfg.final_softcap)

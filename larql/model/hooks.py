@@ -19,8 +19,9 @@ interventions address absolute token positions, so they mean the same through a 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, NamedTuple, Union
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -89,7 +90,7 @@ def hook_name(name: str | HookName, n_layers: int) -> HookName:
 
 # ---- interventions ------------------------------------------------------------------------------
 
-Positions = Union[int, tuple[int, ...], list[int], None]  # absolute token positions; None = all
+Positions = int | tuple[int, ...] | list[int] | None  # absolute token positions; None = all
 
 
 @dataclass(frozen=True)
@@ -138,10 +139,19 @@ def sparse_ffn(n_layers: int, k: int) -> dict[str, TopK]:
     return {f"blocks.{i}.mlp.hook_post": TopK(k) for i in range(n_layers)}
 
 
-Intervention = Union[Replace, Add, Scale, Zero, Knockout, TopK, Callable[[F32, str], "F32 | None"]]
-HookSpec = Mapping[Union[str, HookName], Union[Intervention, list]]
+Intervention = Replace | Add | Scale | Zero | Knockout | TopK | Callable[[F32, str], "F32 | None"]
+HookSpec = Mapping[str | HookName, Intervention | list]
 # the forward pass's internal form: name -> fn(x, name, start) returning a replacement or None
 HookFns = Mapping[str, Callable[[F32, str, int], "F32 | None"]]
+
+
+def run_hook(hooks: HookFns, name: str, x: F32, start: int) -> F32:
+    """x through the hook at `name`, if any: its return value replaces x unless it is None."""
+    fn = hooks.get(name)
+    if fn is None:
+        return x
+    out = fn(x, name, start)
+    return x if out is None else out
 
 
 def _rows(positions: Positions, start: int, t: int) -> NDArray[np.int64] | slice:

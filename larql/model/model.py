@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 from numpy.typing import NDArray
@@ -11,9 +11,16 @@ from numpy.typing import NDArray
 from larql.errors import ContextLengthError, ModelError
 from larql.model.attention import KVCache
 from larql.model.config import ModelConfig
+from larql.model.ffn import FFNEdits
 from larql.model.forward import Forward
-from larql.model.hooks import HookSpec, all_hook_names, capture_into, compile_spec, hook_name
 from larql.model.generate import Generation, SamplingParams, sample
+from larql.model.hooks import (
+    HookSpec,
+    all_hook_names,
+    capture_into,
+    compile_spec,
+    hook_name,
+)
 from larql.model.tokenizer import TextTokenizer
 from larql.model.weights import Weights
 
@@ -22,21 +29,24 @@ class Model:
     """A loaded model. Build one with `larql.load(src)`."""
 
     def __init__(self, name: str, source: Path, cfg: ModelConfig, weights: Weights, tokenizer: TextTokenizer,
-                 ffn: object | None = None) -> None:
+                 edits: FFNEdits | None = None) -> None:
         self.name, self.source, self.config = name, source, cfg
         self.weights, self.tokenizer = weights, tokenizer
-        # ffn: an alternative FFN such as the vindex walk FFN (see Forward); None is the dense FFN
-        self._forward = Forward(cfg, weights, ffn=ffn)
+        # edits: an FFN edit strategy (e.g. a vindex's patch overlay, see model/ffn.py); None is dense
+        self._forward = Forward(cfg, weights, edits)
 
     @property
-    def ffn(self) -> object | None:
-        return self._forward.ffn
+    def edits(self) -> FFNEdits | None:
+        """The FFN edit strategy this model runs with (None: the dense FFN)."""
+        return self._forward.ffn.edits
+
+    def with_edits(self, edits: FFNEdits | None) -> Model:
+        """This model (same weights, tokenizer) with another FFN edit strategy."""
+        return Model(self.name, self.source, self.config, self.weights, self.tokenizer, edits)
 
     def dense(self) -> Model:
         """This model with the plain dense FFN (same weights, no vindex walk, no patch overlay)."""
-        if self._forward.ffn is None:
-            return self
-        return Model(self.name, self.source, self.config, self.weights, self.tokenizer)
+        return self if self.edits is None else self.with_edits(None)
 
     def __repr__(self) -> str:
         c = self.config

@@ -1,8 +1,25 @@
-"""The vindex: a model's weights arranged as a queryable, memory-mapped database."""
+"""The vindex: a model's weights arranged as a queryable, memory-mapped, read-only database.
+
+Names resolve on first use (PEP 562): opening a store does not load extraction's numba kernels.
+Extraction is `larql.vindex.extract.extract` (a package attribute of that name would be shadowed by
+its submodule once imported, so the package does not export it).
+"""
 
 from __future__ import annotations
 
-from larql.vindex.extract import extract
-from larql.vindex.store import FeatureMeta, Vindex, open_vindex
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["FeatureMeta", "Vindex", "extract", "open_vindex"]
+if TYPE_CHECKING:
+    from larql.vindex.store import FeatureMeta, Vindex, open_vindex
+
+_HOMES = {"FeatureMeta": "larql.vindex.store", "Vindex": "larql.vindex.store", "open_vindex": "larql.vindex.store"}
+
+__all__ = ["FeatureMeta", "Vindex", "open_vindex"]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'larql.vindex' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

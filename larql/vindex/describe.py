@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
 
 import numpy as np
 
@@ -48,10 +49,14 @@ BASELINE_WORDS = ("the house water dog run blue happy music river city country p
                   "ocean letter").split()
 
 
+# per opened vindex (a store or an editable view), computed once; weak, so closing a vindex frees it
+_BASELINES: WeakKeyDictionary[object, np.ndarray] = WeakKeyDictionary()
+
+
 def baseline_query(v: Vindex) -> np.ndarray:
-    if "_describe_baseline" not in v.__dict__:
-        v.__dict__["_describe_baseline"] = np.mean([v.entity_embedding(w) for w in BASELINE_WORDS], axis=0)
-    return v.__dict__["_describe_baseline"]
+    if v not in _BASELINES:
+        _BASELINES[v] = np.mean([v.entity_embedding(w) for w in BASELINE_WORDS], axis=0)
+    return _BASELINES[v]
 
 
 def clean_token(token: str) -> str:
@@ -148,7 +153,9 @@ def describe(v: Vindex, entity: str, band: str | None = None, at_layer: int | No
              probes: bool = True, contrastive: bool = True) -> DescribeResult:
     """DESCRIBE "entity" [band] [AT LAYER n] [RELATIONS ONLY] [BRIEF|VERBOSE|RAW].
 
-    Probe edges run when `probes` is true and a model is given or the vindex has model weights.
+    `v` is a store or an editable view (anything with its browsing methods: down_meta, gate_knn,
+    entity_embedding, ...). Probe edges run when `probes` is true and a model is given: the model
+    the vindex carries (`larql.load(path)`, or an editable view's `model()`) or any other.
     """
     if band is not None and band not in (*BANDS, "all"):
         raise VindexError(f"unknown band {band!r} (choose syntax, knowledge, output or all)")
@@ -175,8 +182,8 @@ def describe(v: Vindex, entity: str, band: str | None = None, at_layer: int | No
     max_gate = max((e.score for e in edges), default=0.0)
     signal = "clean" if max_gate >= 20 else "moderate" if max_gate >= 10 else "diffuse" if edges else "none"
     result = DescribeResult(entity, True, signal, max_gate, by_band, layer_bands=bands)
-    if probes and (model is not None or v.has_model_weights):
+    if probes and model is not None:
         from larql.vindex.probes import probe_edges
 
-        result.probes = probe_edges(model if model is not None else v.model(), entity)
+        result.probes = probe_edges(model, entity)
     return result

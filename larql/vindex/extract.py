@@ -10,21 +10,21 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
 
 import numba
 import numpy as np
 from numba import njit, prange
 
-import larql
 from larql.errors import VindexError
 from larql.model import Model
 from larql.model.load import load, resolve
 from larql.model.weights import named_tensors
 from larql.quant import GGMLType, QuantMatrix
 from larql.quant.quantize import quantize_q4_k, quantize_q6_k
+from larql.version import __version__
 from larql.vindex import clusters, layout
 from larql.vindex.writer import VindexWriter
 
@@ -208,10 +208,10 @@ def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dty
             writer.text(layout.MANIFEST_FILE, json.dumps(manifest, indent=0))
 
         index = {
-            "format": layout.FORMAT_NAME, "version": layout.FORMAT_VERSION, "larql_version": larql.__version__,
+            "format": layout.FORMAT_NAME, "version": layout.FORMAT_VERSION, "larql_version": __version__,
             "model": model.name, "family": cfg.arch,
             "source": {"path": str(Path(source_path).resolve()), "sha256": source_sha, "size": source_size,
-                       "extracted_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
+                       "extracted_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")},
             "extract_level": level, "dtype": dtype, "quant": "none" if level == "browse" else quant,
             "num_layers": cfg.n_layers, "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn,
             "vocab_size": w.token_embd.n_rows, "embed_scale": cfg.embed_scale, "down_top_k": top_k,

@@ -7,13 +7,14 @@ import json
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import VindexError
-from larql.vindex import layout
+from larql.model.tokenizer import TextTokenizer
+from larql.vindex import knn, layout
 
 
 @lru_cache(maxsize=1)
@@ -53,7 +54,8 @@ class FeatureMeta:
 
 
 class Vindex:
-    """An opened vindex. Build one with `larql.open_vindex(path)`."""
+    """An opened vindex, read-only. Build one with `larql.open_vindex(path)`; edits go through an
+    editable view over it (`larql.edit.view.EditableVindex`), never into the store."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -74,6 +76,8 @@ class Vindex:
         self.dtype = np.dtype(layout.DTYPES[self.index["dtype"]])
         self.top_k: int = self.index["down_top_k"]
         self._maps: dict[str, np.memmap] = {}
+        self._gate_indexes: dict[int, Any] = {}  # layer -> faiss index of its gate vectors, built on first KNN
+        self._token_texts: dict[int, str] = {}  # token id -> its text, decoded once
         self._check_layers()
         self._check_down_meta_header()
 
@@ -172,32 +176,17 @@ class Vindex:
         return self._map(layout.EMBEDDINGS_FILE).view(self.dtype).reshape(self.vocab_size, self.hidden)
 
     def down_meta(self, layer: int) -> tuple[NDArray[np.uint32], NDArray[np.float32]]:
-        """(token ids `[features, top_k]`, scores `[features, top_k]`) for a layer, as the patch
-        overlay has it: edited rows replaced, deleted rows empty (zeros, as the format writes an
-        empty feature). Without edits on the layer these are read-only views of the file."""
+        """(token ids `[features, top_k]`, scores `[features, top_k]`) for a layer: read-only views of
+        the file (an editable view overlays its edits on these)."""
         e = self._layer(layer)
         n = e["num_features"] * self.top_k
         raw = self._map(layout.DOWN_META_FILE)[e["down_meta_offset"]: e["down_meta_offset"] + e["down_meta_length"]]
         ids = raw[: 4 * n].view("<u4").reshape(-1, self.top_k)
         scores = raw[4 * n:].view("<f4").reshape(-1, self.top_k)
-        overlay = self.__dict__.get("overlay")
-        if overlay is None:
-            return ids, scores
-        metas, gone = overlay.meta(layer), overlay.deleted(layer)
-        if not metas and not gone:
-            return ids, scores
-        ids, scores = ids.copy(), scores.copy()
-        for f in gone:
-            ids[f], scores[f] = 0, 0.0
-        for f, m in metas.items():
-            k = min(len(m.token_ids), self.top_k)
-            ids[f], scores[f] = 0, 0.0
-            ids[f, :k], scores[f, :k] = m.token_ids[:k], m.scores[:k]
         return ids, scores
 
     @cached_property
-    def tokenizer(self) -> Any:
-        from larql.model.tokenizer import TextTokenizer
+    def tokenizer(self) -> TextTokenizer:
         from tokenizers import Tokenizer
 
         tok = Tokenizer.from_file(str(self.path / layout.TOKENIZER_FILE))
@@ -212,7 +201,8 @@ class Vindex:
         return json.loads((self.path / layout.CLUSTERS_FILE).read_text())
 
     @cached_property
-    def _feature_clusters(self) -> dict[tuple[int, int], int]:
+    def feature_clusters(self) -> dict[tuple[int, int], int]:
+        """(layer, feature) -> relation cluster, for the features that were clustered."""
         if layout.FEATURE_CLUSTERS_FILE not in self.index["files"]:
             return {}
         out = {}
@@ -223,27 +213,19 @@ class Vindex:
 
     def feature_label(self, layer: int, feature: int) -> str | None:
         """The relation-cluster label of a feature, if it was clustered."""
-        c = self._feature_clusters.get((int(layer), int(feature)))
+        c = self.feature_clusters.get((int(layer), int(feature)))
         clusters = self.relation_clusters
         return None if c is None or clusters is None else clusters["labels"][c]
 
     def token_text(self, token_id: int) -> str:
         """How a token reads on its own, decoded once and remembered."""
-        cache: dict[int, str] = self.__dict__.setdefault("_token_texts", {})
-        text = cache.get(token_id)
+        text = self._token_texts.get(token_id)
         if text is None:
-            text = cache[token_id] = self.tokenizer.token_text(int(token_id))
+            text = self._token_texts[token_id] = self.tokenizer.token_text(int(token_id))
         return text
 
     def feature_meta(self, layer: int, feature: int) -> FeatureMeta:
-        n = self.num_features(layer)
-        if not isinstance(feature, (int, np.integer)) or not 0 <= feature < n:
-            raise VindexError(f"{self.path}: feature {feature} out of range 0..{n - 1} at layer {layer}")
-        ids, scores = self.down_meta(layer)
-        token_ids = tuple(int(t) for t in ids[feature])
-        return FeatureMeta(int(layer), int(feature), token_ids,
-                           tuple(self.token_text(t) for t in token_ids),
-                           tuple(float(s) for s in scores[feature]))
+        return feature_meta(self, layer, feature)
 
     def token_embedding(self, token_id: int, scaled: bool = True) -> NDArray[np.float32]:
         if not 0 <= token_id < self.vocab_size:
@@ -259,34 +241,15 @@ class Vindex:
         rows = self.embeddings[ids].astype(np.float32).mean(axis=0)
         return rows * np.float32(self.embed_scale) if scaled else rows
 
+    def gate_index(self, layer: int) -> Any:
+        """The faiss index over a layer's gate vectors, built on first use and kept."""
+        if layer not in self._gate_indexes:
+            self._gate_indexes[layer] = knn.build_index(self.gate_vectors(layer))
+        return self._gate_indexes[layer]
+
     def gate_knn(self, layer: int, query: NDArray[np.float32], k: int = 10) -> list[tuple[int, float]]:
         """The k features whose gate scores `gate . query` are largest in absolute value, sign kept."""
-        from larql.vindex.knn import gate_knn
-
-        return gate_knn(self, layer, query, k)
-
-    @cached_property
-    def overlay(self) -> Any:
-        """The in-memory patch overlay (a PatchOverlay) that this vindex's walk FFN substitutes."""
-        from larql.vindex.overlay import PatchOverlay
-
-        return PatchOverlay(self.num_layers, int(self.index["intermediate_size"]), self.hidden)
-
-    @cached_property
-    def patches(self) -> Any:
-        """The PatchStack: applied patches, unsaved edits, recording state; it rebuilds `overlay`."""
-        from larql.vindex.patch import PatchStack
-
-        return PatchStack(self)
-
-    def model(self) -> Any:
-        """The model this vindex carries (inference level and up), loaded once; its FFN is the walk
-        FFN over `self.overlay`."""
-        if "_model" not in self.__dict__:
-            from larql.vindex.walk_ffn import vindex_model
-
-            self.__dict__["_model"] = vindex_model(self)
-        return self.__dict__["_model"]
+        return knn.gate_knn(self, layer, query, k)
 
     def close(self) -> None:
         self._maps.clear()
@@ -301,6 +264,29 @@ class Vindex:
         i = self.index
         return (f"Vindex({str(self.path)!r}, model={i['model']!r}, level={i['extract_level']}, "
                 f"layers={self.num_layers}, features={i['intermediate_size']}, dtype={i['dtype']})")
+
+
+class MetaSource(Protocol):
+    """What feature_meta reads: a store, or an editable view whose down_meta carries its edits."""
+
+    path: Path
+
+    def num_features(self, layer: int) -> int: ...
+
+    def down_meta(self, layer: int) -> tuple[NDArray[np.uint32], NDArray[np.float32]]: ...
+
+    def token_text(self, token_id: int) -> str: ...
+
+
+def feature_meta(v: MetaSource, layer: int, feature: int) -> FeatureMeta:
+    """What `feature` of `layer` writes, as `v.down_meta` has it."""
+    n = v.num_features(layer)
+    if not isinstance(feature, (int, np.integer)) or not 0 <= feature < n:
+        raise VindexError(f"{v.path}: feature {feature} out of range 0..{n - 1} at layer {layer}")
+    ids, scores = v.down_meta(layer)
+    token_ids = tuple(int(t) for t in ids[feature])
+    return FeatureMeta(int(layer), int(feature), token_ids, tuple(v.token_text(t) for t in token_ids),
+                       tuple(float(s) for s in scores[feature]))
 
 
 def open_vindex(path: str | Path) -> Vindex:

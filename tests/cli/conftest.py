@@ -26,6 +26,6 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def tiny_vindex(tiny_gguf: Path) -> Path:
     """A browse-level vindex of the tiny GGUF."""
-    from larql.vindex import extract
+    from larql.vindex.extract import extract
 
     return extract(tiny_gguf, tiny_gguf.parent / "t.vindex")

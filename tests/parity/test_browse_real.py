@@ -25,14 +25,15 @@ def test_fact_table_is_true_of_the_model(gemma: larql.Model) -> None:
 
 def test_describe_surfaces_known_facts_as_probe_edges(gemma_vindex: Path) -> None:
     v = open_vindex(gemma_vindex)
+    model = larql.load(gemma_vindex)  # probe edges ask the model the vindex carries
     sample = FACTS[::4]  # 11 facts across every relation
     hits = 0
     for fact in sample:
-        card = describe(v, fact["entity"])
+        card = describe(v, fact["entity"], model=model)
         hits += any(e.source == "probe" and e.label == fact["relation"] and e.target.lower().startswith(fact["target"].lower())
                     for e in card.edges)
     assert hits >= len(sample) - 1, f"{hits}/{len(sample)}"
-    france = describe(v, "France")
+    france = describe(v, "France", model=model)
     capital = [e for e in france.probes if e.label == "capital"]
     assert capital and capital[0].target == "Paris" and capital[0].score > 0.5
     assert all(0 < e.score <= 1 for e in france.probes)

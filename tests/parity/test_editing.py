@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
+from larql.edit.feature_insert import CHECK_PROMPTS
+from larql.edit.view import edit_vindex
 from larql.lql.executor import execute
 from larql.lql.session import Session
 from larql.model.generate import log_softmax
-from larql.vindex import open_vindex
-from larql.vindex.edit import CHECK_PROMPTS
 
 FACTS = [("Atlantis", "capital", "Poseidon", "The capital of Atlantis is"),
          ("Narnia", "capital", "Cair", "The capital of Narnia is"),
@@ -52,7 +52,7 @@ def test_inserted_facts_hold_and_stay_local(gemma_vindex: Path, tmp_path: Path) 
     edited = m.forward(m.tokenize("The capital of Narnia is"))
     saved = execute("SAVE PATCH", s)[0].title  # 3 inserts; the 2nd re-tunes the 1st, the 3rd both
     assert saved.endswith("(6 operations: 3 inserts, 3 updates, 0 deletes)")
-    fresh = open_vindex(gemma_vindex)
+    fresh = edit_vindex(gemma_vindex)
     fresh.patches.apply(patch)
     assert np.array_equal(fresh.model().forward(fresh.model().tokenize("The capital of Narnia is")), edited)
     fresh.patches.remove(patch.name)

@@ -5,18 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from larql.edit import feature_insert
+from larql.edit.overlay import MetaOverride
+from larql.edit.patch import PatchOp
+from larql.edit.view import EditableVindex
 from larql.errors import LqlSemanticError, VindexError
 from larql.lql import ast
 from larql.lql.ops.query import EDGE_FIELDS, _filter
 from larql.lql.result import Result
 from larql.lql.session import Session
-from larql.vindex import browse, edit
-from larql.vindex.overlay import MetaOverride
-from larql.vindex.patch import PatchOp
-from larql.vindex.store import Vindex
+from larql.vindex import browse
 
 
-def _v(session: Session) -> Vindex:
+def _v(session: Session) -> EditableVindex:
     assert session.vindex is not None  # the planner checked
     return session.vindex
 
@@ -32,7 +33,7 @@ def insert(stmt: ast.InsertStmt, session: Session, result: Result) -> None:
                     "itself, so TRACE and every later token see the fact", "omit MODE (or say MODE COMPOSE)")
     goal = stmt.confidence if stmt.confidence is not None else 0.9
     try:
-        r = edit.insert(v, stmt.entity, stmt.relation, stmt.target, stmt.layer, goal)
+        r = feature_insert.insert(v, stmt.entity, stmt.relation, stmt.target, stmt.layer, goal)
     except VindexError as e:
         raise _fail(session, stmt, str(e)) from e
     result.title = f"Inserted {r.entity} -[{r.relation}]-> {r.target} at L{r.layer} F{r.feature} (patch overlay)"
@@ -101,7 +102,7 @@ def update(stmt: ast.UpdateStmt, session: Session, result: Result) -> None:
     slots = _slots(stmt, session)
     tid = None
     if target is not None:
-        tid = edit.target_token_id(v, target)
+        tid = feature_insert.target_token_id(v, target)
     for layer, feature in slots:
         ids, scores = v.down_meta(layer)
         new_ids = (tid,) if tid is not None else tuple(int(i) for i in ids[feature])
@@ -116,7 +117,7 @@ def update(stmt: ast.UpdateStmt, session: Session, result: Result) -> None:
     _recording_note(v, result)
 
 
-def _recording_note(v: Vindex, result: Result) -> None:
+def _recording_note(v: EditableVindex, result: Result) -> None:
     stack = v.patches
     if stack.recording is not None:
         result.notes.append(f"recording into {stack.recording.name} ({len(stack.pending)} edit(s) pending)")
@@ -167,11 +168,11 @@ def show_patches(stmt: ast.ShowPatchesStmt, session: Session, result: Result) ->
 
 
 def compile_stmt(stmt: ast.CompileStmt, session: Session, result: Result) -> None:
-    from larql.vindex.compile import compile_gguf, compile_vindex
-    from larql.vindex.store import open_vindex
+    from larql.edit.compile import compile_gguf, compile_vindex
+    from larql.edit.view import edit_vindex
 
     try:
-        v = _v(session) if stmt.source is None else open_vindex(stmt.source)
+        v = _v(session) if stmt.source is None else edit_vindex(stmt.source)
         if stmt.target == "vindex":
             report = compile_vindex(v, stmt.into, stmt.on_conflict or "last_wins")
         else:

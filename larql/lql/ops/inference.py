@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from typing import Any
 
 import numpy as np
@@ -39,8 +40,8 @@ def infer(stmt: ast.InferStmt, session: Session, result: Result) -> None:
         result.rows = [[r + 1, text(int(t)), round(float(np.exp(logp[t])), 4), round(float(logits[t]), 3)]
                        for r, t in enumerate(top)]
         return
-    walk = m.ffn
-    if walk is None:
+    edits = m.edits
+    if edits is None:
         result.notes.append("USE MODEL runs the dense FFN: there is no vindex walk to compare, both columns are dense")
     dense_logits = m.dense().next_logits(ids)
     dense_logp = log_softmax(dense_logits)
@@ -48,10 +49,9 @@ def infer(stmt: ast.InferStmt, session: Session, result: Result) -> None:
     result.columns = ["rank", "walk token", "walk prob", "dense token", "dense prob"]
     result.rows = [[r + 1, text(int(t)), round(float(np.exp(logp[t])), 4), text(int(d)), round(float(np.exp(dense_logp[d])), 4)]
                    for r, (t, d) in enumerate(zip(top, dense_top))]
-    overlay = getattr(walk, "overlay", None)
-    edits = len(overlay) if overlay is not None else 0
+    n_edited = len(edits) if isinstance(edits, Sized) else 0
     kl = float(np.sum(np.exp(dense_logp) * (dense_logp - logp)))
-    result.notes.append(f"walk FFN over {edits} edited feature(s) vs dense FFN: top-1 "
+    result.notes.append(f"walk FFN over {n_edited} edited feature(s) vs dense FFN: top-1 "
                         f"{'agrees' if top[0] == dense_top[0] else 'differs'}, KL(dense || walk) = {kl:.4g}, "
                         f"max |logit difference| = {float(np.max(np.abs(logits - dense_logits))):.4g}")
 

@@ -4,20 +4,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from larql.edit.view import edit_vindex
 from larql.lql import ast
 from larql.lql.result import Result
 from larql.lql.session import Session
-from larql.vindex import extract, open_vindex
+from larql.vindex.extract import extract
+from larql.vindex.store import open_vindex
 
 
 def use(stmt: ast.UseStmt, session: Session, result: Result) -> None:
     if stmt.kind == "model":
-        from larql.model import load
+        from larql import load  # the facade: USE MODEL also takes a vindex (its walk FFN model)
 
         session.model = load(stmt.target)
         result.notes.append(f"Using model: {session.model!r}")
         return
-    session.vindex = open_vindex(stmt.target)
+    session.vindex = edit_vindex(stmt.target)
     result.notes.append(f"Using: {session.describe_backend()}")
 
 
@@ -40,13 +42,13 @@ def _reusable(stmt: ast.ExtractStmt) -> bool:
 
 def extract_stmt(stmt: ast.ExtractStmt, session: Session, result: Result) -> None:
     if _reusable(stmt):  # re-running a script should not redo a minute of work, nor fail
-        session.vindex = open_vindex(stmt.into)
+        session.vindex = edit_vindex(stmt.into)
         result.notes.append(f"{stmt.into} already holds this model at level {stmt.level}: using it "
                             f"(remove it to extract again)")
         result.notes.append(f"Using: {session.describe_backend()}")
         return
     path = extract(stmt.model, stmt.into, level=stmt.level, progress=session.progress)
-    session.vindex = open_vindex(path)
+    session.vindex = edit_vindex(path)
     if stmt.components or stmt.layers:
         result.notes.append("COMPONENTS and LAYERS are accepted but every component and layer is extracted")
     result.notes.append(f"Extraction complete: {path}")
@@ -54,7 +56,7 @@ def extract_stmt(stmt: ast.ExtractStmt, session: Session, result: Result) -> Non
 
 
 def stats(stmt: ast.StatsStmt, session: Session, result: Result) -> None:
-    v = open_vindex(stmt.path) if stmt.path else session.vindex
+    v = open_vindex(stmt.path) if stmt.path else session.vindex.store if session.vindex else None
     assert v is not None
     i = v.index
     size = sum(e["size"] for e in i["files"].values())

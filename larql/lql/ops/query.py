@@ -6,16 +6,16 @@ import fnmatch
 from collections import Counter
 from typing import Any
 
+from larql.edit.view import EditableVindex
 from larql.errors import LqlSemanticError
 from larql.lql import ast
 from larql.lql.result import Result
 from larql.lql.session import Session
 from larql.vindex import browse
 from larql.vindex.describe import describe as describe_entity
-from larql.vindex.store import Vindex
 
 
-def _v(session: Session) -> Vindex:
+def _v(session: Session) -> EditableVindex:
     assert session.vindex is not None  # the planner checked
     return session.vindex
 
@@ -23,8 +23,9 @@ def _v(session: Session) -> Vindex:
 def describe(stmt: ast.DescribeStmt, session: Session, result: Result) -> None:
     v = _v(session)
     mode = stmt.mode or "brief"
+    model = session.model if session.model is not None else v.model() if v.has_model_weights else None
     card = describe_entity(v, stmt.entity, band=stmt.band, at_layer=stmt.at_layer,
-                           relations_only=stmt.relations_only, mode=mode, model=session.model)
+                           relations_only=stmt.relations_only, mode=mode, model=model)
     result.title = stmt.entity
     if not card.found:
         result.notes.append("(not found)")
@@ -212,7 +213,7 @@ def show_relations(stmt: ast.ShowRelationsStmt, session: Session, result: Result
         return
     counts = list(clusters["counts"])
     if stmt.layer is not None:  # features of that layer only
-        at_layer = Counter(c for (layer, _), c in v._feature_clusters.items() if layer == stmt.layer)
+        at_layer = Counter(c for (layer, _), c in v.feature_clusters.items() if layer == stmt.layer)
         counts = [at_layer.get(c, 0) for c in range(clusters["k"])]
     result.columns = ["relation", "features"] + (["examples"] if stmt.with_examples else [])
     order = [c for c in sorted(range(clusters["k"]), key=lambda c: -counts[c]) if counts[c]]

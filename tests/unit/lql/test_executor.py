@@ -12,7 +12,9 @@ from larql.lql.executor import execute
 from larql.lql.parser import parse
 from larql.lql.planner import plan
 from larql.lql.session import Session
-from larql.vindex import browse, extract, open_vindex
+from larql.vindex import browse
+from larql.vindex.extract import extract
+from larql.vindex.store import open_vindex
 from tests.synthetic import TinySpec, hf_weights, write_gguf
 
 

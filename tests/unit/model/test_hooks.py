@@ -7,6 +7,7 @@ import pytest
 
 import larql
 from larql.errors import ModelError
+from larql.model import ffn as ffn_module
 from larql.model import forward as forward_module
 from larql.model.hooks import Add, Knockout, Replace, Scale, Zero, all_hook_names, hook_name
 from tests.conftest import rel_err
@@ -87,7 +88,8 @@ def test_no_hooks_means_no_hook_calls(m: larql.Model, monkeypatch: pytest.Monkey
     def boom(*args: object) -> None:
         raise AssertionError("a hook point ran with no hooks set")
 
-    monkeypatch.setattr(forward_module, "_hook", boom)
+    monkeypatch.setattr(forward_module, "run_hook", boom)
+    monkeypatch.setattr(ffn_module, "run_hook", boom)
     m.forward(IDS)
     m.generate(IDS[:3], max_new_tokens=3, stop_at_eos=False)
 

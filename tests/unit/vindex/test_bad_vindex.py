@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from larql.errors import VindexError
-from larql.vindex import extract, open_vindex
+from larql.vindex.extract import extract
+from larql.vindex.store import open_vindex
 from tests.synthetic import TinySpec, hf_weights, write_gguf
 
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import larql
-from larql.vindex import extract
-from larql.vindex.overlay import FeatureOverride
-from larql.vindex.walk_ffn import walk_model
+from larql.vindex.extract import extract
+from larql.edit.overlay import FeatureOverride
+from larql.edit.walk_ffn import walk_model
 from tests.conftest import rel_err
 from tests.synthetic import TinySpec, hf_weights, write_gguf
 
@@ -53,9 +53,9 @@ def test_top_k_walk_keeps_k_features(vx: Path) -> None:
 
 
 def test_vindex_model_is_the_walk_and_sees_its_overlay(vx: Path) -> None:
-    from larql.vindex.store import open_vindex
+    from larql.edit.view import edit_vindex
 
-    v = open_vindex(vx)
+    v = edit_vindex(vx)
     m = v.model()
     before = m.forward(IDS)
     assert np.array_equal(before, larql.load(vx.parent / "m.gguf").forward(IDS))  # dense walk = the GGUF, bitwise
@@ -69,9 +69,9 @@ def test_vindex_model_is_the_walk_and_sees_its_overlay(vx: Path) -> None:
 
 def test_overlay_rejects_bad_overrides(vx: Path) -> None:
     from larql.errors import VindexError
-    from larql.vindex.store import open_vindex
+    from larql.edit.view import edit_vindex
 
-    overlay = open_vindex(vx).overlay
+    overlay = edit_vindex(vx).overlay
     with pytest.raises(VindexError, match=r"down has shape \(63,\), expected \(64,\)"):
         overlay.set(0, 1, FeatureOverride(down=np.zeros(63, np.float32)))
     with pytest.raises(VindexError, match="layer 3 is out of range"):

@@ -14,7 +14,8 @@ import larql
 from larql.errors import LqlSemanticError, LqlSyntaxError, VindexError
 from larql.lql.executor import execute
 from larql.lql.session import Session
-from larql.vindex import extract
+from larql.vindex.extract import extract
+from larql.edit.view import edit_vindex
 from larql.vindex.store import open_vindex
 from tests.synthetic import TinySpec, hf_weights, write_gguf
 
@@ -77,8 +78,8 @@ def test_patch_save_apply_remove_round_trip(vx: Path, tmp_path: Path) -> None:
     execute(f'BEGIN PATCH "{patch}"; DELETE FROM EDGES WHERE layer = 3 AND feature = 5; '
             'UPDATE EDGES SET confidence = 0.25 WHERE layer = 0 AND feature = 1', s)
     rng = np.random.default_rng(0)
-    from larql.vindex.overlay import FeatureOverride
-    from larql.vindex.patch import PatchOp
+    from larql.edit.overlay import FeatureOverride
+    from larql.edit.patch import PatchOp
 
     s.vindex.patches.record(PatchOp("insert", 1, 9, {"down": rng.standard_normal(64).astype(np.float32),
                                                      "gate": rng.standard_normal(64).astype(np.float32)}))
@@ -150,13 +151,13 @@ def test_insert_raises_the_target_on_a_tiny_model(vx: Path) -> None:
     p_now = float(np.exp(log_softmax(m.next_logits(m.tokenize("The colour of zeta is")))[target]))
     assert p_now == pytest.approx(p_after, rel=1e-2)  # the recorded edit is what was measured
     with pytest.raises(VindexError):
-        open_vindex(vx).patches.save()
+        edit_vindex(vx).patches.save()
 
 
 def test_compile_bakes_the_overlay_into_a_new_vindex(vx: Path, tmp_path: Path) -> None:
     s = session_on(vx)
     rng = np.random.default_rng(3)
-    from larql.vindex.patch import PatchOp
+    from larql.edit.patch import PatchOp
 
     s.vindex.patches.record(PatchOp("insert", 2, 40, {"gate": rng.standard_normal(64).astype(np.float32),
                                                       "up": rng.standard_normal(64).astype(np.float32),
@@ -196,7 +197,7 @@ def test_compile_on_conflict_fail(vx: Path, tmp_path: Path) -> None:
 def test_compile_into_gguf_runs_the_edited_model(vx: Path, tmp_path: Path) -> None:
     s = session_on(vx)
     rng = np.random.default_rng(5)
-    from larql.vindex.patch import PatchOp
+    from larql.edit.patch import PatchOp
 
     s.vindex.patches.record(PatchOp("insert", 1, 30, {"gate": rng.standard_normal(64).astype(np.float32),
                                                       "down": rng.standard_normal(64).astype(np.float32)}))

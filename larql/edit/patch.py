@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from larql.edit.overlay import FeatureOverride, MetaOverride, PatchOverlay
 from larql.errors import VindexError
-from larql.vindex.overlay import FeatureOverride, MetaOverride, PatchOverlay
+from larql.vindex.store import Vindex
 
 PATCH_FORMAT = "larql-patch"
 PATCH_VERSION = 1
@@ -161,17 +162,13 @@ def load_patch(path: str | Path, hidden: int) -> Patch:
 
 class PatchStack:
     """The applied patches of one opened vindex, the edits not yet saved, and the patch being
-    recorded; it owns the vindex's overlay, which is always their replay."""
+    recorded; it owns `overlay`, which is always their replay over the read-only `store`."""
 
-    def __init__(self, vindex: Any) -> None:
-        self.vindex = vindex
+    def __init__(self, store: Vindex, overlay: PatchOverlay) -> None:
+        self.store, self.overlay = store, overlay
         self.applied: list[Patch] = []
         self.pending: list[PatchOp] = []
         self.recording: Path | None = None
-
-    @property
-    def overlay(self) -> PatchOverlay:
-        return self.vindex.overlay
 
     def record(self, op: PatchOp) -> None:
         op.apply(self.overlay)  # validates before the op is kept
@@ -186,7 +183,7 @@ class PatchStack:
         if self.recording is None:
             raise VindexError("no patch is being recorded; start one with BEGIN PATCH \"edits.vlp\" "
                               "(edits made before it are kept in the new patch)")
-        v = self.vindex
+        v = self.store
         patch = Patch(self.recording.name, self.recording, list(self.pending), v.index["model"],
                       index_checksum(v.path), datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
         save_patch(patch, self.recording)
@@ -195,7 +192,7 @@ class PatchStack:
         return patch
 
     def apply(self, path: str | Path) -> Patch:
-        v = self.vindex
+        v = self.store
         patch = load_patch(path, v.hidden)
         if patch.base_model and patch.base_model != v.index["model"]:
             raise VindexError(f"{path}: this patch was made for {patch.base_model!r}, the vindex in use holds "

@@ -1,4 +1,4 @@
-"""COMPILE: bake a vindex's patch overlay into a new standalone vindex, or into a GGUF model file.
+"""COMPILE: bake an editable vindex's patch overlay into a new standalone vindex, or into a GGUF model file.
 
 The new vindex runs, dense, as the base ran with its overlay (no patch needed): for every layer
 with vector edits or deletions its ffn_gate / ffn_up / ffn_down are written as float32 with the
@@ -18,10 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from larql.edit.overlay import FeatureOverride
+from larql.edit.view import EditableVindex
 from larql.errors import VindexError
 from larql.quant import GGMLType
 from larql.vindex import layout
-from larql.vindex.store import Vindex
+from larql.vindex.weights import VindexWeightSource
 from larql.vindex.writer import VindexWriter
 
 CONFLICT_RULES = ("last_wins", "highest_confidence", "fail")
@@ -36,7 +38,7 @@ class CompileReport:
     size_bytes: int
 
 
-def conflicts(v: Vindex) -> list[tuple[int, int]]:
+def conflicts(v: EditableVindex) -> list[tuple[int, int]]:
     """(layer, feature) slots that more than one applied patch (or the unsaved edits) write."""
     owners: dict[tuple[int, int], set[int]] = {}
     groups = [p.ops for p in v.patches.applied] + [v.patches.pending]
@@ -46,7 +48,7 @@ def conflicts(v: Vindex) -> list[tuple[int, int]]:
     return sorted(k for k, gs in owners.items() if len(gs) > 1)
 
 
-def _check_conflicts(v: Vindex, on_conflict: str) -> list[tuple[int, int]]:
+def _check_conflicts(v: EditableVindex, on_conflict: str) -> list[tuple[int, int]]:
     if on_conflict not in CONFLICT_RULES:
         raise VindexError(f"ON CONFLICT must be one of {', '.join(CONFLICT_RULES)}, got {on_conflict!r}")
     clashes = conflicts(v)
@@ -57,7 +59,10 @@ def _check_conflicts(v: Vindex, on_conflict: str) -> list[tuple[int, int]]:
     return clashes
 
 
-def _edited_layers(v: Vindex) -> dict[int, tuple[dict[int, Any], set[int]]]:
+Edited = dict[int, tuple[dict[int, FeatureOverride], set[int]]]  # layer -> (vector overrides, deleted)
+
+
+def _edited_layers(v: EditableVindex) -> Edited:
     out = {}
     for layer in range(v.num_layers):
         vectors, gone = v.overlay.layer(layer), v.overlay.deleted(layer)
@@ -66,7 +71,7 @@ def _edited_layers(v: Vindex) -> dict[int, tuple[dict[int, Any], set[int]]]:
     return out
 
 
-def compile_vindex(v: Vindex, out: str | Path, on_conflict: str = "last_wins", overwrite: bool = False) -> CompileReport:
+def compile_vindex(v: EditableVindex, out: str | Path, on_conflict: str = "last_wins", overwrite: bool = False) -> CompileReport:
     clashes = _check_conflicts(v, on_conflict)
     out = Path(out)
     if out.resolve() == v.path.resolve():
@@ -89,9 +94,9 @@ def compile_vindex(v: Vindex, out: str | Path, on_conflict: str = "last_wins", o
     return CompileReport(path, len(v.overlay), tuple(sorted(edited)), tuple(clashes), size)
 
 
-def _write_gates_and_meta(v: Vindex, w: VindexWriter, edited: dict[int, Any]) -> list[dict[str, Any]]:
+def _write_gates_and_meta(v: EditableVindex, w: VindexWriter, edited: Edited) -> list[dict[str, Any]]:
     gates, meta = w.binary(layout.GATE_FILE), w.binary(layout.DOWN_META_FILE)
-    header = layout.DOWN_META_MAGIC + np.array([layout.DOWN_META_VERSION, v.num_layers, v.top_k], "<u4").tobytes()
+    header = layout.DOWN_META_MAGIC + np.array([layout.DOWN_META_VERSION, v.num_layers, v.store.top_k], "<u4").tobytes()
     meta.write(header.ljust(layout.DOWN_META_HEADER, b"\0"))
     layers = []
     for layer in range(v.num_layers):
@@ -114,7 +119,7 @@ def _write_gates_and_meta(v: Vindex, w: VindexWriter, edited: dict[int, Any]) ->
     return layers
 
 
-def _edited_matrix(source: Any, name: str, edited: dict[int, Any]) -> np.ndarray | None:
+def _edited_matrix(source: Any, name: str, edited: Edited) -> np.ndarray | None:
     """The float32 matrix of an edited layer's ffn_gate / ffn_up / ffn_down with the overlay's rows
     (gate, up) or columns (down) put in and deleted features' down columns zeroed; else None."""
     parts = name.split(".")
@@ -138,9 +143,7 @@ def _edited_matrix(source: Any, name: str, edited: dict[int, Any]) -> np.ndarray
     return np.ascontiguousarray(m, dtype=np.float32)
 
 
-def _write_weights(v: Vindex, w: VindexWriter, edited: dict[int, Any]) -> None:
-    from larql.vindex.weights import VindexWeightSource
-
+def _write_weights(v: EditableVindex, w: VindexWriter, edited: Edited) -> None:
     source = VindexWeightSource(v.path)
     manifest = json.loads((v.path / layout.MANIFEST_FILE).read_text())
     blob = w.binary(layout.WEIGHTS_FILE)
@@ -157,13 +160,11 @@ def _write_weights(v: Vindex, w: VindexWriter, edited: dict[int, Any]) -> None:
     w.text(layout.MANIFEST_FILE, json.dumps(out, indent=0))
 
 
-def compile_gguf(v: Vindex, out: str | Path, on_conflict: str = "last_wins", overwrite: bool = False) -> CompileReport:
+def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wins", overwrite: bool = False) -> CompileReport:
     """COMPILE ... INTO MODEL "x.gguf" FORMAT GGUF: the vindex's weights with its overlay baked in
     (edited FFN tensors as F32, the rest in their stored blocks), under the metadata (architecture,
     hyperparameters, tokenizer) of the GGUF it was extracted from; llama.cpp runs the result."""
     import gguf
-
-    from larql.vindex.weights import VindexWeightSource
 
     if not v.has_model_weights:
         raise VindexError(f"{v.path}: a browse-level vindex has no weights to compile into a model")

@@ -10,8 +10,9 @@ Three kinds of edit, per (layer, feature):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -21,9 +22,9 @@ from larql.errors import VindexError
 F32 = NDArray[np.float32]
 
 
-@dataclass(frozen=True)
-class FeatureOverride:
-    """Replacement vectors for one feature; None keeps the stored one."""
+class FeatureOverride(NamedTuple):
+    """Replacement vectors for one feature; None keeps the stored one. A (gate, up, down) tuple, as
+    the FFN's edit strategy reads it (model/ffn.py FeatureVectors)."""
 
     gate: F32 | None = None  # (hidden,) the feature's gate vector
     up: F32 | None = None  # (hidden,)

@@ -23,7 +23,7 @@ The install, for (entity, relation, target) at layer L:
    few-shot form (generalisation, for the relations probes.py knows); on held-out neutral prompts,
    the mean KL(before || after) of the next-token distribution and how many keep their top-1
    (locality). These are EasyEdit's three measures, on one fact.
-The result is a PatchOp (vectors + metadata) recorded on the vindex's patch stack.
+The result is a PatchOp (vectors + metadata) recorded on the editable view's patch stack.
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from larql.edit.overlay import MetaOverride
+from larql.edit.patch import PatchOp
+from larql.edit.view import EditableVindex
 from larql.errors import VindexError
 from larql.model.forward import rms_norm
 from larql.model.generate import log_softmax
-from larql.vindex.overlay import MetaOverride
-from larql.vindex.patch import PatchOp
 from larql.vindex.probes import TEMPLATES, probe_prompt
 
 F32 = NDArray[np.float32]
@@ -139,10 +140,10 @@ def _distributions(model: object, prompts: tuple[str, ...]) -> list[F32]:
     return [log_softmax(model.next_logits(model.tokenize(p))) for p in prompts]  # type: ignore[attr-defined]
 
 
-def installed(vindex: object, layer: int) -> list[PatchOp]:
+def installed(vindex: EditableVindex, layer: int) -> list[PatchOp]:
     """The inserts live at `layer`: the last insert op per slot over the applied patches and the
     unsaved edits, for slots the overlay still holds."""
-    stack = vindex.patches  # type: ignore[attr-defined]
+    stack = vindex.patches
     live: dict[int, PatchOp] = {}
     for op in [o for p in stack.applied for o in p.ops] + stack.pending:
         if op.layer != layer:
@@ -151,7 +152,7 @@ def installed(vindex: object, layer: int) -> list[PatchOp]:
             live[op.feature] = op
         elif op.op == "delete":
             live.pop(op.feature, None)
-    overlay = vindex.overlay  # type: ignore[attr-defined]
+    overlay = vindex.overlay
     return [op for f, op in live.items() if (layer, f) in overlay]
 
 
@@ -180,19 +181,19 @@ def _selective(h_all: F32, suppress: F32, common: F32) -> tuple[F32, F32]:
     return gate.astype(np.float32), c.astype(np.float32)
 
 
-def plan_insert(vindex: object, entity: str, relation: str, target: str, layer: int | None = None,
+def plan_insert(vindex: EditableVindex, entity: str, relation: str, target: str, layer: int | None = None,
                 goal: float = 0.9) -> tuple[list[PatchOp], InsertReport]:
     """Find the slot and vectors that make the model answer `target`; records nothing (see
     `insert`). Returns the insert and, first, updates that re-tune the facts already installed at
     the layer so that none fires on another's prompt. The search runs through the vindex's overlay,
     which is restored afterwards."""
     v = vindex
-    if not v.has_model_weights:  # type: ignore[attr-defined]
+    if not v.has_model_weights:
         raise VindexError("INSERT needs the model's weights: extract the vindex WITH INFERENCE")
-    model = v.model()  # type: ignore[attr-defined]
+    model = v.model()
     cfg = model.config
     if layer is None:  # the first output-band layer; later ones if the goal is not reached there
-        first = min(v.index["layer_bands"]["output"][0], cfg.n_layers - 1)  # type: ignore[attr-defined]
+        first = min(v.index["layer_bands"]["output"][0], cfg.n_layers - 1)
         best: tuple[list[PatchOp], InsertReport] | None = None
         for candidate in range(first, cfg.n_layers):
             ops, report = plan_insert(v, entity, relation, target, candidate, goal)
@@ -208,7 +209,7 @@ def plan_insert(vindex: object, entity: str, relation: str, target: str, layer: 
         raise VindexError(f"CONFIDENCE must be between 0 and 1 (exclusive), got {goal}")
     prompt = relation_prompt(entity, relation)
     tid = target_token_id(model, target)
-    overlay = v.overlay  # type: ignore[attr-defined]
+    overlay = v.overlay
     template = next((t for t in TEMPLATES if relation_prompt(entity, t.relation) == prompt), None)
     paraphrase = probe_prompt(template, entity) if template is not None else None
 
@@ -300,10 +301,10 @@ def plan_insert(vindex: object, entity: str, relation: str, target: str, layer: 
     return retuned + [op], report
 
 
-def insert(vindex: object, entity: str, relation: str, target: str, layer: int | None = None,
+def insert(vindex: EditableVindex, entity: str, relation: str, target: str, layer: int | None = None,
            goal: float = 0.9) -> InsertReport:
     """Install the fact and record it on the vindex's patch stack (inference changes at once)."""
     ops, report = plan_insert(vindex, entity, relation, target, layer, goal)
     for op in ops:
-        vindex.patches.record(op)  # type: ignore[attr-defined]
+        vindex.patches.record(op)
     return report

@@ -1,0 +1,142 @@
+"""The editable view of a vindex: the read-only store, the patch overlay over it, and the patch
+stack that fills the overlay. Everything LQL reads or edits goes through one of these.
+
+Reading through the view shows the edits: `down_meta` / `feature_meta` carry overridden and
+deleted features, `gate_knn` rescores edited gates and skips deleted features, and `model()` runs
+the walk FFN over the overlay (an edit shows at the next forward pass). The store itself never
+changes; what the view does not edit it reads straight from the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Set as AbstractSet
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from larql.edit.overlay import PatchOverlay
+from larql.edit.patch import PatchStack
+from larql.vindex import knn
+from larql.vindex.store import FeatureMeta, Vindex, feature_meta, open_vindex
+
+if TYPE_CHECKING:  # the runtime (numba) is imported by model() only: USE and --plan do not need it
+    from larql.model.model import Model
+    from larql.model.tokenizer import TextTokenizer
+
+
+class EditableVindex:
+    """A vindex with an in-memory patch overlay. Build one with `larql.edit_vindex(path)` or
+    `EditableVindex(store)`; `overlay` starts empty, `patches` records and replays into it."""
+
+    def __init__(self, store: Vindex) -> None:
+        self.store = store
+        self.overlay = PatchOverlay(store.num_layers, int(store.index["intermediate_size"]), store.hidden)
+        self.patches = PatchStack(store, self.overlay)
+        self._model: Model | None = None  # the walk model, built on first use (it repacks weights once)
+
+    # -- read through to the store --------------------------------------------------------------
+
+    @property
+    def path(self) -> Path:
+        return self.store.path
+
+    @property
+    def index(self) -> dict[str, Any]:
+        return self.store.index
+
+    @property
+    def num_layers(self) -> int:
+        return self.store.num_layers
+
+    @property
+    def hidden(self) -> int:
+        return self.store.hidden
+
+    @property
+    def vocab_size(self) -> int:
+        return self.store.vocab_size
+
+    @property
+    def has_model_weights(self) -> bool:
+        return self.store.has_model_weights
+
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        return self.store.tokenizer
+
+    @property
+    def relation_clusters(self) -> dict[str, Any] | None:
+        return self.store.relation_clusters
+
+    @property
+    def feature_clusters(self) -> dict[tuple[int, int], int]:
+        return self.store.feature_clusters
+
+    def num_features(self, layer: int) -> int:
+        return self.store.num_features(layer)
+
+    def gate_vectors(self, layer: int) -> NDArray[np.floating]:
+        """The stored gate vectors (edited gates live in the overlay; see gate_knn)."""
+        return self.store.gate_vectors(layer)
+
+    def token_text(self, token_id: int) -> str:
+        return self.store.token_text(token_id)
+
+    def token_embedding(self, token_id: int, scaled: bool = True) -> NDArray[np.float32]:
+        return self.store.token_embedding(token_id, scaled)
+
+    def entity_embedding(self, text: str, scaled: bool = True) -> NDArray[np.float32]:
+        return self.store.entity_embedding(text, scaled)
+
+    def feature_label(self, layer: int, feature: int) -> str | None:
+        return self.store.feature_label(layer, feature)
+
+    # -- reads that see the overlay -------------------------------------------------------------
+
+    def deleted(self, layer: int) -> AbstractSet[int]:
+        return self.overlay.deleted(layer)
+
+    def down_meta(self, layer: int) -> tuple[NDArray[np.uint32], NDArray[np.float32]]:
+        """The store's down_meta with the overlay applied: edited rows replaced, deleted rows
+        empty (zeros, as the format writes an empty feature). Unedited layers are the store's views."""
+        ids, scores = self.store.down_meta(layer)
+        metas, gone = self.overlay.meta(layer), self.overlay.deleted(layer)
+        if not metas and not gone:
+            return ids, scores
+        ids, scores = ids.copy(), scores.copy()
+        top_k = ids.shape[1]
+        for f in gone:
+            ids[f], scores[f] = 0, 0.0
+        for f, m in metas.items():
+            k = min(len(m.token_ids), top_k)
+            ids[f], scores[f] = 0, 0.0
+            ids[f, :k], scores[f, :k] = m.token_ids[:k], m.scores[:k]
+        return ids, scores
+
+    def feature_meta(self, layer: int, feature: int) -> FeatureMeta:
+        return feature_meta(self, layer, feature)
+
+    def gate_knn(self, layer: int, query: NDArray[np.float32], k: int = 10) -> list[tuple[int, float]]:
+        """The store's gate KNN with edited gates rescored and deleted features left out."""
+        gates = {f: ov.gate for f, ov in self.overlay.layer(layer).items() if ov.gate is not None}
+        return knn.gate_knn(self.store, layer, query, k, gates, self.overlay.deleted(layer))
+
+    def model(self) -> Model:
+        """The model the vindex carries (inference level and up), loaded once; its FFN is the walk
+        FFN over `overlay`, so edits show at once. `model().dense()` ignores the overlay."""
+        if self._model is None:
+            from larql.edit.walk_ffn import OverlayEdits
+            from larql.vindex.runtime import carried_model
+
+            self._model = carried_model(self.store, OverlayEdits(self.overlay))
+        return self._model
+
+    def __repr__(self) -> str:
+        return f"EditableVindex({self.store!r}, edited_features={len(self.overlay)})"
+
+
+def edit_vindex(path: str | Path) -> EditableVindex:
+    """Open the vindex at `path` read-only and wrap it in an editable view with an empty overlay."""
+    return EditableVindex(open_vindex(path))

@@ -1,0 +1,35 @@
+"""The model an inference-level vindex carries: its config from index.json, its weights from
+weights.bin, its tokenizer from tokenizer.json; the FFN is dense unless an edit strategy is given."""
+
+from __future__ import annotations
+
+from larql.errors import VindexError
+from larql.model.config import ModelConfig
+from larql.model.ffn import FFNEdits
+from larql.model.model import Model
+from larql.model.weights import load_weights
+from larql.vindex.store import Vindex
+from larql.vindex.weights import VindexWeightSource
+
+
+def carried_model(v: Vindex, edits: FFNEdits | None = None) -> Model:
+    """A new Model over `v`'s weights (memory-mapped, nothing copied), its FFN edited by `edits`.
+
+    Example:
+        >>> carried_model(open_vindex("g.vindex")).generate("The capital of France is", 4).text
+    """
+    if not v.has_model_weights:
+        raise VindexError(f"{v.path}: a browse-level vindex has no model weights; "
+                          f"re-extract with --level inference to run the model from it")
+    mc = dict(v.index["model_config"])
+    mc["global_layers"] = tuple(mc["global_layers"])
+    try:
+        cfg = ModelConfig(**mc)
+    except TypeError as e:
+        raise VindexError(f"{v.path / 'index.json'}: model_config does not describe a model this larql "
+                          f"runs ({e})") from e
+    if v.num_layers != cfg.n_layers or v.hidden != cfg.hidden:
+        raise VindexError(f"{v.path}: this vindex does not match the model "
+                          f"({v.num_layers} layers x {v.hidden} vs {cfg.n_layers} x {cfg.hidden})")
+    weights = load_weights(VindexWeightSource(v.path), cfg)
+    return Model(v.index["model"], v.path, cfg, weights, v.tokenizer, edits)
