@@ -44,7 +44,8 @@ def conflicts(v: EditableVindex) -> list[tuple[int, int]]:
     groups = [p.ops for p in v.patches.applied] + [v.patches.pending]
     for g, ops in enumerate(groups):
         for op in ops:
-            owners.setdefault((op.layer, op.feature), set()).add(g)
+            if op.feature >= 0:  # weight edits add up; they write no slot
+                owners.setdefault((op.layer, op.feature), set()).add(g)
     return sorted(k for k, gs in owners.items() if len(gs) > 1)
 
 
@@ -59,15 +60,16 @@ def _check_conflicts(v: EditableVindex, on_conflict: str) -> list[tuple[int, int
     return clashes
 
 
-Edited = dict[int, tuple[dict[int, FeatureOverride], set[int]]]  # layer -> (vector overrides, deleted)
+# layer -> (vector overrides, deleted features, the weight edits' (U, V) or None)
+Edited = dict[int, tuple[dict[int, FeatureOverride], set[int], "tuple[np.ndarray, np.ndarray] | None"]]
 
 
 def _edited_layers(v: EditableVindex) -> Edited:
     out = {}
     for layer in range(v.num_layers):
-        vectors, gone = v.overlay.layer(layer), v.overlay.deleted(layer)
-        if vectors or gone:
-            out[layer] = (vectors, gone)
+        vectors, gone, delta = v.overlay.layer(layer), v.overlay.deleted(layer), v.overlay.down_delta(layer)
+        if vectors or gone or delta is not None:
+            out[layer] = (vectors, gone, delta)
     return out
 
 
@@ -102,7 +104,7 @@ def _write_gates_and_meta(v: EditableVindex, w: VindexWriter, edited: Edited) ->
     for layer in range(v.num_layers):
         gate = v.gate_vectors(layer)
         if layer in edited:
-            vectors, gone = edited[layer]
+            vectors, gone, _ = edited[layer]
             gate = np.array(gate)
             for f, ov in vectors.items():
                 if ov.gate is not None:
@@ -127,9 +129,11 @@ def _edited_matrix(source: Any, name: str, edited: Edited) -> np.ndarray | None:
     kind = parts[2] if layer >= 0 else ""
     if layer not in edited or kind not in ("ffn_gate", "ffn_up", "ffn_down"):
         return None
-    vectors, gone = edited[layer]
-    m = source.matrix(name).dequantize()  # float32: gate/up (ffn, hidden), down (hidden, ffn)
+    vectors, gone, delta = edited[layer]
     field = {"ffn_gate": "gate", "ffn_up": "up", "ffn_down": "down"}[kind]
+    if not vectors and not gone and field != "down":
+        return None  # a layer with weight edits only: its gate and up keep their stored blocks
+    m = source.matrix(name).dequantize()  # float32: gate/up (ffn, hidden), down (hidden, ffn)
     for f, ov in vectors.items():
         vec = getattr(ov, field)
         if vec is not None:
@@ -140,6 +144,8 @@ def _edited_matrix(source: Any, name: str, edited: Edited) -> np.ndarray | None:
     if field == "down":
         for f in gone:
             m[:, f] = 0.0
+        if delta is not None:
+            m += delta[0] @ delta[1].T  # ROME / MEMIT weight edits: W_down + U V^T
     return np.ascontiguousarray(m, dtype=np.float32)
 
 

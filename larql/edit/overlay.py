@@ -1,11 +1,14 @@
 """The patch overlay: per-feature edits held in memory over a read-only vindex. The base files are
 never written; editing statements and patch files fill this.
 
-Three kinds of edit, per (layer, feature):
+Three kinds of edit per (layer, feature), and one per layer:
 - vector overrides (gate / up / down): the walk FFN substitutes them, so inference changes at once;
 - metadata overrides (what the feature is said to write: top token ids and scores): browsing
   (DESCRIBE, SELECT, WALK labels) sees them through `Vindex.down_meta`;
-- deletions: the walk FFN silences the feature, browsing and gate KNN no longer return it.
+- deletions: the walk FFN silences the feature, browsing and gate KNN no longer return it;
+- weight edits (ROME / MEMIT): low-rank additions U V^T to a layer's down projection, which add
+  up; the FFN applies their concatenation, and the keys they map are kept so that later edits can
+  hold them still.
 """
 
 from __future__ import annotations
@@ -39,6 +42,14 @@ class MetaOverride:
     scores: tuple[float, ...]
 
 
+class WeightDelta(NamedTuple):
+    """dW = u @ v.T for one layer's down projection, and the keys `(ffn, r)` it was solved for."""
+
+    u: F32  # (hidden, r)
+    v: F32  # (ffn, r)
+    keys: F32  # (ffn, r)
+
+
 class PatchOverlay:
     """(layer, feature) -> edits, checked against the vindex's shape when set. Stored per layer, so
     the walk FFN's per-layer lookups cost nothing when the layer has no edits."""
@@ -48,6 +59,8 @@ class PatchOverlay:
         self._vectors: dict[int, dict[int, FeatureOverride]] = {}
         self._meta: dict[int, dict[int, MetaOverride]] = {}
         self._deleted: dict[int, set[int]] = {}
+        self._weights: dict[int, list[WeightDelta]] = {}
+        self._joined: dict[int, tuple[F32, F32, F32]] = {}  # layer -> (U, V, keys), concatenated once
 
     def __len__(self) -> int:
         """How many features are edited in any way."""
@@ -120,7 +133,52 @@ class PatchOverlay:
             part.get(layer, {}).pop(feature, None)  # type: ignore[attr-defined]
         self._deleted.get(layer, set()).discard(feature)
 
+    # -- weight edits, per layer ----------------------------------------------------------------
+
+    def add_weight(self, layer: int, u: F32, v: F32, keys: F32) -> None:
+        """Add dW = u v^T to layer `layer`'s down projection (checked: shapes, finite values)."""
+        if not 0 <= layer < self.num_layers:
+            raise VindexError(f"layer {layer} is out of range (layers 0-{self.num_layers - 1})")
+        arrays = [np.ascontiguousarray(a, dtype=np.float32) for a in (u, v, keys)]
+        r = arrays[0].shape[1] if arrays[0].ndim == 2 else -1
+        want = {"u": (self.hidden, r), "v": (self.num_features, r), "keys": (self.num_features, r)}
+        for (name, shape), arr in zip(want.items(), arrays):
+            if r < 1 or arr.shape != shape:
+                raise VindexError(f"weight edit of L{layer}: {name} has shape {arr.shape}, expected {shape}")
+            if not np.all(np.isfinite(arr)):
+                raise VindexError(f"weight edit of L{layer}: {name} has NaN or infinite values")
+        self._weights.setdefault(layer, []).append(WeightDelta(*arrays))
+        self._joined.pop(layer, None)
+
+    def weight_layers(self) -> list[int]:
+        return sorted(layer for layer, ws in self._weights.items() if ws)
+
+    def weight_count(self, layer: int | None = None) -> int:
+        layers = self.weight_layers() if layer is None else [layer]
+        return sum(len(self._weights.get(i, [])) for i in layers)
+
+    def _join(self, layer: int) -> tuple[F32, F32, F32] | None:
+        ws = self._weights.get(layer)
+        if not ws:
+            return None
+        if layer not in self._joined:
+            self._joined[layer] = tuple(np.ascontiguousarray(np.concatenate(parts, axis=1))  # type: ignore[assignment]
+                                        for parts in zip(*ws))
+        return self._joined[layer]
+
+    def down_delta(self, layer: int) -> tuple[F32, F32] | None:
+        """(U `(hidden, r)`, V `(ffn, r)`): the sum of the layer's weight edits, or None."""
+        joined = self._join(layer)
+        return None if joined is None else (joined[0], joined[1])
+
+    def held_keys(self, layer: int) -> F32 | None:
+        """The keys `(ffn, r)` every weight edit at the layer was solved for, or None."""
+        joined = self._join(layer)
+        return None if joined is None else joined[2]
+
     def clear(self) -> None:
+        self._weights.clear()
+        self._joined.clear()
         self._vectors.clear()
         self._meta.clear()
         self._deleted.clear()

@@ -25,12 +25,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.edit.overlay import FeatureOverride, MetaOverride, PatchOverlay
+from larql.edit.weight_op import WeightOp
 from larql.errors import VindexError
 from larql.vindex.store import Vindex
 
 PATCH_FORMAT = "larql-patch"
 PATCH_VERSION = 1
-OPS = ("insert", "update", "delete")
+OPS = ("insert", "update", "delete", "weight_edit")
+FEATURE_OPS = OPS[:3]
 F32 = NDArray[np.float32]
 
 
@@ -74,7 +76,7 @@ class PatchOp:
 
     @staticmethod
     def from_json(d: Any, where: str, hidden: int) -> PatchOp:
-        if not isinstance(d, dict) or d.get("op") not in OPS:
+        if not isinstance(d, dict) or d.get("op") not in FEATURE_OPS:
             raise VindexError(f"{where}: not an operation (op must be one of {', '.join(OPS)})")
         try:
             layer, feature = int(d["layer"]), int(d["feature"])
@@ -108,7 +110,7 @@ class PatchOp:
 class Patch:
     name: str  # the file name it was saved as / loaded from
     path: Path | None
-    ops: list[PatchOp]
+    ops: list[PatchOp | WeightOp]
     base_model: str = ""
     base_checksum: str | None = None
     created_at: str = ""
@@ -119,7 +121,25 @@ class Patch:
 
     def summary(self) -> str:
         c = self.counts()
-        return f"{len(self.ops)} operations: {c['insert']} inserts, {c['update']} updates, {c['delete']} deletes"
+        text = f"{len(self.ops)} operations: {c['insert']} inserts, {c['update']} updates, {c['delete']} deletes"
+        return text + (f", {c['weight_edit']} weight edits" if c["weight_edit"] else "")
+
+    def facts(self) -> list[str]:
+        """What the patch teaches: each weight edit's facts and each feature insert's triple."""
+        out = []
+        for op in self.ops:
+            if isinstance(op, WeightOp):
+                out += op.labels()
+            elif op.op == "insert" and op.entity is not None:
+                out.append(f"{op.entity} -[{op.relation or '?'}]-> {op.target}")
+        return out
+
+
+def op_from_json(d: Any, where: str, hidden: int, ffn: int) -> PatchOp | WeightOp:
+    """One operation of a .vlp file: a feature edit (LARQL's) or a weight edit (larql's)."""
+    if isinstance(d, dict) and d.get("op") == "weight_edit":
+        return WeightOp.from_json(d, where, hidden, ffn)
+    return PatchOp.from_json(d, where, hidden)
 
 
 def index_checksum(vindex_path: Path) -> str:
@@ -142,7 +162,7 @@ def save_patch(patch: Patch, path: str | Path) -> Path:
     return path
 
 
-def load_patch(path: str | Path, hidden: int) -> Patch:
+def load_patch(path: str | Path, hidden: int, ffn: int = 0) -> Patch:
     path = Path(path)
     try:
         doc = json.loads(path.read_text())
@@ -155,7 +175,7 @@ def load_patch(path: str | Path, hidden: int) -> Patch:
     version = doc.get("version", 1)
     if version != PATCH_VERSION:
         raise VindexError(f"{path}: patch format version {version}, this larql reads {PATCH_VERSION}")
-    ops = [PatchOp.from_json(d, f"{path} operation {i}", hidden) for i, d in enumerate(doc["operations"])]
+    ops = [op_from_json(d, f"{path} operation {i}", hidden, ffn) for i, d in enumerate(doc["operations"])]
     return Patch(str(doc.get("name") or path.name), path, ops, str(doc.get("base_model") or ""),
                  doc.get("base_checksum"), str(doc.get("created_at") or ""), doc.get("description"))
 
@@ -167,12 +187,29 @@ class PatchStack:
     def __init__(self, store: Vindex, overlay: PatchOverlay) -> None:
         self.store, self.overlay = store, overlay
         self.applied: list[Patch] = []
-        self.pending: list[PatchOp] = []
+        self.pending: list[PatchOp | WeightOp] = []
         self.recording: Path | None = None
 
-    def record(self, op: PatchOp) -> None:
+    def record(self, op: PatchOp | WeightOp) -> None:
         op.apply(self.overlay)  # validates before the op is kept
         self.pending.append(op)
+
+    def record_all(self, ops: list[PatchOp | WeightOp]) -> None:
+        """Record every op or none: on a failure the overlay is exactly as before."""
+        kept = len(self.pending)
+        try:
+            for op in ops:
+                self.record(op)
+        except Exception:
+            del self.pending[kept:]
+            self.replay()
+            raise
+
+    def undo(self, count: int) -> None:
+        """Forget the last `count` unsaved edits (the overlay replays the rest, bit for bit)."""
+        if count:
+            del self.pending[-count:]
+            self.replay()
 
     def begin(self, path: str | Path) -> None:
         if self.recording is not None:
@@ -193,7 +230,7 @@ class PatchStack:
 
     def apply(self, path: str | Path) -> Patch:
         v = self.store
-        patch = load_patch(path, v.hidden)
+        patch = load_patch(path, v.hidden, int(v.index["intermediate_size"]))
         if patch.base_model and patch.base_model != v.index["model"]:
             raise VindexError(f"{path}: this patch was made for {patch.base_model!r}, the vindex in use holds "
                               f"{v.index['model']!r}")

@@ -45,7 +45,7 @@ class OverlayEdits:
         return self.overlay.deleted(layer)
 
     def down_delta(self, layer: int) -> tuple[F32, F32] | None:
-        return None  # the overlay edits features, not whole matrices
+        return self.overlay.down_delta(layer)  # ROME / MEMIT weight edits
 
 
 def walk_model(vindex_path: str | Path, top_k: int | None = None,

@@ -1,0 +1,183 @@
+"""INSERT of one or many facts into an editable vindex, by any method, with an honest report.
+
+Methods:
+- "rome"    one weight edit per fact (facts about one subject share it), solved one after another,
+            each holding the earlier ones' keys still;
+- "memit"   all facts in one joint solve per layer (EMMET's equality-constrained MEMIT);
+- "feature" LARQL's INSERT: one selective FFN feature per fact (edit/feature_insert.py).
+DEFAULT_METHOD is whichever measured best (benchmarks/bench_editing.py; README).
+
+Every INSERT is recorded on the patch stack as a whole or not at all, and reports, per fact,
+efficacy (the prompt), generalisation and locality measured on prompts it did NOT optimise on:
+the prompt behind model-written prefixes of another seed, the user's paraphrases, and a broad set
+of unrelated prompts (top-1 kept, KL).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from larql.edit.evaluate import EVAL_PREFIX_SEED, EVAL_PREFIXES, Scorer, unrelated_logps
+from larql.edit.facts import Fact, model_prefixes
+from larql.edit.rome import KeyMetric
+from larql.edit.stats import DEFAULT_TOKENS, second_moments
+from larql.edit.view import EditableVindex
+from larql.edit.weight_edit import WeightEditPlan, plan_weight_edit
+from larql.edit.weight_op import WeightOp
+from larql.errors import EditError
+from larql.model.model import Model
+from larql.model.tokenizer import cache_dir
+
+METHODS = ("rome", "memit", "feature")
+DEFAULT_METHOD = "rome"
+# The layer whose MLP at the subject's last token carries facts, by crown discovery (edit/crown.py):
+# ablating it there drops p(answer) from 0.08-0.64 to 0.001-0.006 on gemma3-270m (layer 3 of 18).
+CROWN_LAYERS = {"gemma3-270m": 3, "smollm2-135m": 4}
+
+
+def default_layers(model: Model) -> tuple[int, ...]:
+    return (CROWN_LAYERS.get(model.name, max(1, model.config.n_layers // 6)),)
+
+
+def stats_dir(v: EditableVindex) -> Path:
+    """Beside the vindex (`g.vindex.stats/`) when that directory is writable, else the cache."""
+    beside = v.path.parent / f"{v.path.name}.stats"
+    if beside.is_dir() or (v.path.parent.exists() and _writable(v.path.parent)):
+        return beside
+    return cache_dir() / "stats" / v.path.name
+
+
+def _writable(p: Path) -> bool:
+    import os
+
+    return os.access(p, os.W_OK)
+
+
+_metrics: weakref.WeakKeyDictionary[Model, dict[tuple[int, int], KeyMetric]] = weakref.WeakKeyDictionary()
+
+
+def key_metrics(model: Model, layers: Sequence[int], directory: Path | None,
+                n_tokens: int = DEFAULT_TOKENS) -> dict[int, KeyMetric]:
+    """C (+ ridge), factored, per layer: from memory, the statistics cache, or computed."""
+    have = _metrics.setdefault(model, {})
+    missing = [layer for layer in layers if (layer, n_tokens) not in have]
+    if missing:
+        for layer, (cov, _) in second_moments(model, missing, directory, n_tokens).items():
+            have[(layer, n_tokens)] = KeyMetric(cov)
+    return {layer: have[(layer, n_tokens)] for layer in layers}
+
+
+@dataclass(frozen=True)
+class FactReport:
+    fact: Fact
+    p_before: float  # probability of the whole target on the prompt (product of its tokens)
+    p_after: float
+    top1_before: bool  # every token of the target the top-1 (teacher-forced) on the prompt
+    top1_after: bool
+    held_out_before: float  # mean whole-target probability on held-out forms of the prompt
+    held_out_after: float
+    held_out_top1: float  # fraction of held-out forms where every target token is the top-1
+
+
+@dataclass
+class InsertReport:
+    method: str
+    layers: tuple[int, ...]
+    facts: list[FactReport]
+    unrelated_kept: int  # unrelated prompts whose top-1 did not change
+    unrelated_total: int
+    unrelated_kl: float  # mean KL(before || after) over them
+    seconds: float
+    ops: int  # patch operations recorded
+    notes: list[str] = field(default_factory=list)
+    plan: WeightEditPlan | None = None
+
+
+def _probe(sc: Scorer, prompts: Sequence[str], target: str) -> tuple[float, float]:
+    """(mean whole-target probability, fraction with every target token the top-1)."""
+    ps, tops = [], []
+    for p in prompts:
+        toks = sc.token_logps(sc.prompt(p), target)
+        ps.append(float(np.exp(sum(x for x, _ in toks))))
+        tops.append(float(all(t for _, t in toks)))
+    return float(np.mean(ps)), float(np.mean(tops))
+
+
+def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str = DEFAULT_METHOD,
+                 layers: Sequence[int] | None = None, progress: Callable[[str], None] | None = None,
+                 measure: bool = True) -> InsertReport:
+    """Teach `facts` to the vindex's model through its overlay (recorded on its patch stack, all or
+    nothing) and measure the result on held-out prompts."""
+    if method not in METHODS:
+        raise EditError(f"unknown edit method {method!r} (one of {', '.join(METHODS)})")
+    if not facts:
+        raise EditError("INSERT needs at least one fact")
+    if not v.has_model_weights:
+        raise EditError("INSERT needs the model's weights: extract the vindex WITH INFERENCE")
+    model = v.model()
+    t0 = time.perf_counter()
+    held_prefixes = model_prefixes(model, EVAL_PREFIXES, seed=EVAL_PREFIX_SEED) if measure else ()
+    sc = Scorer(model)
+
+    def held_out(f: Fact) -> list[str]:
+        return [p + f.prompt for p in held_prefixes]
+
+    before = []
+    if measure:
+        for f in facts:
+            p, top = _probe(sc, [f.prompt], f.target)
+            before.append((p, top, _probe(sc, held_out(f), f.target)[0]))
+        unrelated_before = unrelated_logps(model)
+    recorded = len(v.patches.pending)
+    plan = None
+    if method == "feature":
+        from larql.edit.feature_insert import plan_insert
+
+        ops = []
+        for f in facts:
+            feature_ops, _ = plan_insert(v, f.subject, f.relation or "relation", f.target,
+                                         None if layers is None else layers[0])
+            v.patches.record_all(list(feature_ops))  # later facts re-tune against earlier ones
+            ops += feature_ops
+        used = tuple(sorted({op.layer for op in ops}))
+    else:
+        used = tuple(layers) if layers else default_layers(model)
+        metrics = key_metrics(model, used, stats_dir(v))
+        groups = [list(facts)] if method == "memit" else [[f] for f in facts]
+        try:
+            for i, group in enumerate(groups):
+                if progress and method == "rome" and len(groups) > 1:
+                    progress(f"fact {i + 1}/{len(groups)}: {group[0].label}")
+                preserved = {layer: k for layer in used if (k := v.overlay.held_keys(layer)) is not None}
+                plan = plan_weight_edit(model, group, used, metrics, preserved, model.edits, progress=progress)
+                facts_meta = tuple({"subject": f.subject, "relation": f.relation, "prompt": f.prompt,
+                                    "target": f.target} for f in group)
+                v.patches.record_all([WeightOp(d.layer, d.u, d.v, plan.keys[d.layer], facts_meta, method)
+                                      for d in plan.deltas])
+        except Exception:
+            v.patches.undo(len(v.patches.pending) - recorded)  # nothing half-applied
+            raise
+    seconds = time.perf_counter() - t0
+    report = InsertReport(method, used, [], 0, 0, 0.0, seconds, len(v.patches.pending) - recorded, plan=plan)
+    if not measure:
+        return report
+    sc = Scorer(model)  # the edited model: no cached prompt states from before
+    for f, (p0, top0, h0) in zip(facts, before):
+        p1, top1 = _probe(sc, [f.prompt], f.target)
+        h1, htop = _probe(sc, held_out(f), f.target)
+        report.facts.append(FactReport(f, p0, p1, bool(top0), bool(top1), h0, h1, htop))
+    after = unrelated_logps(model)
+    kls = [float(np.sum(np.exp(b) * (b - a))) for b, a in zip(unrelated_before, after)]
+    report.unrelated_kept = sum(int(np.argmax(b) == np.argmax(a)) for b, a in zip(unrelated_before, after))
+    report.unrelated_total, report.unrelated_kl = len(after), float(np.mean(kls))
+    missed = [r.fact.label for r in report.facts if not r.top1_after]
+    if missed:
+        report.notes.append(f"not the top-1 on its own prompt after the edit: {', '.join(missed[:5])}"
+                            + (f" and {len(missed) - 5} more" if len(missed) > 5 else ""))
+    return report

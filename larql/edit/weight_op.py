@@ -1,0 +1,87 @@
+"""The patch operation of a ROME / MEMIT weight edit: a low-rank addition to one layer's down
+projection, with the facts it teaches and the keys it maps (format: vindex_spec/EDITING.md)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from larql.edit.overlay import PatchOverlay
+from larql.errors import VindexError
+
+F32 = NDArray[np.float32]
+FACT_FIELDS = ("subject", "relation", "prompt", "target")
+MAX_RANK = 100_000
+
+
+def _b64(a: F32) -> str:
+    return base64.b64encode(np.ascontiguousarray(a, dtype="<f4").tobytes()).decode()
+
+
+def _unb64(text: Any, shape: tuple[int, int], where: str, name: str) -> F32:
+    if not isinstance(text, str):
+        raise VindexError(f"{where}: {name}_b64 must be a base64 string")
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (ValueError, binascii.Error) as e:
+        raise VindexError(f"{where}: {name}_b64 is not base64 ({e})") from None
+    if len(raw) != 4 * shape[0] * shape[1]:
+        raise VindexError(f"{where}: {name} holds {len(raw) // 4} values, expected {shape[0]} x {shape[1]} "
+                          f"(a patch for another model?)")
+    arr = np.frombuffer(raw, dtype="<f4").astype(np.float32).reshape(shape)
+    if not np.all(np.isfinite(arr)):
+        raise VindexError(f"{where}: {name} has NaN or infinite values")
+    return arr
+
+
+@dataclass(frozen=True)
+class WeightOp:
+    """dW = u @ v.T added to layer `layer`'s down projection."""
+
+    layer: int
+    u: F32  # (hidden, r)
+    v: F32  # (ffn, r)
+    keys: F32  # (ffn, r)
+    facts: tuple[dict[str, str], ...] = ()
+    method: str = "rome"
+    op: str = "weight_edit"
+    feature: int = -1  # not a feature edit: no slot is written
+
+    @property
+    def rank(self) -> int:
+        return int(self.u.shape[1])
+
+    def apply(self, overlay: PatchOverlay) -> None:
+        overlay.add_weight(self.layer, self.u, self.v, self.keys)
+
+    def labels(self) -> list[str]:
+        return [f"{f.get('subject', '?')} -[{f.get('relation') or '?'}]-> {f.get('target', '?')}" for f in self.facts]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "layer": self.layer, "method": self.method, "rank": self.rank,
+                "u_b64": _b64(self.u), "v_b64": _b64(self.v), "keys_b64": _b64(self.keys),
+                "facts": [dict(f) for f in self.facts]}
+
+    @staticmethod
+    def from_json(d: dict[str, Any], where: str, hidden: int, ffn: int) -> WeightOp:
+        layer, rank = d.get("layer"), d.get("rank")
+        if not isinstance(layer, int) or isinstance(layer, bool) or layer < 0:
+            raise VindexError(f"{where}: weight_edit needs a non-negative integer layer")
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 1 <= rank <= MAX_RANK:
+            raise VindexError(f"{where}: weight_edit needs an integer rank between 1 and {MAX_RANK}")
+        facts = d.get("facts", [])
+        if not isinstance(facts, list) or not all(
+                isinstance(f, dict) and all(isinstance(f.get(k, ""), str) for k in FACT_FIELDS) for f in facts):
+            raise VindexError(f"{where}: facts must be a list of {{subject, relation, prompt, target}} strings")
+        method = d.get("method", "rome")
+        if not isinstance(method, str):
+            raise VindexError(f"{where}: method must be a string")
+        return WeightOp(layer, _unb64(d.get("u_b64"), (hidden, rank), where, "u"),
+                        _unb64(d.get("v_b64"), (ffn, rank), where, "v"),
+                        _unb64(d.get("keys_b64"), (ffn, rank), where, "keys"),
+                        tuple({k: str(f.get(k, "")) for k in FACT_FIELDS} for f in facts), method)
