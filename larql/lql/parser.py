@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
+import sys
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 
+import lark
 from lark import Lark, Token
 from lark.exceptions import (
     LarkError,
@@ -75,10 +79,24 @@ class _TokenLimit:
             yield tok
 
 
+def _cache_file(grammar: str) -> str | bool:
+    """Where Lark keeps the built parser: $LARQL_CACHE (default ~/.cache/larql), a private directory,
+    one file per grammar version; False (no cache) if it cannot be made. Lark checks a hash of the
+    grammar, its options and its version before it loads the file, and rebuilds on any mismatch."""
+    root = Path(os.environ.get("LARQL_CACHE", Path.home() / ".cache" / "larql"))
+    try:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return False
+    key = hashlib.sha256(f"{grammar}{lark.__version__}{sys.version_info[:2]}".encode()).hexdigest()[:16]
+    return str(root / f"lql-grammar-{key}.lark")
+
+
 @lru_cache(maxsize=1)
 def _lark() -> Lark:
-    return Lark(GRAMMAR.read_text(), parser="lalr", strict=True, propagate_positions=True, maybe_placeholders=False,
-                postlex=_TokenLimit())
+    grammar = GRAMMAR.read_text()
+    return Lark(grammar, parser="lalr", strict=True, propagate_positions=True, maybe_placeholders=False,
+                postlex=_TokenLimit(), cache=_cache_file(grammar))
 
 
 def _describe_expected(expected: set[str]) -> str:
