@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -110,6 +111,11 @@ def _escape_offset(body: str, k: int) -> int:
     return 1 + sum(len(p) + (j % 2) for j, p in enumerate(_ESCAPE.split(body)[:k]))
 
 
+def _path_parts(path: str) -> list[str]:
+    """A path's components, split at '/' (and at the OS's own separator, e.g. '\\' on Windows)."""
+    return path.replace(os.sep, "/").split("/")
+
+
 def _is_string(c: Any) -> bool:
     return isinstance(c, Token) and c.type == "STRING"
 
@@ -162,7 +168,7 @@ class ToAst(Transformer):  # type: ignore[type-arg]
         size = len(path.encode("utf-8"))
         if size > MAX_PATH:
             raise _error(self.text, tok, f"a path of {size:,} bytes is too long (at most {MAX_PATH:,})")
-        for part in path.replace("\\", "/").split("/"):
+        for part in _path_parts(path):
             if len(part.encode("utf-8")) > MAX_PATH_PART:
                 raise _error(self.text, tok, f"the path component {part[:20]!r}... is longer than {MAX_PATH_PART} bytes",
                              "file and directory names are at most 255 bytes, and larql needs room for temporary names")
@@ -172,7 +178,7 @@ class ToAst(Transformer):  # type: ignore[type-arg]
         """The path (first string) that must name a file (a patch, a trace): not '.', '..' or 'dir/'."""
         tok = next(c for c in children if _is_string(c))
         path = self._path(tok)
-        if path.replace("\\", "/").rsplit("/", 1)[-1] in ("", ".", ".."):
+        if _path_parts(path)[-1] in ("", ".", ".."):
             raise _error(self.text, tok, f"{path!r} names a directory, not a file", "give a file name, e.g. \"edits.vlp\"")
         return path
 

@@ -47,6 +47,7 @@ def test_bad_escapes_and_characters(source: str, column: int, says: str) -> None
     ("SELECT * FROM EDGES WHERE " + "a" * (MAX_NAME + 1) + " = 1", "field name"),
     ('DESCRIBE "' + "x" * (MAX_STRING + 1) + '"', "too long"),
     ('USE "' + "d/" * (MAX_PATH // 2) + 'x"', "path of"), ('USE "' + "x" * 300 + '"', "longer than 240 bytes"),
+    ('USE "' + "\\\\" * 241 + '"', "longer than 240 bytes"),  # a backslash is no separator on POSIX
     ('BEGIN PATCH ""', "an empty path"), ('APPLY PATCH "dir/"', "names a directory"),
     ("STATS;" * (MAX_TOKENS // 2 + 1), "tokens"), (" " * (MAX_SOURCE + 1), "characters"),
 ])
