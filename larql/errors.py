@@ -77,7 +77,12 @@ class LqlError(LarqlError):
         head = f"{self.line}:{self.column}: {self.message}"
         if self.hint:
             head += f"\n  hint: {self.hint}"
-        return f"{head}\n  {self.source_line}\n  {' ' * (self.column - 1)}^"
+        line, caret = self.source_line, self.column - 1
+        if len(line) > 120:  # a long line is shown around the column only
+            start = max(0, caret - 60)
+            line = ("..." if start else "") + line[start:start + 120] + ("..." if start + 120 < len(line) else "")
+            caret += (3 if start else 0) - start
+        return f"{head}\n  {line}\n  {' ' * caret}^"
 
 
 class LqlSyntaxError(LqlError):

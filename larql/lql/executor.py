@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import time
-from typing import Callable
+from collections.abc import Callable
+from pathlib import Path
 
 from larql.errors import LarqlError, LqlError, LqlSemanticError
 from larql.lql import ast
@@ -38,12 +40,25 @@ def run_statement(stmt: ast.Statement, session: Session) -> list[Result]:
         HANDLERS[type(stmt)](stmt, session, result)
     except LqlError:
         raise
+    except OSError as e:  # a file the statement names cannot be read or written
+        span = stmt.span
+        raise LqlSemanticError(f"{_os_path(e)}: {e.strerror or e}", session.source, span.line, span.column,
+                               "check the path: its directory must exist and be writable") from e
     except LarqlError as e:  # a vindex or model error while running: locate it at the statement
         span = stmt.span
         raise LqlSemanticError(str(e), session.source, span.line, span.column,
                                f"while running step {p.steps[-1].op}" if p.steps else "") from e
     result.elapsed_ms = (time.perf_counter() - t0) * 1e3
     return [result]
+
+
+def _os_path(e: OSError) -> str:
+    """The path an OSError is about, as the user wrote it (not larql's temporary .NAME.tmp-PID)."""
+    name = e.filename2 or e.filename
+    if name is None:
+        return "a file"
+    p = Path(str(name))
+    return str(p.with_name(re.sub(r"^\.(.+)\.tmp-\d+$", r"\1", p.name))) if p.name else str(p)
 
 
 def execute(text: str, session: Session | None = None) -> list[Result]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import ast as pyast
+import math
+import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +13,21 @@ from lark.tree import Meta
 
 from larql.errors import LqlSyntaxError
 from larql.lql import ast
+
+# ---- lexical limits (vindex_spec/LQL.md "Limits"); the parser checks the input-wide ones
+MAX_STRING = 65_536  # characters of a string literal's body, as written
+MAX_PATH = 1_024  # UTF-8 bytes of a path (USE, EXTRACT, COMPILE, patches, TRACE ... SAVE, STATS, DIFF, MERGE)
+MAX_PATH_PART = 240  # UTF-8 bytes of one component: 255, less room for temporary names (.NAME.tmp-PID)
+MAX_NAME = 64  # characters of a field name
+MAX_NUMBER = 64  # characters of a number literal
+MAX_VALUE = 2**53 - 1  # |n| of an integer in WHERE, SET, CONFIDENCE... (exact in a float64)
+MAX_COUNT = 2**31 - 1  # a layer, feature, TOP, LIMIT or MAX number
+
+# ---- string escapes: JSON's, plus \' (vindex_spec/LQL.md "Strings")
+ESCAPES = {"\\": "\\", '"': '"', "'": "'", "/": "/", "n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f"}
+_ESCAPE_HINT = "escapes are \\\\ \\\" \\' \\/ \\n \\t \\r \\b \\f and \\uXXXX (4 hex digits)"
+# NUL, lone surrogates: refused anywhere in the source (parser) and as \u escapes (here)
+BAD_CHARS = re.compile("[\x00\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -22,20 +39,85 @@ class Opt:
     meta: Meta | None = None
 
 
-def _unquote(tok: Token) -> str:
-    raw = str(tok)
-    body = raw[1:-1]
-    if "\\" not in body:
-        return body
-    return str(pyast.literal_eval('"' + body.replace('"', '\\"') + '"')) if raw[0] == "'" else str(pyast.literal_eval(raw))
+def _error(text: str, tok: Token, message: str, hint: str = "", offset: int = 0) -> LqlSyntaxError:
+    """An error at `tok` (plus `offset` characters, for a spot inside a one-line token)."""
+    return LqlSyntaxError(message, text, tok.line or 0, (tok.column or 0) + offset, hint)
 
 
-def _strings(children: list[Any]) -> list[str]:
-    return [_unquote(c) for c in children if isinstance(c, Token) and c.type == "STRING"]
+_ESCAPE = re.compile(r"\\(u[0-9A-Fa-f]{4}|.?)", re.DOTALL)  # one escape: what follows the backslash
 
 
-def _ints(children: list[Any]) -> list[int]:
-    return [int(c) for c in children if isinstance(c, Token) and c.type == "INT"]
+def _decode_escapes(text: str, tok: Token, body: str) -> str:
+    """A string literal's body with its escapes decoded; anything but the escapes above is an error.
+
+    Decodes each distinct escape once, and surrogate pairs by a UTF-16 round trip, so a string of
+    10,000 escapes costs about a millisecond; an error goes to the slow, exact `_decode_checked`."""
+    parts = _ESCAPE.split(body)  # text, escape, text, escape, ..., text
+    escapes = parts[1::2]
+    table: dict[str, str] = {}
+    surrogates = False
+    for e in set(escapes):
+        if e in ESCAPES:
+            table[e] = ESCAPES[e]
+        elif len(e) == 5:  # u + 4 hex digits (the regex saw to it)
+            code = int(e[1:], 16)
+            if code == 0:
+                return _decode_checked(text, tok, body)
+            surrogates |= 0xD800 <= code < 0xE000
+            table[e] = chr(code)
+        else:
+            return _decode_checked(text, tok, body)
+    parts[1::2] = map(table.__getitem__, escapes)
+    out = "".join(parts)
+    if surrogates:  # pairs become one character; a lone surrogate fails to decode
+        try:
+            out = out.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
+        except UnicodeDecodeError:
+            return _decode_checked(text, tok, body)
+    return out
+
+
+def _decode_checked(text: str, tok: Token, body: str) -> str:
+    """`_decode_escapes`, one escape at a time: raises at the first escape that is not allowed."""
+    parts = _ESCAPE.split(body)  # text, escape, text, escape, ..., text
+    k = 1
+    while k < len(parts):
+        e = parts[k]
+        if e in ESCAPES:
+            parts[k] = ESCAPES[e]
+        elif e[:1] == "u" and len(e) == 5:
+            code = int(e[1:], 16)
+            nxt = parts[k + 2] if k + 2 < len(parts) and not parts[k + 1] else ""
+            if 0xD800 <= code < 0xDC00 and len(nxt) == 5 and nxt[0] == "u" and 0xDC00 <= int(nxt[1:], 16) < 0xE000:
+                # a surrogate pair, as JSON writes characters above U+FFFF
+                parts[k], parts[k + 2] = chr(0x10000 + ((code - 0xD800) << 10) + (int(nxt[1:], 16) - 0xDC00)), ""
+                k += 2
+            elif code == 0 or 0xD800 <= code < 0xE000:
+                what = "a NUL character" if code == 0 else "a lone surrogate"
+                raise _error(text, tok, f"\\{e} is {what}, which strings cannot hold", _ESCAPE_HINT,
+                             offset=_escape_offset(body, k))
+            else:
+                parts[k] = chr(code)
+        else:
+            message = "\\u needs exactly 4 hex digits" if e == "u" else (
+                f"unknown escape \\{e if e.isprintable() else f'U+{ord(e):04X}' if e else ''} in a string")
+            raise _error(text, tok, message, _ESCAPE_HINT, offset=_escape_offset(body, k))
+        k += 2
+    return "".join(parts)
+
+
+def _escape_offset(body: str, k: int) -> int:
+    """The column offset, from the opening quote, of the backslash of the escape at `parts[k]`."""
+    return 1 + sum(len(p) + (j % 2) for j, p in enumerate(_ESCAPE.split(body)[:k]))
+
+
+def _path_parts(path: str) -> list[str]:
+    """A path's components, split at '/' (and at the OS's own separator, e.g. '\\' on Windows)."""
+    return path.replace(os.sep, "/").split("/")
+
+
+def _is_string(c: Any) -> bool:
+    return isinstance(c, Token) and c.type == "STRING"
 
 
 def _kw(children: list[Any], *types: str) -> str | None:
@@ -69,6 +151,59 @@ class ToAst(Transformer):  # type: ignore[type-arg]
                 found[c.key] = c.value
         return found
 
+    # ---- literals: decoded and range-checked here, errors at the token
+    def _unquote(self, tok: Token) -> str:
+        body = str(tok)[1:-1]
+        if len(body) > MAX_STRING:
+            raise _error(self.text, tok, f"a string of {len(body):,} characters is too long (at most {MAX_STRING:,})")
+        return _decode_escapes(self.text, tok, body) if "\\" in body else body
+
+    def _strings(self, children: list[Any]) -> list[str]:
+        return [self._unquote(c) for c in children if _is_string(c)]
+
+    def _path(self, tok: Token) -> str:
+        path = self._unquote(tok)
+        if not path:
+            raise _error(self.text, tok, "an empty path")
+        size = len(path.encode("utf-8"))
+        if size > MAX_PATH:
+            raise _error(self.text, tok, f"a path of {size:,} bytes is too long (at most {MAX_PATH:,})")
+        for part in _path_parts(path):
+            if len(part.encode("utf-8")) > MAX_PATH_PART:
+                raise _error(self.text, tok, f"the path component {part[:20]!r}... is longer than {MAX_PATH_PART} bytes",
+                             "file and directory names are at most 255 bytes, and larql needs room for temporary names")
+        return path
+
+    def _file_path(self, children: list[Any]) -> str:
+        """The path (first string) that must name a file (a patch, a trace): not '.', '..' or 'dir/'."""
+        tok = next(c for c in children if _is_string(c))
+        path = self._path(tok)
+        if _path_parts(path)[-1] in ("", ".", ".."):
+            raise _error(self.text, tok, f"{path!r} names a directory, not a file", "give a file name, e.g. \"edits.vlp\"")
+        return path
+
+    def _paths(self, children: list[Any]) -> list[str]:
+        return [self._path(c) for c in children if _is_string(c)]
+
+    def _int(self, tok: Token, limit: int, what: str) -> int:
+        if len(tok) > 16 or int(tok) > limit:
+            shown = str(tok) if len(tok) <= 24 else f"{str(tok)[:12]}...({len(tok)} digits)"
+            raise _error(self.text, tok, f"{shown} is out of range for {what} (at most {limit:,})")
+        return int(tok)
+
+    def _ints(self, children: list[Any], what: str = "a layer or count") -> list[int]:
+        return [self._int(c, MAX_COUNT, what) for c in children if isinstance(c, Token) and c.type == "INT"]
+
+    def _number(self, tok: Token) -> int | float:
+        if len(tok) > MAX_NUMBER:
+            raise _error(self.text, tok, f"a number of {len(tok):,} characters is too long (at most {MAX_NUMBER})")
+        if tok.type == "INT":
+            return self._int(tok, MAX_VALUE, "a number (|n| < 2^53)")
+        x = float(tok)
+        if not math.isfinite(x):
+            raise _error(self.text, tok, f"{tok} is not a finite number")
+        return x
+
     # ---- shared pieces
     def start(self, children: list[Any]) -> list[ast.Statement]:
         return [c for c in children if isinstance(c, ast.Statement)]
@@ -79,25 +214,26 @@ class ToAst(Transformer):  # type: ignore[type-arg]
 
     @v_args(meta=True)
     def range(self, meta: Meta, children: list[Any]) -> ast.Range:
-        start, end = _ints(children)
+        start, end = self._ints(children)
         if start > end:
             raise LqlSyntaxError(f"layer range {start}-{end} is empty", self.text, meta.line, meta.column,
                                  f"ranges go from low to high, e.g. {end}-{start}")
         return ast.Range(start, end)
 
     def name(self, children: list[Any]) -> str:
-        return str(children[0]).lower()
+        tok = children[0]
+        if len(tok) > MAX_NAME:
+            raise _error(self.text, tok, f"a field name of {len(tok):,} characters is too long (at most {MAX_NAME})")
+        return str(tok).lower()
 
     def number(self, children: list[Any]) -> int | float:
-        tok = children[0]
-        return float(tok) if tok.type == "FLOAT" else int(tok)
+        return self._number(children[0])
 
     def negative(self, children: list[Any]) -> int | float:
-        tok = children[-1]
-        return -(float(tok) if tok.type == "FLOAT" else int(tok))
+        return -self._number(children[-1])
 
     def string_value(self, children: list[Any]) -> str:
-        return _unquote(children[0])
+        return self._unquote(children[0])
 
     def number_value(self, children: list[Any]) -> int | float:
         return children[0]  # type: ignore[no-any-return]
@@ -109,7 +245,7 @@ class ToAst(Transformer):  # type: ignore[type-arg]
         return ast.Condition(children[0], children[1], children[2])
 
     def like_condition(self, children: list[Any]) -> ast.Condition:
-        return ast.Condition(children[0], "LIKE", _strings(children)[0])
+        return ast.Condition(children[0], "LIKE", self._strings(children)[0])
 
     def in_condition(self, children: list[Any]) -> ast.Condition:
         values = tuple(c for c in children[1:] if not isinstance(c, Token))
@@ -121,11 +257,11 @@ class ToAst(Transformer):  # type: ignore[type-arg]
 
     @v_args(meta=True)
     def top_clause(self, meta: Meta, children: list[Any]) -> Opt:
-        return Opt("top", _ints(children)[0], meta)
+        return Opt("top", self._ints(children)[0], meta)
 
     @v_args(meta=True)
     def limit_clause(self, meta: Meta, children: list[Any]) -> Opt:
-        return Opt("limit", _ints(children)[0], meta)
+        return Opt("limit", self._ints(children)[0], meta)
 
     @v_args(meta=True)
     def layers_clause(self, meta: Meta, children: list[Any]) -> Opt:
@@ -133,7 +269,7 @@ class ToAst(Transformer):  # type: ignore[type-arg]
 
     @v_args(meta=True)
     def at_layer(self, meta: Meta, children: list[Any]) -> Opt:
-        return Opt("at_layer", _ints(children)[0], meta)
+        return Opt("at_layer", self._ints(children)[0], meta)
 
     @v_args(meta=True)
     def relations_only(self, meta: Meta, children: list[Any]) -> Opt:
@@ -171,7 +307,7 @@ class ToAst(Transformer):  # type: ignore[type-arg]
         return Opt("verbose", True, meta)
 
     def vindex_ref(self, children: list[Any]) -> str | None:
-        strings = _strings(children)
+        strings = self._paths(children)
         return strings[0] if strings else None
 
     # ---- lifecycle
@@ -186,7 +322,7 @@ class ToAst(Transformer):  # type: ignore[type-arg]
 
     @v_args(meta=True)
     def extract(self, meta: Meta, children: list[Any]) -> ast.ExtractStmt:
-        model, into = _strings(children)[:2]
+        model, into = self._paths(children)[:2]
         o = self._options(children, "EXTRACT")
         return ast.ExtractStmt(model, into, o.get("components"), o.get("layers"), o.get("level", "browse"),
                                span=_span(meta))
@@ -200,24 +336,24 @@ class ToAst(Transformer):  # type: ignore[type-arg]
     @v_args(meta=True)
     def compile_model(self, meta: Meta, children: list[Any]) -> ast.CompileStmt:
         fmt = next((c for c in children[2:] if isinstance(c, str) and not isinstance(c, Token)), None)
-        return ast.CompileStmt(children[1], "model", _strings(children[2:])[0], format=fmt, span=_span(meta))
+        return ast.CompileStmt(children[1], "model", self._paths(children[2:])[0], format=fmt, span=_span(meta))
 
     @v_args(meta=True)
     def compile_vindex(self, meta: Meta, children: list[Any]) -> ast.CompileStmt:
         conflict = next((c for c in children[2:] if isinstance(c, str) and not isinstance(c, Token)), None)
-        return ast.CompileStmt(children[1], "vindex", _strings(children[2:])[0], on_conflict=conflict, span=_span(meta))
+        return ast.CompileStmt(children[1], "vindex", self._paths(children[2:])[0], on_conflict=conflict, span=_span(meta))
 
     @v_args(meta=True)
     def diff_layer(self, meta: Meta, children: list[Any]) -> Opt:
-        return Opt("layer", _ints(children)[0], meta)
+        return Opt("layer", self._ints(children)[0], meta)
 
     @v_args(meta=True)
     def diff_relation(self, meta: Meta, children: list[Any]) -> Opt:
-        return Opt("relation", _strings(children)[0], meta)
+        return Opt("relation", self._strings(children)[0], meta)
 
     @v_args(meta=True)
     def into_patch(self, meta: Meta, children: list[Any]) -> Opt:
-        return Opt("into_patch", _strings(children)[0], meta)
+        return Opt("into_patch", self._paths(children)[0], meta)
 
     @v_args(meta=True)
     def diff(self, meta: Meta, children: list[Any]) -> ast.DiffStmt:
@@ -227,15 +363,15 @@ class ToAst(Transformer):  # type: ignore[type-arg]
 
     @v_args(meta=True)
     def use_vindex(self, meta: Meta, children: list[Any]) -> ast.UseStmt:
-        return ast.UseStmt("vindex", _strings(children)[0], span=_span(meta))
+        return ast.UseStmt("vindex", self._paths(children)[0], span=_span(meta))
 
     @v_args(meta=True)
     def use_model(self, meta: Meta, children: list[Any]) -> ast.UseStmt:
-        return ast.UseStmt("model", _strings(children)[0], _kw(children, "AUTO_EXTRACT") is not None, span=_span(meta))
+        return ast.UseStmt("model", self._paths(children)[0], _kw(children, "AUTO_EXTRACT") is not None, span=_span(meta))
 
     @v_args(meta=True)
     def use_remote(self, meta: Meta, children: list[Any]) -> ast.UseStmt:
-        return ast.UseStmt("remote", _strings(children)[0], span=_span(meta))
+        return ast.UseStmt("remote", self._strings(children)[0], span=_span(meta))
 
     # ---- browse
     @v_args(meta=True)
@@ -250,13 +386,13 @@ class ToAst(Transformer):  # type: ignore[type-arg]
     @v_args(meta=True)
     def walk(self, meta: Meta, children: list[Any]) -> ast.WalkStmt:
         o = self._options(children, "WALK")
-        return ast.WalkStmt(_strings(children)[0], o.get("top"), o.get("layers"), o.get("mode"),
+        return ast.WalkStmt(self._strings(children)[0], o.get("top"), o.get("layers"), o.get("mode"),
                             o.get("compare", False), span=_span(meta))
 
     @v_args(meta=True)
     def describe(self, meta: Meta, children: list[Any]) -> ast.DescribeStmt:
         o = self._options(children, "DESCRIBE")
-        return ast.DescribeStmt(_strings(children)[0], o.get("band"), o.get("at_layer"),
+        return ast.DescribeStmt(self._strings(children)[0], o.get("band"), o.get("at_layer"),
                                 o.get("relations_only", False), o.get("mode"), span=_span(meta))
 
     def select_star(self, children: list[Any]) -> tuple[str, ...]:
@@ -270,7 +406,7 @@ class ToAst(Transformer):  # type: ignore[type-arg]
 
     @v_args(meta=True)
     def nearest(self, meta: Meta, children: list[Any]) -> Opt:
-        return Opt("nearest", ast.Nearest(_strings(children)[0], _ints(children)[0]), meta)
+        return Opt("nearest", ast.Nearest(self._strings(children)[0], self._ints(children)[0]), meta)
 
     @v_args(meta=True)
     def order_clause(self, meta: Meta, children: list[Any]) -> Opt:
@@ -293,23 +429,23 @@ class ToAst(Transformer):  # type: ignore[type-arg]
 
     @v_args(meta=True)
     def explain_walk(self, meta: Meta, children: list[Any]) -> ast.ExplainWalkStmt:
-        return ast.ExplainWalkStmt(_strings(children)[0], **self._explain(children, "EXPLAIN WALK"), span=_span(meta))
+        return ast.ExplainWalkStmt(self._strings(children)[0], **self._explain(children, "EXPLAIN WALK"), span=_span(meta))
 
     @v_args(meta=True)
     def explain_infer(self, meta: Meta, children: list[Any]) -> ast.ExplainInferStmt:
         attention = any(isinstance(c, Opt) and c.key == "with_attention" for c in children)
-        return ast.ExplainInferStmt(_strings(children)[0], **self._explain(children, "EXPLAIN INFER"),
+        return ast.ExplainInferStmt(self._strings(children)[0], **self._explain(children, "EXPLAIN INFER"),
                                     with_attention=attention, span=_span(meta))
 
     # ---- inference
     @v_args(meta=True)
     def infer(self, meta: Meta, children: list[Any]) -> ast.InferStmt:
         o = self._options(children, "INFER")
-        return ast.InferStmt(_strings(children)[0], o.get("top"), o.get("compare", False), span=_span(meta))
+        return ast.InferStmt(self._strings(children)[0], o.get("top"), o.get("compare", False), span=_span(meta))
 
     @v_args(meta=True)
     def trace_for(self, meta: Meta, children: list[Any]) -> Opt:
-        return Opt("for_token", _strings(children)[0], meta)
+        return Opt("for_token", self._strings(children)[0], meta)
 
     @v_args(meta=True)
     def decompose_flag(self, meta: Meta, children: list[Any]) -> Opt:
@@ -321,12 +457,12 @@ class ToAst(Transformer):  # type: ignore[type-arg]
 
     @v_args(meta=True)
     def save_clause(self, meta: Meta, children: list[Any]) -> Opt:
-        return Opt("save", _strings(children)[0], meta)
+        return Opt("save", self._file_path(children), meta)
 
     @v_args(meta=True)
     def trace(self, meta: Meta, children: list[Any]) -> ast.TraceStmt:
         o = self._options(children, "TRACE")
-        return ast.TraceStmt(_strings(children)[0], o.get("for_token"), o.get("decompose", False), o.get("layers"),
+        return ast.TraceStmt(self._strings(children)[0], o.get("for_token"), o.get("decompose", False), o.get("layers"),
                              o.get("positions"), o.get("save"), span=_span(meta))
 
     # ---- mutation
@@ -348,7 +484,7 @@ class ToAst(Transformer):  # type: ignore[type-arg]
         if columns != ["entity", "relation", "target"]:
             raise LqlSyntaxError(f"INSERT INTO EDGES takes the columns (entity, relation, target), not "
                                  f"({', '.join(columns)})", self.text, meta.line, meta.column)
-        entity, relation, target = _strings(children)[:3]
+        entity, relation, target = self._strings(children)[:3]
         o = self._options(children, "INSERT")
         return ast.InsertStmt(entity, relation, target, o.get("at_layer"), o.get("confidence"), o.get("alpha"),
                               o.get("mode"), span=_span(meta))
@@ -367,7 +503,7 @@ class ToAst(Transformer):  # type: ignore[type-arg]
 
     @v_args(meta=True)
     def merge_into(self, meta: Meta, children: list[Any]) -> Opt:
-        return Opt("into", _strings(children)[0], meta)
+        return Opt("into", self._paths(children)[0], meta)
 
     @v_args(meta=True)
     def merge_conflict(self, meta: Meta, children: list[Any]) -> Opt:
@@ -376,7 +512,7 @@ class ToAst(Transformer):  # type: ignore[type-arg]
     @v_args(meta=True)
     def merge(self, meta: Meta, children: list[Any]) -> ast.MergeStmt:
         o = self._options(children, "MERGE")
-        return ast.MergeStmt(_strings(children)[0], o.get("into"), o.get("on_conflict"), span=_span(meta))
+        return ast.MergeStmt(self._paths(children)[0], o.get("into"), o.get("on_conflict"), span=_span(meta))
 
     @v_args(meta=True)
     def until_converged(self, meta: Meta, children: list[Any]) -> Opt:
@@ -384,7 +520,7 @@ class ToAst(Transformer):  # type: ignore[type-arg]
 
     @v_args(meta=True)
     def max_clause(self, meta: Meta, children: list[Any]) -> Opt:
-        return Opt("max_iters", _ints(children)[0], meta)
+        return Opt("max_iters", self._ints(children)[0], meta)
 
     @v_args(meta=True)
     def floor_clause(self, meta: Meta, children: list[Any]) -> Opt:
@@ -419,7 +555,7 @@ class ToAst(Transformer):  # type: ignore[type-arg]
     # ---- patches
     @v_args(meta=True)
     def begin_patch(self, meta: Meta, children: list[Any]) -> ast.BeginPatchStmt:
-        return ast.BeginPatchStmt(_strings(children)[0], span=_span(meta))
+        return ast.BeginPatchStmt(self._file_path(children), span=_span(meta))
 
     @v_args(meta=True)
     def save_patch(self, meta: Meta, children: list[Any]) -> ast.SavePatchStmt:
@@ -427,7 +563,7 @@ class ToAst(Transformer):  # type: ignore[type-arg]
 
     @v_args(meta=True)
     def apply_patch(self, meta: Meta, children: list[Any]) -> ast.ApplyPatchStmt:
-        return ast.ApplyPatchStmt(_strings(children)[0], span=_span(meta))
+        return ast.ApplyPatchStmt(self._file_path(children), span=_span(meta))
 
     @v_args(meta=True)
     def show_patches(self, meta: Meta, children: list[Any]) -> ast.ShowPatchesStmt:
@@ -435,7 +571,7 @@ class ToAst(Transformer):  # type: ignore[type-arg]
 
     @v_args(meta=True)
     def remove_patch(self, meta: Meta, children: list[Any]) -> ast.RemovePatchStmt:
-        return ast.RemovePatchStmt(_strings(children)[0], span=_span(meta))
+        return ast.RemovePatchStmt(self._file_path(children), span=_span(meta))
 
     # ---- introspection
     @v_args(meta=True)
@@ -455,11 +591,11 @@ class ToAst(Transformer):  # type: ignore[type-arg]
     @v_args(meta=True)
     def show_features(self, meta: Meta, children: list[Any]) -> ast.ShowFeaturesStmt:
         o = self._options(children, "SHOW FEATURES")
-        return ast.ShowFeaturesStmt(_ints(children)[0], o.get("where", ()), o.get("limit"), span=_span(meta))
+        return ast.ShowFeaturesStmt(self._ints(children)[0], o.get("where", ()), o.get("limit"), span=_span(meta))
 
     @v_args(meta=True)
     def bare_layer(self, meta: Meta, children: list[Any]) -> Opt:
-        return Opt("at_layer", _ints(children)[0], meta)
+        return Opt("at_layer", self._ints(children)[0], meta)
 
     @v_args(meta=True)
     def show_entities(self, meta: Meta, children: list[Any]) -> ast.ShowEntitiesStmt:
@@ -476,5 +612,5 @@ class ToAst(Transformer):  # type: ignore[type-arg]
 
     @v_args(meta=True)
     def stats(self, meta: Meta, children: list[Any]) -> ast.StatsStmt:
-        strings = _strings(children)
+        strings = self._paths(children)
         return ast.StatsStmt(strings[0] if strings else None, span=_span(meta))
