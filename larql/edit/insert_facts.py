@@ -25,8 +25,9 @@ import numpy as np
 
 from larql.edit.evaluate import EVAL_PREFIX_SEED, EVAL_PREFIXES, Scorer, unrelated_logps
 from larql.edit.facts import Fact, model_prefixes
+from larql.edit.methods import DEFAULT_METHOD, METHODS, default_layer
 from larql.edit.rome import KeyMetric
-from larql.edit.stats import DEFAULT_TOKENS, second_moments
+from larql.edit.stats import second_moments, token_budget
 from larql.edit.view import EditableVindex
 from larql.edit.weight_edit import WeightEditPlan, plan_weight_edit
 from larql.edit.weight_op import WeightOp
@@ -34,15 +35,10 @@ from larql.errors import EditError
 from larql.model.model import Model
 from larql.model.tokenizer import cache_dir
 
-METHODS = ("rome", "memit", "feature")
-DEFAULT_METHOD = "rome"
-# The layer whose MLP at the subject's last token carries facts, by crown discovery (edit/crown.py):
-# ablating it there drops p(answer) from 0.08-0.64 to 0.001-0.006 on gemma3-270m (layer 3 of 18).
-CROWN_LAYERS = {"gemma3-270m": 3, "smollm2-135m": 4}
 
 
 def default_layers(model: Model) -> tuple[int, ...]:
-    return (CROWN_LAYERS.get(model.name, max(1, model.config.n_layers // 6)),)
+    return (default_layer(model.name, model.config.n_layers),)
 
 
 def stats_dir(v: EditableVindex) -> Path:
@@ -63,8 +59,9 @@ _metrics: weakref.WeakKeyDictionary[Model, dict[tuple[int, int], KeyMetric]] = w
 
 
 def key_metrics(model: Model, layers: Sequence[int], directory: Path | None,
-                n_tokens: int = DEFAULT_TOKENS) -> dict[int, KeyMetric]:
+                n_tokens: int | None = None) -> dict[int, KeyMetric]:
     """C (+ ridge), factored, per layer: from memory, the statistics cache, or computed."""
+    n_tokens = n_tokens or token_budget(model.config.ffn)
     have = _metrics.setdefault(model, {})
     missing = [layer for layer in layers if (layer, n_tokens) not in have]
     if missing:
@@ -110,8 +107,8 @@ def _probe(sc: Scorer, prompts: Sequence[str], target: str) -> tuple[float, floa
 
 
 def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str = DEFAULT_METHOD,
-                 layers: Sequence[int] | None = None, progress: Callable[[str], None] | None = None,
-                 measure: bool = True) -> InsertReport:
+                 layers: Sequence[int] | None = None, progress: Callable[[str, int, int], None] | None = None,
+                 measure: bool = True, decoys: Sequence[str] | None = None) -> InsertReport:
     """Teach `facts` to the vindex's model through its overlay (recorded on its patch stack, all or
     nothing) and measure the result on held-out prompts."""
     if method not in METHODS:
@@ -152,17 +149,20 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str = DEFAULT
         groups = [list(facts)] if method == "memit" else [[f] for f in facts]
         try:
             for i, group in enumerate(groups):
-                if progress and method == "rome" and len(groups) > 1:
-                    progress(f"fact {i + 1}/{len(groups)}: {group[0].label}")
+                if progress:
+                    progress(f"INSERT ({method})", i, len(groups))
                 preserved = {layer: k for layer in used if (k := v.overlay.held_keys(layer)) is not None}
-                plan = plan_weight_edit(model, group, used, metrics, preserved, model.edits, progress=progress)
+                plan = plan_weight_edit(model, group, used, metrics, preserved, model.edits,
+                                        **({} if decoys is None else {"decoys": decoys}))
                 facts_meta = tuple({"subject": f.subject, "relation": f.relation, "prompt": f.prompt,
                                     "target": f.target} for f in group)
                 v.patches.record_all([WeightOp(d.layer, d.u, d.v, plan.keys[d.layer], facts_meta, method)
                                       for d in plan.deltas])
-        except Exception:
-            v.patches.undo(len(v.patches.pending) - recorded)  # nothing half-applied
+        except BaseException:  # an error or Ctrl-C: nothing half-applied
+            v.patches.undo(len(v.patches.pending) - recorded)
             raise
+        if progress:
+            progress(f"INSERT ({method})", len(groups), len(groups))
     seconds = time.perf_counter() - t0
     report = InsertReport(method, used, [], 0, 0, 0.0, seconds, len(v.patches.pending) - recorded, plan=plan)
     if not measure:

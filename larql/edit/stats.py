@@ -29,9 +29,16 @@ if TYPE_CHECKING:
     from larql.model.model import Model
 
 F64 = NDArray[np.float64]
-DEFAULT_TOKENS = 16384
+DEFAULT_TOKENS = 16384  # 8 x gemma3-270m's 2048 keys: see token_budget
+TOKENS_PER_KEY = 8
 CHUNK = 128
 STATS_VERSION = 1
+
+
+def token_budget(ffn: int) -> int:
+    """Statistics tokens for a layer of `ffn` keys: TOKENS_PER_KEY per key, at most DEFAULT_TOKENS
+    (C needs several times more tokens than it has dimensions to be well conditioned)."""
+    return max(1024, min(DEFAULT_TOKENS, TOKENS_PER_KEY * ffn))
 
 
 def corpus_text() -> str:
@@ -48,7 +55,7 @@ def corpus_chunks(model: Model, n_tokens: int) -> list[list[int]]:
     if len(ids) < n_tokens:
         raise EditError(f"the statistics corpus has {len(ids)} tokens, fewer than the {n_tokens} asked for")
     bos = [model.tokenizer.bos_id] if model.tokenizer.bos_id is not None else []
-    step = CHUNK - len(bos)
+    step = min(CHUNK, model.config.context_length) - len(bos)
     return [bos + list(ids[i: i + step]) for i in range(0, n_tokens, step)]
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.edit.capture import capture
+from larql.edit.methods import N_PREFIXES
 from larql.edit.facts import Fact, model_prefixes, subject_position
 from larql.edit.rome import KeyMetric, LowRankDelta, solve_update
 from larql.edit.value import ValueResult, optimise_value
@@ -46,7 +47,6 @@ DECOY_SUBJECTS = ("Sweden", "Peru", "Greece", "Vietnam", "Argentina", "Austria",
                   "football")
 MAX_DECOY_PROMPTS = 64
 OLD_OBJECT_TEMPLATES = ("{} is a", "{} is the", "I live in {}")
-N_PREFIXES = 10
 
 
 @dataclass(frozen=True)

@@ -179,15 +179,46 @@ class TraceStmt(Statement):
     span: Span = _span()
 
 
+INSERT_COLUMNS = ("entity", "relation", "target", "prompt")
+
+
 @dataclass(frozen=True)
 class InsertStmt(Statement):
-    entity: str
-    relation: str
-    target: str
+    """INSERT INTO EDGES (columns) VALUES (row), (row)...: columns are entity, relation and target
+    (required, LARQL's) and prompt (optional: the user's own prompt for the fact)."""
+
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
     layer: int | None = None
     confidence: float | None = None
     alpha: float | None = None
     mode: str | None = None  # knn | compose
+    method: str | None = None  # rome | memit | feature; None: the default
+    span: Span = _span()
+
+    def values(self, row: int = 0) -> dict[str, str]:
+        return dict(zip(self.columns, self.rows[row]))
+
+    @property
+    def entity(self) -> str:
+        return self.values()["entity"]
+
+    @property
+    def relation(self) -> str:
+        return self.values()["relation"]
+
+    @property
+    def target(self) -> str:
+        return self.values()["target"]
+
+
+@dataclass(frozen=True)
+class CrownStmt(Statement):
+    """CROWN "prompt" FOR "expected" [SUBJECT "subject"]: which layer's MLP carries the fact."""
+
+    prompt: str
+    expected: str
+    subject: str | None = None
     span: Span = _span()
 
 

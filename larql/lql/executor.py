@@ -22,6 +22,7 @@ HANDLERS: dict[type, Callable[..., None]] = {
     ast.ExplainWalkStmt: query.explain_walk, ast.SelectStmt: query.select, ast.ShowLayersStmt: query.show_layers,
     ast.ShowFeaturesStmt: query.show_features, ast.ShowEntitiesStmt: query.show_entities,
     ast.ShowRelationsStmt: query.show_relations, ast.InferStmt: inference.infer, ast.TraceStmt: inference.trace,
+    ast.CrownStmt: inference.crown,
     ast.ExplainInferStmt: inference.explain_infer, ast.InsertStmt: editing.insert, ast.DeleteStmt: editing.delete,
     ast.UpdateStmt: editing.update, ast.BeginPatchStmt: editing.begin_patch, ast.SavePatchStmt: editing.save_patch,
     ast.ApplyPatchStmt: editing.apply_patch, ast.RemovePatchStmt: editing.remove_patch,

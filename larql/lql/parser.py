@@ -43,6 +43,7 @@ EXAMPLES = {
     "EXPLAIN": 'EXPLAIN WALK "The capital of France is"',
     "INFER": 'INFER "The capital of France is" TOP 3',
     "TRACE": 'TRACE "The capital of France is" FOR "Paris"',
+    "CROWN": 'CROWN "The capital of France is" FOR "Paris" SUBJECT "France"',
     "INSERT": 'INSERT INTO EDGES (entity, relation, target) VALUES ("Atlantis", "capital", "Poseidon")',
     "DELETE": 'DELETE FROM EDGES WHERE layer = 12 AND feature = 7',
     "UPDATE": 'UPDATE EDGES SET target = "Lyon" WHERE entity = "France"',

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from larql.edit.methods import DEFAULT_METHOD, N_PREFIXES, default_layer
 from larql.errors import LqlSemanticError
 from larql.lql import ast
 from larql.lql.unparse import unparse
@@ -60,6 +61,31 @@ def _check_range(session: Session, stmt: ast.Statement, r: ast.Range | str | Non
         _check_layer(session, stmt, r.end)
 
 
+def insert_steps(stmt: ast.InsertStmt, session: Session) -> list[Step]:
+    """The steps INSERT takes for its method (what ops/editing.py runs, with the same defaults)."""
+    method = stmt.method or DEFAULT_METHOD
+    n = len(stmt.rows)
+    if method == "feature":
+        alone = n == 1 and "prompt" not in stmt.columns  # LARQL's INSERT, with its own report
+        return [Step("capture", "FFN inputs at the install layer: the prompt and decoys"),
+                Step("choose_slot", "least-used feature"), Step("install", "gate/up orthogonal to the decoys"),
+                Step("search_down_scale", f"until p(target) >= {stmt.confidence or 0.9}"),
+                Step("measure", "target probability, neighbours' KL" if alone
+                     else "held-out prompts: prefixed prompt, unrelated prompts' top-1 and KL"),
+                Step("record", f"patch overlay, {n} feature insert(s)")]
+    v = session.vindex
+    layer = stmt.layer if stmt.layer is not None else (
+        default_layer(v.index["model"], v.num_layers) if v is not None else "the crown layer")
+    solve = "one joint solve" if method == "memit" else f"{n} solve(s), one fact after another"
+    return [Step("statistics", f"E[k k^T] at layer {layer} (cached beside the vindex, else computed)"),
+            Step("capture", f"keys at the subject's last token, prompt + {N_PREFIXES} model-written prefixes"),
+            Step("optimise_value", f"Adam through layers {layer}.. (hand-written backward), at most 25 steps"),
+            Step("hold_keys", "decoy subjects, the old object, earlier edits at the layer"),
+            Step("solve", f"minimum C-norm update of W_down at layer {layer}: {solve}"),
+            Step("record", f"patch overlay, weight_edit (method {method})"),
+            Step("measure", "held-out prompts: prefixed prompt, unrelated prompts' top-1 and KL")]
+
+
 def plan(stmt: ast.Statement, session: Session) -> Plan:
     """Check `stmt` against the session and list its steps."""
     if isinstance(stmt, ast.PipeStmt):
@@ -73,9 +99,10 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
     if isinstance(stmt, ast.InsertStmt) and session.vindex is not None and not session.vindex.has_model_weights:
         raise _error(session, stmt, "INSERT needs model weights, and the vindex in use is browse-level",
                      "extract it WITH INFERENCE: the fact is installed by running the model")
-    inference = isinstance(stmt, (ast.InferStmt, ast.TraceStmt, ast.ExplainInferStmt))
+    inference = isinstance(stmt, (ast.InferStmt, ast.TraceStmt, ast.ExplainInferStmt, ast.CrownStmt))
     if inference and session.model is None and session.vindex is not None and not session.vindex.has_model_weights:
-        label = {"InferStmt": "INFER", "TraceStmt": "TRACE", "ExplainInferStmt": "EXPLAIN INFER"}[type(stmt).__name__]
+        label = {"InferStmt": "INFER", "TraceStmt": "TRACE", "ExplainInferStmt": "EXPLAIN INFER",
+                 "CrownStmt": "CROWN"}[type(stmt).__name__]
         raise _error(session, stmt, f"{label} needs model weights, and the vindex in use "
                      f"is browse-level", 'extract it WITH INFERENCE, or USE MODEL "gemma3-270m"')
     if isinstance(stmt, ast.CompileStmt) and stmt.target == "model" and stmt.format != "gguf":
@@ -148,10 +175,14 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
         steps = [Step("read_clusters", "relation_clusters.json")]
     elif isinstance(stmt, ast.InsertStmt):
         _check_layer(session, stmt, stmt.layer)
-        steps = [Step("capture", "FFN inputs at the install layer: the prompt and decoys"),
-                 Step("choose_slot", "least-used feature"), Step("install", "gate/up orthogonal to the decoys"),
-                 Step("search_down_scale", f"until p(target) >= {stmt.confidence or 0.9}"),
-                 Step("measure", "target probability, neighbours' KL"), Step("record", "patch overlay")]
+        steps = insert_steps(stmt, session)
+    elif isinstance(stmt, ast.CrownStmt):
+        n = session.vindex.num_layers if session.vindex is not None else 0
+        steps = [Step("tokenize", repr(stmt.prompt)), Step("baseline", f"p({stmt.expected!r}) at the last position"),
+                 Step("ablate_mlp_out", f"each of {n or 'the'} layers at the last position")]
+        if stmt.subject:
+            steps.append(Step("ablate_mlp_out", f"each layer at the last token of {stmt.subject!r}"))
+        steps.append(Step("crown", "the layer whose ablation lowers p most, per site"))
     elif isinstance(stmt, (ast.DeleteStmt, ast.UpdateStmt)):
         steps = [Step("scan_edges", "down_meta (with the overlay)")]
         if stmt.where:

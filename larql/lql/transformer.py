@@ -479,15 +479,38 @@ class ToAst(Transformer):  # type: ignore[type-arg]
         return Opt("mode", _kw(children, "KNN", "COMPOSE"), meta)
 
     @v_args(meta=True)
+    def method_clause(self, meta: Meta, children: list[Any]) -> Opt:
+        return Opt("method", _kw(children, "ROME", "MEMIT", "FEATURE"), meta)
+
+    def value_row(self, children: list[Any]) -> tuple[str, ...]:
+        return tuple(self._strings(children))
+
+    @v_args(meta=True)
     def insert(self, meta: Meta, children: list[Any]) -> ast.InsertStmt:
-        columns = [c for c in children if isinstance(c, str) and not isinstance(c, Token)][:3]
-        if columns != ["entity", "relation", "target"]:
-            raise LqlSyntaxError(f"INSERT INTO EDGES takes the columns (entity, relation, target), not "
-                                 f"({', '.join(columns)})", self.text, meta.line, meta.column)
-        entity, relation, target = self._strings(children)[:3]
+        columns = tuple(c.lower() for c in children if isinstance(c, str) and not isinstance(c, Token))
+        required = ("entity", "relation", "target")
+        if (len(set(columns)) != len(columns) or any(c not in ast.INSERT_COLUMNS for c in columns)
+                or any(c not in columns for c in required)):
+            raise LqlSyntaxError(f"INSERT INTO EDGES takes the columns (entity, relation, target) and optionally "
+                                 f"prompt, not ({', '.join(columns)})", self.text, meta.line, meta.column)
+        rows = tuple(c for c in children if isinstance(c, tuple))
+        for r in rows:
+            if len(r) != len(columns):
+                raise LqlSyntaxError(f"each VALUES row needs {len(columns)} values ({', '.join(columns)}), "
+                                     f"one has {len(r)}", self.text, meta.line, meta.column)
         o = self._options(children, "INSERT")
-        return ast.InsertStmt(entity, relation, target, o.get("at_layer"), o.get("confidence"), o.get("alpha"),
-                              o.get("mode"), span=_span(meta))
+        return ast.InsertStmt(columns, rows, o.get("at_layer"), o.get("confidence"), o.get("alpha"),
+                              o.get("mode"), o.get("method"), span=_span(meta))
+
+    @v_args(meta=True)
+    def crown_subject(self, meta: Meta, children: list[Any]) -> Opt:
+        return Opt("subject", self._strings(children)[0], meta)
+
+    @v_args(meta=True)
+    def crown(self, meta: Meta, children: list[Any]) -> ast.CrownStmt:
+        strings = self._strings(children)
+        o = self._options(children, "CROWN")
+        return ast.CrownStmt(strings[0], strings[1], o.get("subject"), span=_span(meta))
 
     @v_args(meta=True)
     def delete(self, meta: Meta, children: list[Any]) -> ast.DeleteStmt:

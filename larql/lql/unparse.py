@@ -116,10 +116,12 @@ def _num(x: float) -> str:
 
 
 def _insert(s: ast.InsertStmt) -> str:
-    return _join(f"INSERT INTO EDGES (entity, relation, target) VALUES ({q(s.entity)}, {q(s.relation)}, {q(s.target)})",
+    rows = ", ".join("(" + ", ".join(q(v) for v in r) + ")" for r in s.rows)
+    return _join(f"INSERT INTO EDGES ({', '.join(s.columns)}) VALUES {rows}",
                  s.layer is not None and f"AT LAYER {s.layer}" or None,
                  s.confidence is not None and f"CONFIDENCE {_num(s.confidence)}" or None,
-                 s.alpha is not None and f"ALPHA {_num(s.alpha)}" or None, s.mode and "MODE " + s.mode.upper())
+                 s.alpha is not None and f"ALPHA {_num(s.alpha)}" or None, s.mode and "MODE " + s.mode.upper(),
+                 s.method and "METHOD " + s.method.upper())
 
 
 def _update(s: ast.UpdateStmt) -> str:
@@ -162,6 +164,7 @@ UNPARSERS: dict[type, Callable[..., str]] = {
     ast.ExtractStmt: _extract, ast.CompileStmt: _compile, ast.DiffStmt: _diff, ast.UseStmt: _use,
     ast.WalkStmt: _walk, ast.DescribeStmt: _describe, ast.SelectStmt: _select, ast.ExplainWalkStmt: _explain_walk,
     ast.ExplainInferStmt: _explain_infer, ast.InferStmt: _infer, ast.TraceStmt: _trace, ast.InsertStmt: _insert,
+    ast.CrownStmt: lambda s: _join(f"CROWN {q(s.prompt)} FOR {q(s.expected)}", s.subject and f"SUBJECT {q(s.subject)}"),
     ast.DeleteStmt: lambda s: f"DELETE FROM EDGES {_where(s.where)}", ast.UpdateStmt: _update, ast.MergeStmt: _merge,
     ast.RebalanceStmt: _rebalance, ast.CompactStmt: _compact,
     ast.BeginPatchStmt: lambda s: f"BEGIN PATCH {q(s.path)}", ast.SavePatchStmt: lambda s: "SAVE PATCH",

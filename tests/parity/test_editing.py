@@ -29,7 +29,8 @@ def test_inserted_facts_hold_and_stay_local(gemma_vindex: Path, tmp_path: Path) 
     m = s.vindex.model()
     targets = {}
     for entity, relation, target, prompt in FACTS:
-        res = execute(f'INSERT INTO EDGES (entity, relation, target) VALUES ("{entity}", "{relation}", "{target}")', s)[0]
+        res = execute(f'INSERT INTO EDGES (entity, relation, target) VALUES ("{entity}", "{relation}", "{target}") '
+                      'METHOD FEATURE', s)[0]
         rows = {r[0]: r[1:] for r in res.rows}
         p_before, p_after = next(v for k, v in rows.items() if k.startswith("p("))
         assert p_before < 0.01 and p_after >= 0.9, (entity, p_before, p_after)

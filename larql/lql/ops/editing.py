@@ -9,7 +9,8 @@ from larql.edit import feature_insert
 from larql.edit.overlay import MetaOverride
 from larql.edit.patch import PatchOp
 from larql.edit.view import EditableVindex
-from larql.errors import LqlSemanticError, VindexError
+from larql.edit.methods import DEFAULT_METHOD
+from larql.errors import LarqlError, LqlSemanticError, VindexError
 from larql.lql import ast
 from larql.lql.ops.query import EDGE_FIELDS, _filter
 from larql.lql.result import Result
@@ -31,6 +32,10 @@ def insert(stmt: ast.InsertStmt, session: Session, result: Result) -> None:
     if stmt.mode == "knn":
         raise _fail(session, stmt, "MODE KNN (LARQL's lookup after the logits) is not supported: larql edits the FFN "
                     "itself, so TRACE and every later token see the fact", "omit MODE (or say MODE COMPOSE)")
+    method = stmt.method or DEFAULT_METHOD
+    if method != "feature" or len(stmt.rows) > 1 or "prompt" in stmt.columns:
+        _insert_facts(stmt, session, result, method)
+        return
     goal = stmt.confidence if stmt.confidence is not None else 0.9
     try:
         r = feature_insert.insert(v, stmt.entity, stmt.relation, stmt.target, stmt.layer, goal)
@@ -51,6 +56,39 @@ def insert(stmt: ast.InsertStmt, session: Session, result: Result) -> None:
                             f"(AT LAYER n) usually reaches it")
     if stmt.alpha is not None:
         result.notes.append("ALPHA is not used: the down vector's scale is searched to reach CONFIDENCE")
+    _recording_note(v, result)
+
+
+def _insert_facts(stmt: ast.InsertStmt, session: Session, result: Result, method: str) -> None:
+    """INSERT of one or many facts by a weight edit (ROME / MEMIT) or by features, per row."""
+    from larql.edit.facts import Fact
+    from larql.edit.insert_facts import insert_facts
+
+    v = _v(session)
+    try:
+        facts = []
+        for i in range(len(stmt.rows)):
+            row = stmt.values(i)
+            prompt = row.get("prompt") or feature_insert.relation_prompt(row["entity"], row["relation"])
+            facts.append(Fact(row["entity"], prompt, row["target"], row["relation"]))
+        r = insert_facts(v, facts, method, None if stmt.layer is None else [stmt.layer], progress=session.progress)
+    except LarqlError as e:
+        raise _fail(session, stmt, str(e)) from e
+    how = {"rome": "ROME weight edit", "memit": "MEMIT weight edit (one joint solve)", "feature": "feature insert"}
+    result.title = (f"Inserted {len(facts)} fact(s) by {how[method]} at L{', L'.join(map(str, r.layers))} "
+                    f"(patch overlay, {r.ops} operation(s), {r.seconds:.1f} s)")
+    result.columns = ["fact", "p(target) before", "after", "top-1 after", "held-out p before", "held-out p after",
+                      "held-out top-1"]
+    result.rows = [[f.fact.label, f.p_before, f.p_after, "yes" if f.top1_after else "no", f.held_out_before,
+                    f.held_out_after, f.held_out_top1] for f in r.facts]
+    result.notes.append(f"unrelated prompts keeping their top-1: {r.unrelated_kept} of {r.unrelated_total}, "
+                        f"mean KL(before || after) {r.unrelated_kl:.4f}")
+    result.notes.append("held out: the prompt behind model-written prefixes the edit never saw; p is the whole "
+                        "target's probability (every token)")
+    result.notes += r.notes
+    if method != "feature" and (stmt.confidence is not None or stmt.alpha is not None):
+        result.notes.append("CONFIDENCE and ALPHA apply to METHOD FEATURE; a weight edit optimises until every target "
+                            "token is the top-1 on its prompts")
     _recording_note(v, result)
 
 
@@ -158,10 +196,13 @@ def show_patches(stmt: ast.ShowPatchesStmt, session: Session, result: Result) ->
     v = _v(session)
     stack = v.patches
     result.title = "Applied patches"
-    result.columns = ["#", "name", "operations", "inserts", "updates", "deletes", "created"]
+    result.columns = ["#", "name", "operations", "inserts", "updates", "deletes", "weight edits", "facts", "created"]
     for i, p in enumerate(stack.applied, 1):
         c = p.counts()
-        result.rows.append([i, p.name, len(p.ops), c["insert"], c["update"], c["delete"], p.created_at])
+        facts = p.facts()
+        shown = "; ".join(facts[:3]) + (f"; +{len(facts) - 3} more" if len(facts) > 3 else "")
+        result.rows.append([i, p.name, len(p.ops), c["insert"], c["update"], c["delete"], c["weight_edit"], shown,
+                            p.created_at])
     result.notes.append(f"{len(v.overlay)} feature(s) edited in the overlay; {len(stack.pending)} unsaved edit(s)")
     if stack.recording is not None:
         result.notes.append(f"recording: {stack.recording}")

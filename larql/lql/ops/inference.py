@@ -190,3 +190,28 @@ def lens_top1(m: Any, resid: np.ndarray) -> str:
     logp = log_softmax(m.weights.output.matmul(rms_norm(resid, m.weights.output_norm, m.config.norm_eps)))
     top = int(np.argmax(logp))
     return f"{m.tokenizer.token_text(top)!r} {np.exp(logp[top]):.2f}"
+
+
+def crown(stmt: ast.CrownStmt, session: Session, result: Result) -> None:
+    from larql.edit.crown import find_crown
+    from larql.errors import LarqlError
+
+    m = model_of(session, stmt)
+    try:
+        r = find_crown(m, stmt.prompt, stmt.expected, stmt.subject)
+    except LarqlError as e:
+        raise LqlSemanticError(str(e), session.source, stmt.span.line, stmt.span.column) from e
+    sites = ["last"] + (["subject"] if stmt.subject else [])
+    crowns = {site: r.crown(site).layer for site in sites}
+    result.title = (f"Crown of {r.token.strip()!r} after {stmt.prompt!r}: MLP outputs zeroed one layer at a time "
+                    f"(p {r.p_base:.3g}, rank {r.rank_base} intact)")
+    result.columns = ["layer"] + [c for site in sites for c in (f"p ({site})", f"change ({site})", f"flips ({site})")]
+    for layer in sorted({x.layer for x in r.layers}):
+        row: list[Any] = [layer]
+        for site in sites:
+            x = next(x for x in r.layers if x.layer == layer and x.site == site)
+            row += [x.p, x.delta(r.p_base), ("yes" if x.flipped else "") + (" <- crown" if crowns[site] == layer else "")]
+        result.rows.append(row)
+    result.notes.append(f"crown at the last position: L{crowns['last']}"
+                        + (f"; at the subject's last token ({stmt.subject!r}, where weight edits key): "
+                           f"L{crowns['subject']}" if stmt.subject else ""))

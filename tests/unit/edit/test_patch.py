@@ -134,7 +134,8 @@ def test_patch_statement_errors(vx: Path, tmp_path: Path) -> None:
 
 def test_insert_raises_the_target_on_a_tiny_model(vx: Path) -> None:
     s = session_on(vx)
-    res = execute('INSERT INTO EDGES (entity, relation, target) VALUES ("zeta", "colour", "blue") AT LAYER 2', s)[0]
+    res = execute('INSERT INTO EDGES (entity, relation, target) VALUES ("zeta", "colour", "blue") AT LAYER 2 '
+                  'METHOD FEATURE', s)[0]
     rows = {r[0]: r[1:] for r in res.rows}
     p_key = next(k for k in rows if k.startswith("p("))
     p_before, p_after = rows[p_key]

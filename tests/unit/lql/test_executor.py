@@ -26,6 +26,15 @@ def vx(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return extract(root / "m.gguf", root / "t.vindex", level="browse")
 
 
+@pytest.fixture(scope="module")
+def vxi(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same tiny model at the inference level (what INSERT and CROWN need)."""
+    root = tmp_path_factory.mktemp("lqlxi")
+    spec = TinySpec("gemma3", n_layers=4, ffn=96)
+    write_gguf(root / "m.gguf", spec, hf_weights(spec, seed=2), gguf.GGMLQuantizationType.Q8_0)
+    return extract(root / "m.gguf", root / "t.vindex", level="inference")
+
+
 def run(vx: Path, text: str):  # type: ignore[no-untyped-def]
     return execute(f'USE "{vx}"; ' + text)[1:]
 
@@ -87,7 +96,7 @@ def test_layer_out_of_range_and_plans(vx: Path) -> None:
         "  3. gate_knn  layers 1-2, top 3")
 
 
-def test_plans_are_golden(vx: Path, update_golden: bool) -> None:
+def test_plans_are_golden(vx: Path, vxi: Path, update_golden: bool) -> None:
     session = Session(vindex=open_vindex(vx))
     texts = ['USE "x.vindex"', 'EXTRACT MODEL "m" INTO "o.vindex" WITH INFERENCE', "STATS", "SHOW MODELS",
              'DESCRIBE "France" VERBOSE', 'DESCRIBE "France" AT LAYER 2', 'WALK "The capital" TOP 3 LAYERS 0-1',
@@ -98,7 +107,14 @@ def test_plans_are_golden(vx: Path, update_golden: bool) -> None:
              'UPDATE EDGES SET target = "x" WHERE entity = "Par"', 'BEGIN PATCH "p.vlp"', "SAVE PATCH",
              'APPLY PATCH "p.vlp"', 'REMOVE PATCH "p.vlp"', "SHOW PATCHES",
              'COMPILE CURRENT INTO VINDEX "o.vindex" ON CONFLICT FAIL', 'COMPILE "a.vindex" INTO MODEL "o.gguf" FORMAT GGUF']
-    got = "\n".join(plan(parse(t)[0], session).to_text() for t in texts) + "\n"
+    weights = ['INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B")',
+             'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B"), ("C", "capital", "D") '
+             'METHOD MEMIT AT LAYER 1',
+             'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B") METHOD FEATURE CONFIDENCE 0.8',
+             'CROWN "The capital of France is" FOR "Paris" SUBJECT "France"']
+    with_weights = Session(vindex=open_vindex(vxi))
+    got = "\n".join([plan(parse(t)[0], session).to_text() for t in texts]
+                    + [plan(parse(t)[0], with_weights).to_text() for t in weights]) + "\n"
     path = Path(__file__).resolve().parents[2] / "golden" / "plans" / "plans.txt"
     if update_golden:
         path.parent.mkdir(exist_ok=True)

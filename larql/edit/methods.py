@@ -1,0 +1,17 @@
+"""The edit methods and their defaults, importable without the runtime (LQL's planner and --plan)."""
+
+from __future__ import annotations
+
+METHODS = ("rome", "memit", "feature")
+# The method INSERT uses when none is named: the one that measured best on held-out prompts
+# (benchmarks/bench_editing.py; the README's editing table).
+DEFAULT_METHOD = "rome"
+# The layer whose MLP at the subject's last token carries facts, by crown discovery (edit/crown.py):
+# on gemma3-270m, ablating layer 3 there drops p(answer) from 0.08-0.64 to 0.001-0.006 in all three
+# facts tried (no other layer comes close); SmolLM2-135M's, measured the same way, is CROWN_LAYERS'.
+CROWN_LAYERS = {"gemma3-270m": 3, "smollm2-135m": 4}
+N_PREFIXES = 10  # model-written prefixes each fact is optimised behind
+
+
+def default_layer(model_name: str, n_layers: int) -> int:
+    return CROWN_LAYERS.get(model_name, max(1, n_layers // 6))
