@@ -151,7 +151,7 @@ def _syntax_error(text: str, e: UnexpectedInput) -> LqlSyntaxError:
         what = _describe_expected(expected_set)
         stack = e.interactive_parser.parser_state.value_stack if e.interactive_parser else []
         prev = stack[-1] if stack else None
-        after = f" after {str(prev).upper()}" if isinstance(prev, Token) and prev.type.isupper() and prev.type != "STRING" else ""
+        after = f" after {str(prev).upper()[:40]}" if isinstance(prev, Token) and prev.type.isupper() and prev.type != "STRING" else ""
         message = f"expected {what}{after}, found {_shown(tok)}"
         if expected_set == {"STRING"} and keyword in ("DESCRIBE", "WALK", "INFER", "TRACE", "USE"):
             noun = {"DESCRIBE": "entity", "USE": "path"}.get(keyword, "prompt")
