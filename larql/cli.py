@@ -233,6 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
     ve = sub.add_parser("verify", help="check every file of a vindex against its sha256 in index.json")
     ve.add_argument("path")
     ve.set_defaults(func=cmd_verify)
+
+    from larql.cli_edit import add_commands
+
+    add_commands(sub)
     return parser
 
 

@@ -53,7 +53,9 @@ class LowRankDelta:
 
 
 class KeyMetric:
-    """C + ridge, factored once: solves C^-1 x for the update."""
+    """(C + ridge)^-1, formed once per layer (one 2048 x 2048 inverse, ~1 s): every update then
+    costs a matrix product, where two triangular solves through numpy's general solver would
+    cost a fresh O(d^3) factorisation each (numpy has no triangular solve; scipy is not a dependency)."""
 
     def __init__(self, cov: F64, ridge: float = RIDGE) -> None:
         if not np.all(np.isfinite(cov)):
@@ -61,14 +63,15 @@ class KeyMetric:
         d = cov.shape[0]
         reg = cov + ridge * float(np.mean(np.diag(cov))) * np.eye(d)
         try:
-            self.chol = np.linalg.cholesky(reg)
+            np.linalg.cholesky(reg)  # positive definite, or the statistics are broken
         except np.linalg.LinAlgError as e:
             raise EditError(f"the key statistics are not positive definite ({e}); delete the statistics cache") from e
+        inv = np.linalg.inv(reg)
+        self.inv = (inv + inv.T) / 2.0
 
     def solve(self, x: F64) -> F64:
         """C^-1 x for x `(ffn,)` or `(ffn, n)`."""
-        y = np.linalg.solve(self.chol, x)
-        return np.linalg.solve(self.chol.T, y)
+        return self.inv @ x
 
 
 def solve_update(metric: KeyMetric, layer: int, keys: F32, residuals: F32, preserved: F32 | None = None,

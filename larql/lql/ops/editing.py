@@ -3,13 +3,16 @@ files) and are recorded on its patch stack until SAVE PATCH writes them out."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from larql.edit import feature_insert
 from larql.edit.overlay import MetaOverride
 from larql.edit.patch import PatchOp
 from larql.edit.view import EditableVindex
 from larql.edit.methods import DEFAULT_METHOD
+
+if TYPE_CHECKING:
+    from larql.edit.insert_facts import InsertReport
 from larql.errors import LarqlError, LqlSemanticError, VindexError
 from larql.lql import ast
 from larql.lql.ops.query import EDGE_FIELDS, _filter
@@ -74,6 +77,17 @@ def _insert_facts(stmt: ast.InsertStmt, session: Session, result: Result, method
         r = insert_facts(v, facts, method, None if stmt.layer is None else [stmt.layer], progress=session.progress)
     except LarqlError as e:
         raise _fail(session, stmt, str(e)) from e
+    insert_result(r, result)
+    if method != "feature" and (stmt.confidence is not None or stmt.alpha is not None):
+        result.notes.append("CONFIDENCE and ALPHA apply to METHOD FEATURE; a weight edit optimises until every target "
+                            "token is the top-1 on its prompts")
+    _recording_note(v, result)
+
+
+def insert_result(r: InsertReport, result: Result) -> None:
+    """The table an INSERT of facts shows (LQL and `larql edit` / `larql memit`)."""
+    facts = r.facts
+    method = r.method
     how = {"rome": "ROME weight edit", "memit": "MEMIT weight edit (one joint solve)", "feature": "feature insert"}
     result.title = (f"Inserted {len(facts)} fact(s) by {how[method]} at L{', L'.join(map(str, r.layers))} "
                     f"(patch overlay, {r.ops} operation(s), {r.seconds:.1f} s)")
@@ -86,10 +100,6 @@ def _insert_facts(stmt: ast.InsertStmt, session: Session, result: Result, method
     result.notes.append("held out: the prompt behind model-written prefixes the edit never saw; p is the whole "
                         "target's probability (every token)")
     result.notes += r.notes
-    if method != "feature" and (stmt.confidence is not None or stmt.alpha is not None):
-        result.notes.append("CONFIDENCE and ALPHA apply to METHOD FEATURE; a weight edit optimises until every target "
-                            "token is the top-1 on its prompts")
-    _recording_note(v, result)
 
 
 def _slots(stmt: ast.DeleteStmt | ast.UpdateStmt, session: Session) -> list[tuple[int, int]]:

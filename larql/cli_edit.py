@@ -1,0 +1,179 @@
+"""The editing commands of the CLI, thin shells over LQL and larql.edit:
+
+    larql crown SOURCE PROMPT --expect X [--subject S]     CROWN "PROMPT" FOR "X" SUBJECT "S"
+    larql edit VINDEX --subject S --relation R --target T [--prompt P] [--method M] [--layer L] [--save P.vlp]
+    larql memit VINDEX EDITS.json [--layer L] [--save P.vlp]   one joint MEMIT solve of an edit set
+    larql apply-patch VINDEX PATCH.vlp [-o OUT.vindex]      APPLY PATCH (then COMPILE INTO VINDEX OUT)
+    larql eval-edits VINDEX EDITS.json [--method M] [--protocols single,stacked] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from larql.edit.methods import METHODS
+
+
+def _lql(args: argparse.Namespace, text: str) -> int:
+    from larql.cli import cmd_lql
+
+    ns = argparse.Namespace(statements=text, file=None, vindex=None, json=getattr(args, "json", False), plan=False,
+                            timing=False, width=None, threads=getattr(args, "threads", None))
+    return cmd_lql(ns)
+
+
+def _use(source: str) -> str:
+    from larql.lql.unparse import q
+
+    return f"USE {q(source)}" if (Path(source) / "index.json").is_file() else f"USE MODEL {q(source)}"
+
+
+def cmd_crown(args: argparse.Namespace) -> int:
+    from larql.lql.unparse import q
+
+    subject = f" SUBJECT {q(args.subject)}" if args.subject else ""
+    return _lql(args, f"{_use(args.source)}; CROWN {q(args.prompt)} FOR {q(args.expect)}{subject};")
+
+
+def cmd_edit(args: argparse.Namespace) -> int:
+    from larql.lql.unparse import q
+
+    cols, vals = ["entity", "relation", "target"], [args.subject, args.relation, args.target]
+    if args.prompt:
+        cols.append("prompt")
+        vals.append(args.prompt)
+    text = f"{_use(args.vindex)}; "
+    text += f"BEGIN PATCH {q(args.save)}; " if args.save else ""
+    text += (f"INSERT INTO EDGES ({', '.join(cols)}) VALUES ({', '.join(q(v) for v in vals)})"
+             + (f" AT LAYER {args.layer}" if args.layer is not None else "") + f" METHOD {args.method.upper()};")
+    text += " SAVE PATCH;" if args.save else ""
+    return _lql(args, text)
+
+
+def _render(result: Any, as_json: bool) -> None:
+    from rich.console import Console
+
+    from larql.render import render, render_json
+
+    if as_json:
+        render_json(result, sys.stdout)
+    else:
+        render(result, Console(file=sys.stdout))
+
+
+def cmd_memit(args: argparse.Namespace) -> int:
+    from larql.cli import _threads
+    from larql.edit.evaluate import load_edit_set
+    from larql.edit.insert_facts import insert_facts
+    from larql.edit.view import edit_vindex
+    from larql.lql.ops.editing import insert_result
+    from larql.lql.result import Result
+
+    _threads(args.threads)
+    records = load_edit_set(args.edits)
+    v = edit_vindex(args.vindex)
+    if args.save:
+        v.patches.begin(args.save)
+    report = insert_facts(v, [r.fact() for r in records], "memit", None if args.layer is None else [args.layer])
+    result = Result(f"memit {args.edits}")
+    insert_result(report, result)
+    if args.save:
+        patch = v.patches.save()
+        result.notes.append(f"saved {patch.path} ({patch.summary()})")
+    _render(result, args.json)
+    return 0
+
+
+def cmd_apply_patch(args: argparse.Namespace) -> int:
+    from larql.lql.unparse import q
+
+    text = f"USE {q(args.vindex)}; APPLY PATCH {q(args.patch)};"
+    text += f" COMPILE CURRENT INTO VINDEX {q(args.output)};" if args.output else " SHOW PATCHES;"
+    return _lql(args, text)
+
+
+def cmd_eval_edits(args: argparse.Namespace) -> int:
+    from larql.cli import _threads
+    from larql.edit.evaluate import EditRecord, evaluate, load_edit_set
+    from larql.edit.insert_facts import insert_facts
+    from larql.edit.view import edit_vindex
+    from larql.lql.result import Result
+
+    _threads(args.threads)
+    records = load_edit_set(args.edits)
+    v = edit_vindex(args.vindex)
+
+    def apply(batch: list[EditRecord]):  # noqa: ANN202
+        kept = len(v.patches.pending)
+        insert_facts(v, [r.fact() for r in batch], args.method, measure=False)
+        return lambda: v.patches.undo(len(v.patches.pending) - kept)
+
+    say = None if args.json else (lambda msg: sys.stderr.write(f"  {msg}\n"))
+    report = evaluate(v.model(), records, apply, args.protocols.split(","), progress=say)
+    if args.json:
+        json.dump(report.to_json(), sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    keys = ["S", "ES", "PS", "NS", "RS", "ES_first", "PS_first", "NS_first", "token_acc", "GEN",
+            "unrelated_top1_kept", "unrelated_kl", "fluency"]
+    result = Result(f"eval-edits {args.edits}", f"{len(records)} edits by {args.method}, scored on held-out prompts",
+                    ["protocol", *keys])
+    for name, row in (("unedited", report.unedited), ("single", report.single), ("stacked", report.stacked)):
+        if row is not None:
+            result.rows.append([name, *[row.get(k) for k in keys]])
+    result.notes.append("ES/PS/NS/RS: whole-target NLL comparisons (x100); *_first: first tokens; unrelated_kl: mean KL")
+    _render(result, False)
+    return 0
+
+
+def add_commands(sub: Any) -> None:
+    cr = sub.add_parser("crown", help="which layer's MLP carries a fact (ablation per layer)")
+    cr.add_argument("source", help="a vindex (inference level) or a model: alias, .gguf or HF directory")
+    cr.add_argument("prompt")
+    cr.add_argument("--expect", required=True, help="the token the prompt should produce")
+    cr.add_argument("--subject", help="also ablate at the subject's last token (where weight edits key)")
+    cr.add_argument("--json", action="store_true")
+    cr.add_argument("--threads", type=int, default=None)
+    cr.set_defaults(func=cmd_crown)
+
+    ed = sub.add_parser("edit", help="teach one fact (ROME by default) through the vindex's patch overlay")
+    ed.add_argument("vindex")
+    ed.add_argument("--subject", required=True)
+    ed.add_argument("--relation", required=True)
+    ed.add_argument("--target", required=True)
+    ed.add_argument("--prompt", help="the prompt to edit on (must contain the subject; default: the relation's)")
+    ed.add_argument("--method", choices=METHODS, default="rome")
+    ed.add_argument("--layer", type=int, default=None)
+    ed.add_argument("--save", help="write the edit to this .vlp patch")
+    ed.add_argument("--json", action="store_true")
+    ed.add_argument("--threads", type=int, default=None)
+    ed.set_defaults(func=cmd_edit)
+
+    me = sub.add_parser("memit", help="teach every fact of an edit-set JSON in one joint MEMIT solve")
+    me.add_argument("vindex")
+    me.add_argument("edits", help="an edit-set JSON file (vindex_spec/EDITING.md)")
+    me.add_argument("--layer", type=int, default=None)
+    me.add_argument("--save", help="write the edit to this .vlp patch")
+    me.add_argument("--json", action="store_true")
+    me.add_argument("--threads", type=int, default=None)
+    me.set_defaults(func=cmd_memit)
+
+    ap = sub.add_parser("apply-patch", help="apply a .vlp patch to a vindex (and compile it into a new one with -o)")
+    ap.add_argument("vindex")
+    ap.add_argument("patch")
+    ap.add_argument("-o", "--output", help="compile the patched vindex into this new vindex directory")
+    ap.add_argument("--json", action="store_true")
+    ap.set_defaults(func=cmd_apply_patch)
+
+    ev = sub.add_parser("eval-edits", help="score an edit set before and after editing (CounterFact measures)")
+    ev.add_argument("vindex")
+    ev.add_argument("edits", help="an edit-set JSON file (vindex_spec/EDITING.md)")
+    ev.add_argument("--method", choices=METHODS, default="rome")
+    ev.add_argument("--protocols", default="single,stacked", help="single, stacked, or both (comma-separated)")
+    ev.add_argument("--json", action="store_true")
+    ev.add_argument("--threads", type=int, default=None)
+    ev.set_defaults(func=cmd_eval_edits)
