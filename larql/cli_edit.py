@@ -107,7 +107,7 @@ def cmd_eval_edits(args: argparse.Namespace) -> int:
     records = load_edit_set(args.edits)
     v = edit_vindex(args.vindex)
 
-    def apply(batch: list[EditRecord]):  # noqa: ANN202
+    def apply(batch: list[EditRecord]):
         kept = len(v.patches.pending)
         insert_facts(v, [r.fact() for r in batch], args.method, measure=False)
         return lambda: v.patches.undo(len(v.patches.pending) - kept)

@@ -124,6 +124,7 @@ class Scorer:
     def __init__(self, model: Model) -> None:
         self.m = model
         self._ids: dict[str, list[int]] = {}
+        self._states: dict[str, tuple[KVCache, NDArray[np.float64]]] = {}  # one prefill per prompt
 
     def target(self, text: str) -> list[int]:
         if text not in self._ids:
@@ -131,9 +132,11 @@ class Scorer:
         return self._ids[text]
 
     def prompt(self, prompt: str) -> tuple[KVCache, NDArray[np.float64]]:
-        ids = self.m.tokenize(prompt)
-        cache = self.m.new_cache(len(ids) + 8)
-        return cache, _log_softmax(self.m.next_logits(ids, cache))
+        if prompt not in self._states:
+            ids = self.m.tokenize(prompt)
+            cache = self.m.new_cache(len(ids) + 8)
+            self._states[prompt] = (cache, _log_softmax(self.m.next_logits(ids, cache)))
+        return self._states[prompt]
 
     def token_logps(self, state: tuple[KVCache, NDArray[np.float64]], target: str) -> list[tuple[float, bool]]:
         """(log p, is top-1) of each token of `target` after the prompt."""
@@ -309,6 +312,8 @@ def evaluate(model: Model, records: Sequence[EditRecord], apply: Apply, protocol
             kls.append(summary["unrelated_kl"])
             kept.append(summary["unrelated_top1_kept"])
             report.per_edit.append({"edit": r.fact().label, "seconds": times[-1], **summary})
+            say(f"  {times[-1]:.1f} s; ES {summary['ES']:.0f} PS {summary['PS']:.0f} NS {summary['NS']:.0f} "
+                f"RS {summary['RS']:.0f} GEN {summary['GEN']:.0f} unrelated kept {summary['unrelated_top1_kept']:.0f}")
         report.single = summarise(scores) | {"unrelated_kl": float(np.mean(kls)),
                                              "unrelated_top1_kept": float(np.mean(kept))}
         report.seconds_per_edit = float(np.mean(times))

@@ -36,7 +36,6 @@ from larql.model.model import Model
 from larql.model.tokenizer import cache_dir
 
 
-
 def default_layers(model: Model) -> tuple[int, ...]:
     return (default_layer(model.name, model.config.n_layers),)
 

@@ -24,8 +24,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.edit.capture import capture
-from larql.edit.methods import N_PREFIXES
 from larql.edit.facts import Fact, model_prefixes, subject_position
+from larql.edit.methods import N_PREFIXES
 from larql.edit.rome import KeyMetric, LowRankDelta, solve_update
 from larql.edit.value import ValueResult, optimise_value
 from larql.errors import EditError

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from larql.edit import feature_insert
+from larql.edit.methods import DEFAULT_METHOD
 from larql.edit.overlay import MetaOverride
 from larql.edit.patch import PatchOp
 from larql.edit.view import EditableVindex
-from larql.edit.methods import DEFAULT_METHOD
 
 if TYPE_CHECKING:
     from larql.edit.insert_facts import InsertReport

@@ -72,7 +72,7 @@ def test_rome_insert_through_lql_is_a_removable_weight_edit(vx: Path, tmp_path: 
     assert np.array_equal(fm.forward(fm.tokenize(PROMPT)), base)  # and removes it bit for bit
 
     compiled = execute(f'COMPILE CURRENT INTO VINDEX "{tmp_path / "baked.vindex"}"', s)[0]
-    assert dict((r[0], r[1]) for r in compiled.rows)["layers with rewritten FFN weights"] == "1"
+    assert {r[0]: r[1] for r in compiled.rows}["layers with rewritten FFN weights"] == "1"
     out = larql.load(tmp_path / "baked.vindex").forward(m.tokenize(PROMPT))
     assert np.max(np.abs(out - edited)) <= 1e-4 * np.max(np.abs(edited))
 

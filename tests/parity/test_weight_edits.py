@@ -1,0 +1,51 @@
+"""ROME weight edits and crown discovery on Gemma 3 270M: the fact is learned in its whole target,
+reaches forms of the prompt it was never optimised on, leaves other facts and unrelated prompts
+alone, and comes off bit for bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from larql.edit.crown import find_crown
+from larql.edit.evaluate import UNRELATED, Scorer
+from larql.edit.facts import Fact
+from larql.edit.insert_facts import insert_facts
+from larql.edit.view import edit_vindex
+
+
+def _p(sc: Scorer, prompt: str, target: str) -> float:
+    return float(np.exp(sum(x for x, _ in sc.token_logps(sc.prompt(prompt), target))))
+
+
+def test_crown_of_a_fact_is_layer_3_at_the_subject(gemma_vindex: Path) -> None:
+    m = edit_vindex(gemma_vindex).model()
+    r = find_crown(m, "The capital of France is", "Paris", "France")
+    assert r.crown("subject").layer == 3
+    row = next(x for x in r.layers if x.site == "subject" and x.layer == 3)
+    assert row.p < 0.1 * r.p_base  # ablating that one MLP at the subject removes the fact
+
+
+def test_rome_edit_generalises_stays_local_and_comes_off(gemma_vindex: Path) -> None:
+    v = edit_vindex(gemma_vindex)
+    m = v.model()
+    probe = "The capital of France is"
+    base_logits = m.forward(m.tokenize(probe))
+    before = Scorer(m)
+    others = {"The capital of Japan is": "Tokyo", "Shakespeare was born in the town of": "Stratford",
+              "Paris is the capital of": "France"}
+    tops = {p: int(np.argmax(m.next_logits(m.tokenize(p)))) for p in UNRELATED}
+    report = insert_facts(v, [Fact("France", probe, "Rome", "capital", "Paris")], "rome")
+    fact = report.facts[0]
+    assert fact.top1_after and fact.p_after > 0.5, fact
+    assert fact.held_out_top1 >= 2 / 3 and fact.held_out_after > 0.4, fact  # prefixes it never saw
+    after = Scorer(m)
+    # natural paraphrases, never optimised on
+    assert _p(after, "France's capital city is", "Rome") > 10 * _p(before, "France's capital city is", "Rome")
+    for prompt, target in others.items():  # other facts keep their answer over the new target
+        assert _p(after, prompt, target) > _p(after, prompt, "Rome"), prompt
+    kept = sum(int(np.argmax(m.next_logits(m.tokenize(p))) == t) for p, t in tops.items())
+    assert kept >= len(UNRELATED) - 2 and report.unrelated_kept == kept
+    v.patches.undo(len(v.patches.pending))
+    assert np.array_equal(m.forward(m.tokenize(probe)), base_logits)
