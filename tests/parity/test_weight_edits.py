@@ -32,7 +32,8 @@ def test_rome_edit_generalises_stays_local_and_comes_off(gemma_vindex: Path) -> 
     m = v.model()
     probe = "The capital of France is"
     base_logits = m.forward(m.tokenize(probe))
-    before = Scorer(m)
+    paraphrase = "France's capital city is"
+    p_para = _p(Scorer(m), paraphrase, "Rome")  # before the edit (a Scorer reads the model lazily)
     others = {"The capital of Japan is": "Tokyo", "Shakespeare was born in the town of": "Stratford",
               "Paris is the capital of": "France"}
     tops = {p: int(np.argmax(m.next_logits(m.tokenize(p)))) for p in UNRELATED}
@@ -42,7 +43,7 @@ def test_rome_edit_generalises_stays_local_and_comes_off(gemma_vindex: Path) -> 
     assert fact.held_out_top1 >= 2 / 3 and fact.held_out_after > 0.4, fact  # prefixes it never saw
     after = Scorer(m)
     # natural paraphrases, never optimised on
-    assert _p(after, "France's capital city is", "Rome") > 10 * _p(before, "France's capital city is", "Rome")
+    assert _p(after, paraphrase, "Rome") > max(10 * p_para, 0.2), p_para
     for prompt, target in others.items():  # other facts keep their answer over the new target
         assert _p(after, prompt, target) > _p(after, prompt, "Rome"), prompt
     kept = sum(int(np.argmax(m.next_logits(m.tokenize(p))) == t) for p, t in tops.items())
