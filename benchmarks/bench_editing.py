@@ -46,6 +46,7 @@ def main() -> None:
     from larql.edit import feature_insert as edit
     from larql.edit.view import edit_vindex
     from larql.model.generate import log_softmax
+    from larql.model.interp import first_target_token
     from larql.vindex.probes import TEMPLATES, probe_prompt
 
     v = edit_vindex(args.vindex)
@@ -58,7 +59,7 @@ def main() -> None:
         c["prompt"] = edit.relation_prompt(c["entity"], c["relation"])
         t = next((t for t in TEMPLATES if t.relation == c["relation"]), None)
         c["paraphrase"] = probe_prompt(t, c["entity"]) if t else None
-        tid[c["target"]], tid[c["new"]] = edit.target_token_id(m, c["target"]), edit.target_token_id(m, c["new"])
+        tid[c["target"]], tid[c["new"]] = first_target_token(m, c["target"]), first_target_token(m, c["new"])
 
     def logp(prompt: str) -> np.ndarray:
         return log_softmax(m.next_logits(m.tokenize(prompt)))

@@ -9,11 +9,12 @@ from larql.edit import feature_insert
 from larql.edit.overlay import MetaOverride
 from larql.edit.patch import PatchOp
 from larql.edit.view import EditableVindex
-from larql.errors import LqlSemanticError, VindexError
+from larql.errors import EmptyTargetError, LqlSemanticError, VindexError
 from larql.lql import ast
 from larql.lql.ops.query import EDGE_FIELDS, _filter
 from larql.lql.result import Result
 from larql.lql.session import Session
+from larql.model.interp import first_target_token
 from larql.vindex import browse
 
 
@@ -34,7 +35,7 @@ def insert(stmt: ast.InsertStmt, session: Session, result: Result) -> None:
     goal = stmt.confidence if stmt.confidence is not None else 0.9
     try:
         r = feature_insert.insert(v, stmt.entity, stmt.relation, stmt.target, stmt.layer, goal)
-    except VindexError as e:
+    except (VindexError, EmptyTargetError) as e:
         raise _fail(session, stmt, str(e)) from e
     result.title = f"Inserted {r.entity} -[{r.relation}]-> {r.target} at L{r.layer} F{r.feature} (patch overlay)"
     result.columns = ["measure", "before", "after"]
@@ -102,7 +103,7 @@ def update(stmt: ast.UpdateStmt, session: Session, result: Result) -> None:
     slots = _slots(stmt, session)
     tid = None
     if target is not None:
-        tid = feature_insert.target_token_id(v, target)
+        tid = first_target_token(v, target)
     for layer, feature in slots:
         ids, scores = v.down_meta(layer)
         new_ids = (tid,) if tid is not None else tuple(int(i) for i in ids[feature])
