@@ -26,9 +26,10 @@ def _top_table(model, logits, k: int) -> list[dict[str, object]]:  # type: ignor
     import numpy as np
 
     from larql.model.generate import log_softmax
+    from larql.model.interp import top_tokens
 
     logp = log_softmax(logits)
-    top = np.argsort(-logits, kind="stable")[:k]
+    top = top_tokens(logits, k)
     return [{"rank": r + 1, "id": int(i), "token": model.tokenizer.token_text(int(i)),
              "logit": float(logits[i]), "prob": float(np.exp(logp[i]))} for r, i in enumerate(top)]
 

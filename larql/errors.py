@@ -7,7 +7,8 @@ to fix it. The CLI prints `str(err)` and exits non-zero; tracebacks appear only 
     ├── ModelError              loading or running a model
     │   ├── ModelFormatError    a model file is missing, truncated or corrupt (also a ValueError)
     │   ├── UnsupportedError    an architecture, quant type or feature we do not handle
-    │   └── ContextLengthError  a prompt longer than the model's context
+    │   ├── ContextLengthError  a prompt longer than the model's context
+    │   └── EmptyTargetError    a target token text that tokenizes to nothing (also a ValueError)
     ├── QuantError              a quant kernel got data of the wrong type, shape or size
     ├── TokenizerError          a tokenizer cannot be built from the metadata given
     ├── VindexError             a vindex is missing, damaged, or asked for something it lacks
@@ -39,6 +40,10 @@ class UnsupportedError(ModelError):
 
 class ContextLengthError(ModelError, ValueError):
     """A prompt (plus the tokens to generate) does not fit in the model's context."""
+
+
+class EmptyTargetError(ModelError, ValueError):
+    """A target (of TRACE FOR, INSERT, UPDATE ...) whose text tokenizes to no token at all."""
 
 
 class QuantError(LarqlError, ValueError):

@@ -246,3 +246,11 @@ def reference_logits(spec: TinySpec, w: dict[str, np.ndarray], ids: list[int]) -
             m = norm(m, f[p + "post_feedforward_layernorm.weight"])
         x = x + m
     return norm(x, f["model.norm.weight"]) @ f["model.embed_tokens.weight"].T
+
+
+def tiny_vindex(root: Path, spec: TinySpec, seed: int, level: str = "inference", dtype: str = "f32") -> Path:
+    """A seeded tiny model written as `root/m.gguf` (Q8_0) and extracted to `root/t.vindex`."""
+    from larql.vindex.extract import extract
+
+    write_gguf(root / "m.gguf", spec, hf_weights(spec, seed=seed), gguf.GGMLQuantizationType.Q8_0)
+    return extract(root / "m.gguf", root / "t.vindex", level=level, dtype=dtype)

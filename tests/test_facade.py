@@ -7,13 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 
 import larql
 from larql.errors import ModelFormatError, UnknownModelError
-from tests.synthetic import TinySpec, hf_weights, write_gguf
+from tests.synthetic import TinySpec, tiny_vindex
 
 ROOT = Path(__file__).resolve().parents[1]
 IDS = [5, 80, 81, 120, 7]
@@ -27,12 +26,7 @@ def _fresh(code: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def vx(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from larql.vindex.extract import extract
-
-    root = tmp_path_factory.mktemp("facade")
-    spec = TinySpec("llama", n_layers=2, ffn=96)
-    write_gguf(root / "m.gguf", spec, hf_weights(spec, seed=3), gguf.GGMLQuantizationType.Q8_0)
-    return extract(root / "m.gguf", root / "f.vindex", level="inference", dtype="f32")
+    return tiny_vindex(tmp_path_factory.mktemp("facade"), TinySpec("llama", n_layers=2, ffn=96), seed=3)
 
 
 def test_import_and_opening_a_store_load_no_numba(vx: Path) -> None:

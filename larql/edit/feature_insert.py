@@ -39,6 +39,7 @@ from larql.edit.view import EditableVindex
 from larql.errors import VindexError
 from larql.model.forward import rms_norm
 from larql.model.generate import log_softmax
+from larql.model.interp import first_target_token, kl, rank_of
 from larql.vindex.probes import TEMPLATES, probe_prompt
 
 F32 = NDArray[np.float32]
@@ -89,15 +90,6 @@ def relation_prompt(entity: str, relation: str) -> str:
             return t.template.format(entity)
     words = relation.replace("-", " ").replace("_", " ").strip()
     return f"The {words} of {entity} is"
-
-
-def target_token_id(model: object, target: str) -> int:
-    """LARQL's rule: the first sub-token of " " + target (unless it already starts with a space)."""
-    text = target if target.startswith(" ") else " " + target
-    ids = model.tokenizer.tok.encode(text, add_special_tokens=False).ids  # type: ignore[attr-defined]
-    if not ids:
-        raise VindexError(f"target {target!r} tokenizes to nothing")
-    return int(ids[0])
 
 
 def _ffn_inputs(model: object, prompts: list[str], layer: int, last_only: bool) -> tuple[F32, F32]:
@@ -208,7 +200,7 @@ def plan_insert(vindex: EditableVindex, entity: str, relation: str, target: str,
     if not 0.0 < goal < 1.0:
         raise VindexError(f"CONFIDENCE must be between 0 and 1 (exclusive), got {goal}")
     prompt = relation_prompt(entity, relation)
-    tid = target_token_id(model, target)
+    tid = first_target_token(model, target)
     overlay = v.overlay
     template = next((t for t in TEMPLATES if relation_prompt(entity, t.relation) == prompt), None)
     paraphrase = probe_prompt(template, entity) if template is not None else None
@@ -290,13 +282,12 @@ def plan_insert(vindex: EditableVindex, entity: str, relation: str, target: str,
     finally:
         overlay.restore(snap)
 
-    kls = [float(np.sum(np.exp(b) * (b - a))) for b, a in zip(checks_before, checks_after)]
+    kls = [kl(b, a) for b, a in zip(checks_before, checks_after)]
     kept = sum(int(np.argmax(b) == np.argmax(a)) for b, a in zip(checks_before, checks_after))
     op = PatchOp("insert", layer, feature, {"gate": gate, "up": up, "down": unit_down * np.float32(scale)},
                  MetaOverride((tid,), (round(p_after, 4),)), entity, relation, target)
     report = InsertReport(entity, relation, target, prompt, layer, feature, tid, model.tokenizer.token_text(tid),
-                          float(np.exp(before[tid])), p_after, int(np.sum(before > before[tid])) + 1,
-                          int(np.sum(after > after[tid])) + 1, scale, float(np.mean(kls)), kept, len(CHECK_PROMPTS),
+                          float(np.exp(before[tid])), p_after, rank_of(before, tid), rank_of(after, tid), scale, float(np.mean(kls)), kept, len(CHECK_PROMPTS),
                           paraphrase, para_before, para_after)
     return retuned + [op], report
 

@@ -1,13 +1,18 @@
-"""Mechanistic-interpretability primitives, numpy in and out, built on hooks and run_with_cache."""
+"""Mechanistic-interpretability primitives, numpy in and out, built on hooks and run_with_cache.
+
+The one home of the maths that TRACE, EXPLAIN INFER, INFER, INSERT, trace files and `larql run --top`
+share: top tokens, KL, ranks, target token ids, the logit lens and per-layer attribution.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.errors import ModelError
+from larql.errors import EmptyTargetError, ModelError
 from larql.model.attention import KVCache
 from larql.model.forward import rms_norm
 from larql.model.generate import log_softmax
@@ -15,8 +20,59 @@ from larql.model.hooks import Replace, hook_name
 
 if TYPE_CHECKING:
     from larql.model.model import Model
+    from larql.model.tokenizer import TextTokenizer
 
 F32 = NDArray[np.float32]
+
+
+# ---- distributions ------------------------------------------------------------------------------
+
+def top_tokens(logits: F32, k: int) -> NDArray[np.int64]:
+    """The ids of the k largest logits, largest first, ties to the lower id (as a stable argsort of
+    -logits would give). argpartition, not a full sort: 0.7 ms against 82 ms over Gemma's 262k logits."""
+    x = np.asarray(logits).reshape(-1)
+    k = max(0, min(int(k), x.size))
+    if k == 0:
+        return np.zeros(0, dtype=np.int64)
+    kth = x[np.argpartition(-x, k - 1)[k - 1]]  # the k-th largest value
+    above = np.flatnonzero(x > kth)
+    ties = np.flatnonzero(x == kth)[: k - above.size]  # the lowest ids among equals at the boundary
+    ids = np.concatenate([above, ties])
+    return ids[np.lexsort((ids, -x[ids]))].astype(np.int64)
+
+
+def kl(p_log: F32, q_log: F32) -> float:
+    """KL(p || q) of two log-probability vectors (natural log)."""
+    return float(np.sum(np.exp(p_log) * (p_log - q_log)))
+
+
+def rank_of(logp: F32, token: int) -> int:
+    """1 + how many tokens score strictly higher than `token`."""
+    return int(np.sum(logp > logp[token])) + 1
+
+
+# ---- targets ------------------------------------------------------------------------------------
+
+class HasTokenizer(Protocol):
+    """A Model, or a vindex (store or editable view): anything carrying a TextTokenizer."""
+
+    @property
+    def tokenizer(self) -> TextTokenizer: ...
+
+
+def target_token_ids(m: HasTokenizer, target: str) -> list[int]:
+    """Every sub-token of " " + target (as it reads after a prompt; unchanged if it already starts
+    with a space), no BOS. Raises EmptyTargetError when there is none."""
+    text = target if target.startswith(" ") else " " + target
+    ids = [int(i) for i in m.tokenizer.tok.encode(text, add_special_tokens=False).ids]
+    if not ids:
+        raise EmptyTargetError(f"target {target!r} tokenizes to nothing")
+    return ids
+
+
+def first_target_token(m: HasTokenizer, target: str) -> int:
+    """LARQL's rule for a target token: the first sub-token of " " + target."""
+    return target_token_ids(m, target)[0]
 
 
 def logit_lens(m: Model, resid: F32) -> F32:
@@ -36,7 +92,7 @@ def token_trajectory(m: Model, ids: list[int], token: int, position: int = -1) -
     out = []
     for name in names:
         logp = logit_lens(m, cache[name][position])
-        out.append((int((logp > logp[token]).sum()) + 1, float(np.exp(logp[token]))))
+        out.append((rank_of(logp, token), float(np.exp(logp[token]))))
     return out
 
 
@@ -45,18 +101,32 @@ def direct_logit_attribution(m: Model, vector: F32, token: int) -> float:
     return float(m.weights.output.row(token) @ np.asarray(vector, dtype=np.float32))
 
 
-def layer_attribution(m: Model, ids: list[int], token: int, position: int = -1) -> F32:
-    """`(n_layers, 2)`: each layer's attention and FFN contributions to the residual, unembedded onto
-    `token` (the split TRACE FOR reports)."""
-    n = m.config.n_layers
-    names = [f"blocks.{i}.{k}" for i in range(n) for k in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post")]
-    _, cache = m.run_with_cache(ids, names=names)
+def residual_hook_names(layers: range | list[int]) -> list[str]:
+    """The hook points layer_attribution reads: each layer's residual before, between and after."""
+    return [f"blocks.{i}.{k}" for i in layers for k in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post")]
+
+
+def layer_deltas(cache: Mapping[str, F32], layer: int, position: int = -1) -> tuple[F32, F32]:
+    """(attention's, the FFN's) contribution `(hidden,)` to the residual at one layer and position,
+    from a cache holding residual_hook_names (after Gemma's post-norms: what was added)."""
+    pre, mid, post = (cache[f"blocks.{layer}.{k}"][position]
+                      for k in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post"))
+    return mid - pre, post - mid
+
+
+def attribution(m: Model, attn: F32, ffn: F32, token: int) -> F32:
+    """`(n, 2)`: attention and FFN contributions `(n, hidden)` each, unembedded onto `token`."""
     row = m.weights.output.row(token)
-    out = np.zeros((n, 2), dtype=np.float32)
-    for i in range(n):
-        pre, mid, post = (cache[f"blocks.{i}.{k}"][position] for k in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post"))
-        out[i] = (row @ (mid - pre), row @ (post - mid))
-    return out
+    return np.stack([np.asarray(attn) @ row, np.asarray(ffn) @ row], axis=1).astype(np.float32)
+
+
+def layer_attribution(m: Model, cache: Mapping[str, F32], token: int, position: int = -1,
+                      layers: range | list[int] | None = None) -> F32:
+    """`(len(layers), 2)`: each layer's attention and FFN contributions to the residual, unembedded
+    onto `token` (the split TRACE FOR reports), from a cache holding residual_hook_names(layers)."""
+    chosen = range(m.config.n_layers) if layers is None else layers
+    deltas = [layer_deltas(cache, i, position) for i in chosen]
+    return attribution(m, np.stack([a for a, _ in deltas]), np.stack([f for _, f in deltas]), token)
 
 
 def embedding_neighbours(m: Model, vector: F32, k: int = 10) -> list[tuple[int, float]]:

@@ -11,8 +11,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import ModelFormatError
-from larql.model.forward import rms_norm
-from larql.model.generate import log_softmax
+from larql.model.interp import attribution, logit_lens
 
 if TYPE_CHECKING:
     from larql.model.model import Model
@@ -38,13 +37,11 @@ class Trace:
 
     def lens(self, m: Model, stage: int, position: int = -1) -> NDArray[np.float32]:
         """Log-probabilities of the residual at `stage` (0 = embedding, L + 1 = after layer L)."""
-        x = rms_norm(np.asarray(self.residual[stage, position]), m.weights.output_norm, m.config.norm_eps)
-        return log_softmax(m.weights.output.matmul(x))
+        return logit_lens(m, self.residual[stage, position])
 
     def contributions(self, m: Model, token: int, position: int = -1) -> NDArray[np.float32]:
         """`(layers, 2)`: attention and FFN contributions unembedded onto `token`."""
-        row = m.weights.output.row(token)
-        return np.stack([self.attn[:, position] @ row, self.ffn[:, position] @ row], axis=1)
+        return attribution(m, self.attn[:, position], self.ffn[:, position], token)
 
 
 def capture_trace(m: Model, prompt: str) -> Trace:

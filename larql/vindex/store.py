@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 import numpy as np
 from numpy.typing import NDArray
@@ -254,7 +254,7 @@ class Vindex:
     def close(self) -> None:
         self._maps.clear()
 
-    def __enter__(self) -> Vindex:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -10,15 +10,16 @@ from larql.edit.methods import DEFAULT_METHOD
 from larql.edit.overlay import MetaOverride
 from larql.edit.patch import PatchOp
 from larql.edit.view import EditableVindex
-
-if TYPE_CHECKING:
-    from larql.edit.insert_facts import InsertReport
-from larql.errors import LarqlError, LqlSemanticError, VindexError
+from larql.errors import EmptyTargetError, LarqlError, LqlSemanticError, VindexError
 from larql.lql import ast
 from larql.lql.ops.query import EDGE_FIELDS, _filter
 from larql.lql.result import Result
 from larql.lql.session import Session
+from larql.model.interp import first_target_token
 from larql.vindex import browse
+
+if TYPE_CHECKING:
+    from larql.edit.insert_facts import InsertReport
 
 
 def _v(session: Session) -> EditableVindex:
@@ -42,7 +43,7 @@ def insert(stmt: ast.InsertStmt, session: Session, result: Result) -> None:
     goal = stmt.confidence if stmt.confidence is not None else 0.9
     try:
         r = feature_insert.insert(v, stmt.entity, stmt.relation, stmt.target, stmt.layer, goal)
-    except VindexError as e:
+    except (VindexError, EmptyTargetError) as e:
         raise _fail(session, stmt, str(e)) from e
     result.title = f"Inserted {r.entity} -[{r.relation}]-> {r.target} at L{r.layer} F{r.feature} (patch overlay)"
     result.columns = ["measure", "before", "after"]
@@ -150,7 +151,7 @@ def update(stmt: ast.UpdateStmt, session: Session, result: Result) -> None:
     slots = _slots(stmt, session)
     tid = None
     if target is not None:
-        tid = feature_insert.target_token_id(v, target)
+        tid = first_target_token(v, target)
     for layer, feature in slots:
         ids, scores = v.down_meta(layer)
         new_ids = (tid,) if tid is not None else tuple(int(i) for i in ids[feature])

@@ -11,8 +11,17 @@ from larql.errors import LqlSemanticError
 from larql.lql import ast
 from larql.lql.result import Result
 from larql.lql.session import Session
-from larql.model.forward import rms_norm
 from larql.model.generate import log_softmax
+from larql.model.interp import (
+    first_target_token,
+    kl,
+    layer_attribution,
+    layer_deltas,
+    logit_lens,
+    rank_of,
+    residual_hook_names,
+    top_tokens,
+)
 
 
 def model_of(session: Session, stmt: ast.Statement) -> Any:
@@ -32,7 +41,7 @@ def infer(stmt: ast.InferStmt, session: Session, result: Result) -> None:
     top_n = stmt.top or 5
     logits = m.next_logits(ids)
     logp = log_softmax(logits)
-    top = np.argsort(-logits, kind="stable")[:top_n]
+    top = top_tokens(logits, top_n)
     text = m.tokenizer.token_text
     result.title = f"Predictions for {stmt.prompt!r}"
     if not stmt.compare:
@@ -45,22 +54,15 @@ def infer(stmt: ast.InferStmt, session: Session, result: Result) -> None:
         result.notes.append("USE MODEL runs the dense FFN: there is no vindex walk to compare, both columns are dense")
     dense_logits = m.dense().next_logits(ids)
     dense_logp = log_softmax(dense_logits)
-    dense_top = np.argsort(-dense_logits, kind="stable")[:top_n]
+    dense_top = top_tokens(dense_logits, top_n)
     result.columns = ["rank", "walk token", "walk prob", "dense token", "dense prob"]
     result.rows = [[r + 1, text(int(t)), round(float(np.exp(logp[t])), 4), text(int(d)), round(float(np.exp(dense_logp[d])), 4)]
                    for r, (t, d) in enumerate(zip(top, dense_top))]
     n_edited = len(edits) if isinstance(edits, Sized) else 0
-    kl = float(np.sum(np.exp(dense_logp) * (dense_logp - logp)))
     result.notes.append(f"walk FFN over {n_edited} edited feature(s) vs dense FFN: top-1 "
-                        f"{'agrees' if top[0] == dense_top[0] else 'differs'}, KL(dense || walk) = {kl:.4g}, "
+                        f"{'agrees' if top[0] == dense_top[0] else 'differs'}, "
+                        f"KL(dense || walk) = {kl(dense_logp, logp):.4g}, "
                         f"max |logit difference| = {float(np.max(np.abs(logits - dense_logits))):.4g}")
-
-
-def _target_id(m: Any, token: str) -> int:
-    """LARQL's rule: the first sub-token of " " + target (unless it already starts with a space)."""
-    text = token if token.startswith(" ") else " " + token
-    ids = [i for i in m.tokenizer.tok.encode(text, add_special_tokens=False).ids]
-    return int(ids[0])
 
 
 def trace(stmt: ast.TraceStmt, session: Session, result: Result) -> None:
@@ -75,39 +77,32 @@ def trace(stmt: ast.TraceStmt, session: Session, result: Result) -> None:
         save_trace(trace, stmt.save)
         result.notes.append(f"Saved {len(trace.token_ids)} token chains x {trace.n_layers + 1} stages to {stmt.save} "
                             f"(load with larql.model.trace_file.load_trace)")
-    cfg, w = m.config, m.weights
+    cfg = m.config
     ids = m.tokenize(stmt.prompt)
-    names = ["hook_embed"] + [f"blocks.{i}.{k}" for i in range(cfg.n_layers)
-                              for k in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post")]
-    _, cache = m.run_with_cache(ids, names=names)
+    _, cache = m.run_with_cache(ids, names=["hook_embed"] + residual_hook_names(range(cfg.n_layers)))
     positions = list(range(len(ids))) if stmt.positions == "all" else [len(ids) - 1]
     layers = range(cfg.n_layers) if stmt.layers is None else range(stmt.layers.start, stmt.layers.end + 1)
     if stmt.layers is not None and stmt.layers.end >= cfg.n_layers:
         raise LqlSemanticError(f"layer {stmt.layers.end} is out of range (layers 0-{cfg.n_layers - 1})",
                                session.source, stmt.span.line, stmt.span.column)
-    target = _target_id(m, stmt.for_token) if stmt.for_token is not None else None
-    unembed_row = w.output.row(target) if target is not None else None
-
-    def lens(x: np.ndarray) -> np.ndarray:  # logit lens: final norm, then unembedding
-        return log_softmax(w.output.matmul(rms_norm(x, w.output_norm, cfg.norm_eps)))
+    target = first_target_token(m, stmt.for_token) if stmt.for_token is not None else None
 
     rows: list[list[Any]] = []
     for pos in positions:
         tag = [pos] if stmt.positions == "all" else []
         stages = [("emb", cache["hook_embed"][pos], None, None)]
         for layer in layers:
-            pre = cache[f"blocks.{layer}.hook_resid_pre"][pos]
-            mid = cache[f"blocks.{layer}.hook_resid_mid"][pos]
-            post = cache[f"blocks.{layer}.hook_resid_post"][pos]
-            stages.append((f"L{layer}", post, mid - pre, post - mid))
+            attn, ffn = layer_deltas(cache, layer, pos)
+            stages.append((f"L{layer}", cache[f"blocks.{layer}.hook_resid_post"][pos], attn, ffn))
+        if target is not None:  # each layer's attention and FFN writes, unembedded onto the target
+            split = iter(layer_attribution(m, cache, target, pos, layers))
         for label, resid, attn, ffn in stages:
-            logp = lens(resid)
+            logp = logit_lens(m, resid)
             if target is not None:
-                rank = int((logp > logp[target]).sum()) + 1
-                a = float(unembed_row @ attn) if attn is not None else 0.0
-                f = float(unembed_row @ ffn) if ffn is not None else 0.0
+                a, f = (0.0, 0.0) if attn is None else (float(x) for x in next(split))
                 who = "" if attn is None else ("attn" if abs(a) > abs(f) else "ffn")
-                rows.append(tag + [label, rank, round(float(np.exp(logp[target])), 4), round(a, 3), round(f, 3), who])
+                rows.append(tag + [label, rank_of(logp, target), round(float(np.exp(logp[target])), 4), round(a, 3),
+                                   round(f, 3), who])
             elif stmt.decompose:
                 if attn is None:
                     continue
@@ -187,7 +182,7 @@ def explain_infer(stmt: ast.ExplainInferStmt, session: Session, result: Result) 
 
 
 def lens_top1(m: Any, resid: np.ndarray) -> str:
-    logp = log_softmax(m.weights.output.matmul(rms_norm(resid, m.weights.output_norm, m.config.norm_eps)))
+    logp = logit_lens(m, resid)
     top = int(np.argmax(logp))
     return f"{m.tokenizer.token_text(top)!r} {np.exp(logp[top]):.2f}"
 

@@ -14,7 +14,8 @@ from larql.vindex.store import open_vindex
 
 def use(stmt: ast.UseStmt, session: Session, result: Result) -> None:
     if stmt.kind == "model":
-        from larql import load  # the facade: USE MODEL also takes a vindex (its walk FFN model)
+        # the facade's load: USE MODEL also takes a vindex (the model it carries, walk FFN)
+        from larql import load
 
         session.model = load(stmt.target)
         result.notes.append(f"Using model: {session.model!r}")

@@ -6,28 +6,23 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 
 import larql
+from larql.edit.view import edit_vindex
 from larql.errors import LqlSemanticError, LqlSyntaxError, VindexError
 from larql.lql.executor import execute
 from larql.lql.session import Session
-from larql.vindex.extract import extract
-from larql.edit.view import edit_vindex
 from larql.vindex.store import open_vindex
-from tests.synthetic import TinySpec, hf_weights, write_gguf
+from tests.synthetic import TinySpec, tiny_vindex
 
 IDS = [5, 80, 81, 120, 7, 7, 9]
 
 
 @pytest.fixture(scope="module")
 def vx(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("patch")
-    spec = TinySpec("gemma3", n_layers=4, ffn=96)
-    write_gguf(root / "m.gguf", spec, hf_weights(spec, seed=11), gguf.GGMLQuantizationType.Q8_0)
-    return extract(root / "m.gguf", root / "p.vindex", level="inference", dtype="f32")
+    return tiny_vindex(tmp_path_factory.mktemp("patch"), TinySpec("gemma3", n_layers=4, ffn=96), seed=11)
 
 
 def session_on(vx: Path) -> Session:
@@ -168,7 +163,7 @@ def test_compile_bakes_the_overlay_into_a_new_vindex(vx: Path, tmp_path: Path) -
     live = s.vindex.model().forward(IDS)
     before_files = {p.name: p.read_bytes() for p in vx.iterdir()}
     res = execute(f'COMPILE CURRENT INTO VINDEX "{tmp_path / "baked.vindex"}"', s)[0]
-    assert dict((r[0], r[1]) for r in res.rows)["layers with rewritten FFN weights"] == "1, 2"
+    assert {r[0]: r[1] for r in res.rows}["layers with rewritten FFN weights"] == "1, 2"
     baked = open_vindex(tmp_path / "baked.vindex")
     assert baked.verify() == [] and baked.index["compiled_from"]["edited_features"] == 3
     out = larql.load(tmp_path / "baked.vindex").forward(IDS)  # no patch: the edits are in the weights
@@ -191,7 +186,7 @@ def test_compile_on_conflict_fail(vx: Path, tmp_path: Path) -> None:
         execute(f'COMPILE CURRENT INTO VINDEX "{tmp_path / "c.vindex"}" ON CONFLICT FAIL', s)
     assert not (tmp_path / "c.vindex").exists()
     res = execute(f'COMPILE CURRENT INTO VINDEX "{tmp_path / "c.vindex"}"', s)[0]  # LAST_WINS by default
-    assert dict((r[0], r[1]) for r in res.rows)["features written by several patches"] == 1
+    assert {r[0]: r[1] for r in res.rows}["features written by several patches"] == 1
     assert open_vindex(tmp_path / "c.vindex").feature_meta(0, 4).scores[0] == pytest.approx(0.2)
 
 
@@ -206,7 +201,7 @@ def test_compile_into_gguf_runs_the_edited_model(vx: Path, tmp_path: Path) -> No
     live = s.vindex.model().forward(IDS)
     out = tmp_path / "edited.gguf"
     res = execute(f'COMPILE CURRENT INTO MODEL "{out}" FORMAT GGUF', s)[0]
-    assert dict((r[0], r[1]) for r in res.rows)["layers with rewritten FFN weights"] == "1, 3"
+    assert {r[0]: r[1] for r in res.rows}["layers with rewritten FFN weights"] == "1, 3"
     compiled = larql.load(out)  # a plain GGUF: metadata and tokenizer copied from the source
     assert np.max(np.abs(compiled.forward(IDS) - live)) <= 1e-4 * np.max(np.abs(live))
     base = larql.load(vx.parent / "m.gguf")

@@ -4,26 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 
 import larql
-from larql.vindex.extract import extract
 from larql.edit.overlay import FeatureOverride
 from larql.edit.walk_ffn import walk_model
 from tests.conftest import rel_err
-from tests.synthetic import TinySpec, hf_weights, write_gguf
+from tests.synthetic import TinySpec, tiny_vindex
 
 IDS = [5, 80, 81, 120, 7, 7, 9]
 
 
 @pytest.fixture(scope="module")
 def vx(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("walk")
-    spec = TinySpec("gemma3", n_layers=3, ffn=96)
-    write_gguf(root / "m.gguf", spec, hf_weights(spec, seed=9), gguf.GGMLQuantizationType.Q8_0)
-    return extract(root / "m.gguf", root / "w.vindex", level="inference", dtype="f32")
+    return tiny_vindex(tmp_path_factory.mktemp("walk"), TinySpec("gemma3", n_layers=3, ffn=96), seed=9)
 
 
 def test_dense_walk_equals_the_model(vx: Path) -> None:
@@ -68,8 +63,8 @@ def test_vindex_model_is_the_walk_and_sees_its_overlay(vx: Path) -> None:
 
 
 def test_overlay_rejects_bad_overrides(vx: Path) -> None:
-    from larql.errors import VindexError
     from larql.edit.view import edit_vindex
+    from larql.errors import VindexError
 
     overlay = edit_vindex(vx).overlay
     with pytest.raises(VindexError, match=r"down has shape \(63,\), expected \(64,\)"):
