@@ -40,6 +40,7 @@ from numpy.typing import NDArray
 from larql.edit.facts import Fact, model_prefixes, target_ids
 from larql.errors import EditError
 from larql.model.attention import KVCache
+from larql.model.interp import kl
 from larql.model.model import Model
 
 F32 = NDArray[np.float32]
@@ -256,7 +257,7 @@ def summarise(scores: Sequence[EditScores], unrelated_before: list[NDArray[np.fl
            "token_acc": _mean([s.acc for s in scores]), "para_token_acc": _mean(per_edit("para_acc")),
            "p_new": float(np.mean([s.p_new for s in scores])), "GEN": _mean([s.gen for s in scores])}
     if unrelated_before is not None and unrelated_after is not None:
-        kls = [float(np.sum(np.exp(b) * (b - a))) for b, a in zip(unrelated_before, unrelated_after)]
+        kls = [kl(b, a) for b, a in zip(unrelated_before, unrelated_after)]
         out["unrelated_top1_kept"] = _mean([float(np.argmax(b) == np.argmax(a))
                                             for b, a in zip(unrelated_before, unrelated_after)])
         out["unrelated_kl"] = float(np.mean(kls))

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from larql.errors import EditError
+from larql.errors import EditError, EmptyTargetError
+from larql.model.interp import target_token_ids
 
 if TYPE_CHECKING:
     from larql.model.model import Model
@@ -56,11 +57,10 @@ class Fact:
 
 def target_ids(model: Model, target: str) -> list[int]:
     """Every token of " " + target (the whole target is taught and scored, not only its first token)."""
-    text = target if target.startswith(" ") else " " + target
-    ids = [int(i) for i in model.tokenizer.tok.encode(text, add_special_tokens=False).ids]
-    if not ids:
-        raise EditError(f"the target {target!r} tokenizes to nothing; give a target with visible text")
-    return ids
+    try:
+        return target_token_ids(model, target)
+    except EmptyTargetError:
+        raise EditError(f"the target {target!r} tokenizes to nothing; give a target with visible text") from None
 
 
 def subject_position(model: Model, text: str, subject: str) -> tuple[list[int], int]:

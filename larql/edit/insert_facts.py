@@ -32,6 +32,7 @@ from larql.edit.view import EditableVindex
 from larql.edit.weight_edit import WeightEditPlan, plan_weight_edit
 from larql.edit.weight_op import WeightOp
 from larql.errors import EditError
+from larql.model.interp import kl
 from larql.model.model import Model
 from larql.model.tokenizer import cache_dir
 
@@ -172,7 +173,7 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str = DEFAULT
         h1, htop = _probe(sc, held_out(f), f.target)
         report.facts.append(FactReport(f, p0, p1, bool(top0), bool(top1), h0, h1, htop))
     after = unrelated_logps(model)
-    kls = [float(np.sum(np.exp(b) * (b - a))) for b, a in zip(unrelated_before, after)]
+    kls = [kl(b, a) for b, a in zip(unrelated_before, after)]
     report.unrelated_kept = sum(int(np.argmax(b) == np.argmax(a)) for b, a in zip(unrelated_before, after))
     report.unrelated_total, report.unrelated_kl = len(after), float(np.mean(kls))
     missed = [r.fact.label for r in report.facts if not r.top1_after]
