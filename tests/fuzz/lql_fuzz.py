@@ -167,7 +167,7 @@ EXECUTOR_SEEDS = [
     "DELETE FROM EDGES WHERE layer = 1 AND feature = 3", 'UPDATE EDGES SET target = "x" WHERE layer = 1 AND feature = 2',
     'BEGIN PATCH "p.vlp"', "SAVE PATCH", 'APPLY PATCH "p.vlp"', 'REMOVE PATCH "p.vlp"',
     'BEGIN PATCH "p.vlp"; DELETE FROM EDGES WHERE layer = 0 AND feature = 1; SAVE PATCH; APPLY PATCH "p.vlp"',
-    'WALK "a" |> INFER "b" TOP 2', 'MERGE "{vx}"', 'DIFF CURRENT "{vx}"',
+    'WALK "a" |> INFER "b" TOP 2', 'MERGE "{vx}"', 'DIFF CURRENT "{vx}"', 'CROWN "hello" FOR "x" SUBJECT "hello"',
 ]
 # too slow for a fuzz loop (a real model, an extraction, an optimisation) or writing big files
 SLOW_STATEMENTS = ("ExtractStmt", "InsertStmt", "CompileStmt")

@@ -12,7 +12,8 @@ import gguf
 import pytest
 
 from larql.lql.session import Session
-from larql.vindex import extract, open_vindex
+from larql.vindex.extract import extract
+from larql.edit.view import edit_vindex
 from tests.fuzz.lql_fuzz import EXECUTOR_SEEDS, fuzz_executor, fuzz_parser, mutations
 from tests.synthetic import TinySpec, hf_weights, write_gguf
 
@@ -46,7 +47,7 @@ def test_executor_raises_only_larql_errors(tiny_vindexes: dict[str, Path], tmp_p
                                            monkeypatch: pytest.MonkeyPatch, level: str, count: int) -> None:
     vx = tiny_vindexes[level]
     monkeypatch.chdir(tmp_path)  # patches, traces and outputs land here
-    v = open_vindex(vx)  # one vindex for all inputs: edits pile up, as in a long session
+    v = edit_vindex(vx)  # one vindex for all inputs: edits pile up, as in a long session
     seeds = [s.replace("{vx}", str(vx)) for s in EXECUTOR_SEEDS]
     r = fuzz_executor(mutations(count, seed=1, seeds=seeds), lambda: Session(vindex=v))
     print(f"\nexecutor fuzz ({level}): {_summary(r)}")
