@@ -66,15 +66,16 @@ def main() -> None:
         t0 = time.perf_counter()
         rep = evaluate(m, records, apply, args.protocols.split(","), progress=lambda s: print("  ", s, flush=True))
         out["methods"][method] = rep.to_json() | {"wall_seconds": time.perf_counter() - t0}
+        save_results("editing" + (f"-{args.name}" if args.name else ""), out)  # before printing: keep the data
         print(f"\n{method}: {len(records)} edits of {out['model']} ({out['data']})")
         print("| protocol | " + " | ".join(COLUMNS) + " | s/edit |")
         print("|---|" + "---:|" * (len(COLUMNS) + 1))
         for name, row, secs in (("unedited", rep.unedited, None), ("single", rep.single, rep.seconds_per_edit),
                                 ("stacked", rep.stacked, rep.seconds_stacked)):
             if row is not None:
-                cells = [f"{row[c]:.3f}" if c == "unrelated_kl" else f"{row[c]:.1f}" if c in row else "—" for c in COLUMNS]
+                cells = ["—" if row.get(c) is None else f"{row[c]:.3f}" if c == "unrelated_kl" else f"{row[c]:.1f}"
+                         for c in COLUMNS]
                 print(f"| {name} | " + " | ".join(cells) + f" | {'' if secs is None else f'{secs:.1f}'} |")
-        save_results("editing" + (f"-{args.name}" if args.name else ""), out)
 
 
 if __name__ == "__main__":
