@@ -148,13 +148,14 @@ def optimise_value(model: Model, facts: Sequence[Fact], layers: Sequence[int], p
     nll_before = nll = float("inf")
     top1, extra, step = False, 0, 0
     for step in range(1, max_steps + 1):
-        if step % REFRESH == 0:
-            y_now, _ = tail.forward(contexts, deltas)
-            cand = np.union1d(cand, _candidates(full_logits(y_now), np.zeros(0, np.int64)))
-        e_c = out.rows(cand)  # (K, hidden)
-        ref_c = ref[:, cand]
-        ref_p = np.exp(ref_c - ref_c.max(axis=1, keepdims=True))
-        ref_p /= ref_p.sum(axis=1, keepdims=True)  # (n_kl, K)
+        if step == 1 or step % REFRESH == 0:
+            if step > 1:
+                y_now, _ = tail.forward(contexts, deltas)
+                cand = np.union1d(cand, _candidates(full_logits(y_now), np.zeros(0, np.int64)))
+            e_c = out.rows(cand)  # (K, hidden), dequantized once per candidate set, not per step
+            ref_c = ref[:, cand]
+            ref_p = np.exp(ref_c - ref_c.max(axis=1, keepdims=True))
+            ref_p /= ref_p.sum(axis=1, keepdims=True)  # (n_kl, K)
         y, saves = tail.forward(contexts, deltas)
         nll, top1, dy = _loss_grad(y[all_rows], e_c, cand, scored, cfg.final_softcap, ref_p, kl_weight, n_prompts)
         if step == 1:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from larql.model.attention import RopeTable, apply_rope
 from larql.model.config import ModelConfig
 from larql.model.weights import LayerWeights, Weights
 
@@ -65,28 +66,6 @@ def _act(kind: str, g: F32) -> tuple[F32, F32]:
         return y, dy
     s = np.float32(1.0) / (np.float32(1.0) + np.exp(-g))
     return g * s, s * (np.float32(1.0) + g * (np.float32(1.0) - s))
-
-
-def _rope(x: F32, cos: F32, sin: F32, interleaved: bool) -> F32:
-    """x `(T, heads, d)` rotated by position; with -sin it is the inverse (and the backward)."""
-    c, s = cos[:, None, :], sin[:, None, :]
-    if interleaved:
-        x1, x2 = x[..., 0::2], x[..., 1::2]
-        out = np.empty_like(x)
-        out[..., 0::2] = x1 * c - x2 * s
-        out[..., 1::2] = x2 * c + x1 * s
-        return out
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
-
-
-def rope_angles(base: float, head_dim: int, positions: I64) -> tuple[F32, F32]:
-    """cos/sin `(T, d/2)` as `attention.RopeTable` builds them (float32, HF's order of operations)."""
-    exponent = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
-    inv_freq = (np.float32(1.0) / np.power(np.float32(base), exponent)).astype(np.float32)
-    angles = positions.astype(np.float32)[:, None] * inv_freq[None, :]
-    return np.cos(angles), np.sin(angles)
 
 
 # -- dense layers -------------------------------------------------------------------------------------
@@ -156,6 +135,7 @@ class Tail:
     def __init__(self, cfg: ModelConfig, weights: Weights, first: int, ffn: FFNMatrices | None = None,
                  layers: dict[int, DenseLayer] | None = None) -> None:
         self.cfg, self.w, self.first = cfg, weights, first
+        self._ropes: dict[float, RopeTable] = {}
         self.layers = layers if layers is not None else {}
         for i in range(first, cfg.n_layers):
             if i not in self.layers:
@@ -179,15 +159,18 @@ class Tail:
             assert dl.q_norm is not None and dl.k_norm is not None
             q, saved["qn"], saved["qinv"] = _rms(q, dl.q_norm, cfg.norm_eps)
             k, saved["kn"], saved["kinv"] = _rms(k, dl.k_norm, cfg.norm_eps)
-        cos, sin = rope_angles(cfg.layer_rope_base(i), cfg.head_dim, positions)
+        table = self._ropes.setdefault(cfg.layer_rope_base(i), RopeTable(cfg.layer_rope_base(i), cfg.head_dim))
+        table.get(0, int(positions.max()) + 1)  # grown to cover every position (the forward's own table)
+        cos, sin = table.cos[positions], table.sin[positions]  # (T, d/2)
         saved["cos"], saved["sin"] = cos, sin
-        return _rope(q, cos, sin, cfg.rope_interleaved), _rope(k, cos, sin, cfg.rope_interleaved), v, saved
+        return apply_rope(q, cos, sin, cfg.rope_interleaved), apply_rope(k, cos, sin, cfg.rope_interleaved), v, saved
 
     def _qkv_back(self, dl: DenseLayer, h: F32, saved: dict[str, object], dq: F32, dk: F32, dv: F32) -> F32:
         cfg = self.cfg
         cos, sin = saved["cos"], saved["sin"]
-        dq = _rope(dq, cos, -sin, cfg.rope_interleaved)  # type: ignore[arg-type, operator]
-        dk = _rope(dk, cos, -sin, cfg.rope_interleaved)  # type: ignore[arg-type, operator]
+        # a rotation's backward is the inverse rotation: the same rope with -sin
+        dq = apply_rope(dq, cos, -sin, cfg.rope_interleaved)  # type: ignore[arg-type, operator]
+        dk = apply_rope(dk, cos, -sin, cfg.rope_interleaved)  # type: ignore[arg-type, operator]
         if cfg.qk_norm:
             dq = _rms_back(dq, dl.q_norm, saved["qn"], saved["qinv"])  # type: ignore[arg-type]
             dk = _rms_back(dk, dl.k_norm, saved["kn"], saved["kinv"])  # type: ignore[arg-type]

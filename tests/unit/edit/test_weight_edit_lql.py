@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 
@@ -19,8 +18,7 @@ from larql.edit.weight_op import WeightOp
 from larql.errors import EditError, LqlSemanticError, VindexError
 from larql.lql.executor import execute
 from larql.lql.session import Session
-from larql.vindex.extract import extract
-from tests.synthetic import TinySpec, hf_weights, write_gguf
+from tests.synthetic import TinySpec, tiny_vindex
 
 # the subject ends the prompt: on a random tiny model, attention from later positions is noise
 PROMPT = "Colour of zeta"
@@ -28,10 +26,7 @@ PROMPT = "Colour of zeta"
 
 @pytest.fixture(scope="module")
 def vx(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("rome")
-    spec = TinySpec("gemma3", n_layers=4, ffn=96)
-    write_gguf(root / "m.gguf", spec, hf_weights(spec, seed=5), gguf.GGMLQuantizationType.Q8_0)
-    return extract(root / "m.gguf", root / "t.vindex", level="inference")
+    return tiny_vindex(tmp_path_factory.mktemp("rome"), TinySpec("gemma3", n_layers=4, ffn=96), seed=5, dtype="f16")
 
 
 def _logp_target(m: larql.Model, prompt: str, target: str) -> float:

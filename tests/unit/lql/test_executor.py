@@ -15,7 +15,7 @@ from larql.lql.session import Session
 from larql.vindex import browse
 from larql.vindex.extract import extract
 from larql.vindex.store import open_vindex
-from tests.synthetic import TinySpec, hf_weights, write_gguf
+from tests.synthetic import TinySpec, hf_weights, tiny_vindex, write_gguf
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +29,7 @@ def vx(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def vxi(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same tiny model at the inference level (what INSERT and CROWN need)."""
-    root = tmp_path_factory.mktemp("lqlxi")
-    spec = TinySpec("gemma3", n_layers=4, ffn=96)
-    write_gguf(root / "m.gguf", spec, hf_weights(spec, seed=2), gguf.GGMLQuantizationType.Q8_0)
-    return extract(root / "m.gguf", root / "t.vindex", level="inference")
+    return tiny_vindex(tmp_path_factory.mktemp("lqlxi"), TinySpec("gemma3", n_layers=4, ffn=96), seed=2, dtype="f16")
 
 
 def run(vx: Path, text: str):  # type: ignore[no-untyped-def]
