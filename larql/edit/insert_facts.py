@@ -15,6 +15,7 @@ of unrelated prompts (top-1 kept, KL).
 
 from __future__ import annotations
 
+import os
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -50,8 +51,6 @@ def stats_dir(v: EditableVindex) -> Path:
 
 
 def _writable(p: Path) -> bool:
-    import os
-
     return os.access(p, os.W_OK)
 
 
