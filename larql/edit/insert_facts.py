@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +27,7 @@ import numpy as np
 from larql.edit.evaluate import EVAL_PREFIX_SEED, EVAL_PREFIXES, Scorer, unrelated_logps
 from larql.edit.facts import Fact, model_prefixes
 from larql.edit.methods import DEFAULT_METHOD, METHODS, default_layer
+from larql.edit.neighbours import N_NEIGHBOURS, similar_subjects
 from larql.edit.rome import KeyMetric
 from larql.edit.stats import second_moments, token_budget
 from larql.edit.view import EditableVindex
@@ -107,9 +108,13 @@ def _probe(sc: Scorer, prompts: Sequence[str], target: str) -> tuple[float, floa
 
 def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str = DEFAULT_METHOD,
                  layers: Sequence[int] | None = None, progress: Callable[[str, int, int], None] | None = None,
-                 measure: bool = True, decoys: Sequence[str] | None = None) -> InsertReport:
+                 measure: bool = True, decoys: Sequence[str] | None = None,
+                 n_neighbours: int = N_NEIGHBOURS, exclude: Collection[str] = ()) -> InsertReport:
     """Teach `facts` to the vindex's model through its overlay (recorded on its patch stack, all or
-    nothing) and measure the result on held-out prompts."""
+    nothing) and measure the result on held-out prompts.
+
+    Weight edits hold still the keys of `decoys` and of each subject's `n_neighbours` nearest
+    subjects in the embedding, except words in `exclude` (an evaluation's held-out subjects)."""
     if method not in METHODS:
         raise EditError(f"unknown edit method {method!r} (one of {', '.join(METHODS)})")
     if not facts:
@@ -145,6 +150,7 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str = DEFAULT
     else:
         used = tuple(layers) if layers else default_layers(model)
         metrics = key_metrics(model, used, stats_dir(v))
+        near = {f.subject: similar_subjects(v.store, f.subject, n_neighbours, exclude) for f in facts}
         groups = [list(facts)] if method == "memit" else [[f] for f in facts]
         try:
             for i, group in enumerate(groups):
@@ -152,7 +158,7 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str = DEFAULT
                     progress(f"INSERT ({method})", i, len(groups))
                 preserved = {layer: k for layer in used if (k := v.overlay.held_keys(layer)) is not None}
                 plan = plan_weight_edit(model, group, used, metrics, preserved, model.edits,
-                                        **({} if decoys is None else {"decoys": decoys}))
+                                        **({} if decoys is None else {"decoys": decoys}), neighbours=near)
                 facts_meta = tuple({"subject": f.subject, "relation": f.relation, "prompt": f.prompt,
                                     "target": f.target} for f in group)
                 v.patches.record_all([WeightOp(d.layer, d.u, d.v, plan.keys[d.layer], facts_meta, method)

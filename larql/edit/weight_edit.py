@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -46,6 +46,7 @@ DECOY_SUBJECTS = ("Sweden", "Peru", "Greece", "Vietnam", "Argentina", "Austria",
                   "the river", "my neighbour", "the company", "the city", "the island", "the moon", "music",
                   "football")
 MAX_DECOY_PROMPTS = 64
+NEIGHBOUR_BUDGET = 512  # neighbour prompts held per solve, shared by its facts (ffn has 2048 dims)
 OLD_OBJECT_TEMPLATES = ("{} is a", "{} is the", "I live in {}")
 
 
@@ -110,23 +111,36 @@ def group_by_subject(facts: Sequence[Fact]) -> list[list[Fact]]:
 
 
 def decoy_keys(model: Model, facts: Sequence[Fact], layers: Sequence[int], decoys: Sequence[str],
-               limit: int = MAX_DECOY_PROMPTS) -> tuple[dict[int, F32], int]:
-    """Keys `(ffn, n)` per layer at the last token of decoy subjects put in the facts' prompts."""
+               limit: int = MAX_DECOY_PROMPTS, neighbours: Mapping[str, Sequence[str]] | None = None,
+               ) -> tuple[dict[int, F32], int]:
+    """Keys `(ffn, n)` per layer at the last token of decoy subjects put in the facts' prompts, and
+    of each subject's `neighbours` (edit/neighbours.py) put in that subject's prompts."""
     subjects = {f.subject.lower() for f in facts}
     templates = list(dict.fromkeys(f.prompt.replace(f.subject, "{}", 1) for f in facts))
     prompts = [(t.format(d), d) for d in decoys if d.lower() not in subjects for t in templates]
     if len(prompts) > limit:  # spread the budget over templates and decoys alike
         idx = np.linspace(0, len(prompts) - 1, limit).round().astype(int)
         prompts = [prompts[i] for i in idx]
+    if neighbours:
+        per_fact = max(2, NEIGHBOUR_BUDGET // len(facts))  # a large batch holds fewer per fact
+        for f in facts:
+            near = [n for n in neighbours.get(f.subject, ()) if n.lower() not in subjects][:per_fact]
+            prompts += [(f.prompt.replace(f.subject, n, 1), n) for n in near]
+        prompts = list(dict.fromkeys(prompts))
     # what the model knows about the old object ("Paris is the capital of") must not move either
     olds = dict.fromkeys(f.target_true.strip() for f in facts if f.target_true and f.target_true.strip())
     prompts += [(t.format(o), o) for o in olds if o.lower() not in subjects for t in OLD_OBJECT_TEMPLATES]
     names = [f"blocks.{layer}.mlp.hook_post" for layer in layers]
     got: dict[int, list[F32]] = {layer: [] for layer in layers}
-    for text, d in prompts:
+    for j, (text, d) in enumerate(prompts):
         ids, s = subject_position(model, text, d)
         seen = capture(model, ids, names)
         for layer, name in zip(layers, names):
+            if j == 0 and s > 0:
+                # the first position (BOS, the attention sink) has one large key shared by every prompt:
+                # left free, a 1-rank edit moved its MLP output by 66% at layer 3 and flipped unrelated
+                # answers ("Bees make" honey -> up), so it is held like a decoy
+                got[layer].append(seen[name][0])
             got[layer].append(seen[name][s])
     return {layer: (np.stack(ks, axis=1) if ks else np.zeros((model.config.ffn, 0), np.float32))
             for layer, ks in got.items()}, len(prompts)
@@ -135,7 +149,8 @@ def decoy_keys(model: Model, facts: Sequence[Fact], layers: Sequence[int], decoy
 def plan_weight_edit(model: Model, facts: Sequence[Fact], layers: Sequence[int], metrics: dict[int, KeyMetric],
                      preserved: dict[int, F32] | None = None, edits: FFNEdits | None = None,
                      decoys: Sequence[str] = DECOY_SUBJECTS, n_prefixes: int = N_PREFIXES,
-                     progress: Callable[[str], None] | None = None) -> WeightEditPlan:
+                     progress: Callable[[str], None] | None = None,
+                     neighbours: Mapping[str, Sequence[str]] | None = None) -> WeightEditPlan:
     """Compute (do not apply) the update of `layers`' down projections that teaches `facts` to
     `model`, whose FFN already carries `edits` (the value step must see earlier edits)."""
     if not facts:
@@ -161,7 +176,7 @@ def plan_weight_edit(model: Model, facts: Sequence[Fact], layers: Sequence[int],
         say(f"value {i + 1}/{len(groups)}: {group[0].subject}")
         values.append(optimise_value(model, group, layers, prefixes, ffn_layers))
     t_value = time.perf_counter()
-    decoy, n_decoys = decoy_keys(model, facts, layers, decoys)
+    decoy, n_decoys = decoy_keys(model, facts, layers, decoys, neighbours=neighbours)
     deltas, keys = [], {}
     for layer in layers:
         k = np.stack([v.keys[layer] for v in values], axis=1)  # (ffn, n_groups)
