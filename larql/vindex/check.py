@@ -14,7 +14,7 @@ import numpy as np
 
 from larql.errors import VindexError
 from larql.vindex import integrity, layout
-from larql.vindex.jsonfile import read_json
+from larql.jsonfile import read_json
 
 MAX_INDEX_BYTES = 64 << 20  # an index.json is tens of KB; a bigger one is not ours
 MAX_JSON_DEPTH = 32  # index.json nests 4 deep; bound it before the parser recurses

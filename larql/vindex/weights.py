@@ -11,7 +11,7 @@ from numpy.typing import NDArray
 from larql.errors import LarqlError, VindexError
 from larql.quant import GGMLType, QuantMatrix, row_bytes
 from larql.vindex import layout
-from larql.vindex.jsonfile import read_json
+from larql.jsonfile import read_json
 
 MAX_MANIFEST_BYTES = 64 << 20  # about 100 bytes per tensor; a model has thousands, not millions
 
