@@ -19,7 +19,7 @@ from larql.errors import LarqlError, VindexError
 # a JSON string, escapes included, unrolled so long base64 strings match without backtracking. The
 # closing quote is optional: an unterminated string then runs to the end of the text in one match,
 # where requiring it would rescan from every later quote (quadratic: 15 s for 40 KB of `"\`).
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*\\?"?', re.S)
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*\\?"?', re.DOTALL)
 
 
 def json_depth(text: str) -> int:

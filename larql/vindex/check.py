@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from larql.errors import VindexError
-from larql.vindex import integrity, layout
 from larql.jsonfile import read_json
+from larql.vindex import integrity, layout
 
 MAX_INDEX_BYTES = 64 << 20  # an index.json is tens of KB; a bigger one is not ours
 MAX_JSON_DEPTH = 32  # index.json nests 4 deep; bound it before the parser recurses
@@ -46,12 +46,12 @@ def load_index(path: Path) -> dict[str, Any]:
     if not index_path.is_file():
         raise VindexError(f"{path}: not a vindex (no {layout.INDEX_FILE})")
     index = read_json(index_path, MAX_INDEX_BYTES, MAX_JSON_DEPTH, "vindex index")
-    validate_index(index, str(index_path))
+    validate_index(index, str(index_path))  # from here on index is the object the schema describes
     check_files(path, index)
     check_layers(path, index)
     check_config(path, index)
     integrity.check_seal(index, path)
-    return index
+    return dict(index)
 
 
 def check_vindex(path: Path) -> dict[str, Any]:

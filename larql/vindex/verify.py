@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from larql.errors import LarqlError, VindexError
+from larql.jsonfile import read_json
 from larql.vindex import check, integrity
 
 
@@ -76,7 +77,7 @@ def repair(path: str | Path) -> Path:
     from larql.vindex.extract import extract
 
     path = Path(path)
-    index = check.read_json(path / "index.json", check.MAX_INDEX_BYTES, check.MAX_JSON_DEPTH, "vindex index")
+    index = read_json(path / "index.json", check.MAX_INDEX_BYTES, check.MAX_JSON_DEPTH, "vindex index")
     check.validate_index(index, str(path / "index.json"))
     if "compiled_from" in index:
         raise VindexError(f"{path}: a compiled vindex cannot be re-extracted; {integrity.repair_hint(index, path)}")

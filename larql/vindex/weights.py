@@ -9,9 +9,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import LarqlError, VindexError
+from larql.jsonfile import read_json
 from larql.quant import GGMLType, QuantMatrix, row_bytes
 from larql.vindex import layout
-from larql.jsonfile import read_json
 
 MAX_MANIFEST_BYTES = 64 << 20  # about 100 bytes per tensor; a model has thousands, not millions
 

@@ -191,9 +191,8 @@ def test_a_pickle_in_the_cache_is_never_run(tmp_path: Path) -> None:
     cov = np.empty(1, dtype=object)
     cov[0] = Boom()
     path = tmp_path / "p.npz"
-    with zipfile.ZipFile(path, "w") as z:
-        with z.open("cov.npy", "w") as f:
-            np.lib.format.write_array(f, cov, allow_pickle=True)
+    with zipfile.ZipFile(path, "w") as z, z.open("cov.npy", "w") as f:
+        np.lib.format.write_array(f, cov, allow_pickle=True)
     assert stats._load(path, 4) is None and not marker.exists()
     path.write_bytes(pickle.dumps(Boom()))  # not even a zip
     assert stats._load(path, 4) is None and not marker.exists()
