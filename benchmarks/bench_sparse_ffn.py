@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from results_file import save_results
 
-PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "golden" / "prompts.json"
+PROMPTS = Path(__file__).resolve().parents[1] / "tests" / "golden" / "reference" / "prompts.json"
 
 
 def main() -> None:

@@ -53,7 +53,8 @@ def synthetic_4b(path: Path, layers: int = 34, features: int = 10240, hidden: in
                  "intermediate_size": features, "vocab_size": vocab, "embed_scale": hidden ** 0.5, "down_top_k": 10,
                  "has_model_weights": False, "layer_bands": layout.layer_bands(layers), "layers": entries,
                  "model_config": {"arch": "gemma3", "n_layers": layers, "hidden": hidden, "ffn": features, "n_heads": 8,
-                                  "n_kv_heads": 4, "head_dim": 256, "vocab": vocab},
+                                  "n_kv_heads": 4, "head_dim": 256, "vocab": vocab, "embed_scale": hidden ** 0.5,
+                                  "global_layers": [(i + 1) % 6 == 0 for i in range(layers)]},
                  "tokenizer": {"bos_id": None, "eos_ids": []}}
         return w.finish(index)
 

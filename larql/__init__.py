@@ -51,7 +51,7 @@ def load(src: str | Path) -> Model:
 
 
 def open_vindex(path: str | Path) -> Vindex:
-    """Open a vindex read-only (validated: index.json against its schema, file sizes, headers).
+    """Open a vindex read-only, verified first (index.json: schema, consistency, seal; every file: sha256).
 
     Example:
         >>> v = larql.open_vindex("g.vindex")

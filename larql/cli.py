@@ -121,15 +121,20 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from larql.vindex.store import open_vindex
+    from larql.vindex.verify import repair, verify_vindex
 
-    v = open_vindex(args.path)
-    bad = v.verify()
-    if bad:
-        sys.stderr.write(f"larql: error: {args.path}: checksum mismatch in {', '.join(bad)}\n")
-        return 1
-    print(f"{args.path}: ok ({len(v.index['files'])} files match index.json)")
-    return 0
+    report = verify_vindex(args.path)
+    if report.ok:
+        print(f"{args.path}: ok ({report.files} files match index.json; {report.source_note})")
+        return 0
+    problems = [f"{name} (contents differ from its sha256)" for name in report.bad_files] + report.config_diffs
+    if args.repair:
+        path = repair(args.path)
+        print(f"{args.path}: repaired ({'; '.join(problems)}): re-extracted into {path}")
+        return 0
+    sys.stderr.write(f"larql: error: {args.path}: {'; '.join(problems)}; repair with larql verify --repair "
+                     f"{args.path}, or re-extract it\n")
+    return 1
 
 
 def cmd_lql(args: argparse.Namespace) -> int:
@@ -231,8 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--threads", type=int, default=None)
     rp.set_defaults(func=cmd_repl)
 
-    ve = sub.add_parser("verify", help="check every file of a vindex against its sha256 in index.json")
+    ve = sub.add_parser("verify", help="check a vindex: index.json's seal and consistency, every file's sha256, "
+                                       "model_config against the source model")
     ve.add_argument("path")
+    ve.add_argument("--repair", action="store_true", help="re-extract a damaged vindex from its (unchanged) source")
     ve.set_defaults(func=cmd_verify)
 
     from larql.cli_edit import add_commands

@@ -13,8 +13,11 @@ import pytest
 import larql
 from tests.synthetic import TinySpec, hf_weights, write_gguf, write_hf_dir
 
-# the references live next to the repository (../shared/golden); LARQL_GOLDEN overrides
-GOLDEN = Path(os.environ.get("LARQL_GOLDEN", Path(__file__).resolve().parents[2] / "shared" / "golden"))
+# trimmed copies of ../shared/golden kept in the repository (tools/vendor_golden.py); LARQL_GOLDEN overrides
+GOLDEN = Path(os.environ.get("LARQL_GOLDEN", Path(__file__).resolve().parent / "golden" / "reference"))
+# the prompts whose activations (and the one whose full logits) the references hold
+ACTIVATION_PROMPTS = 2
+LOGITS_PROMPT = 1
 REAL_MODELS = ("gemma3-270m", "smollm2-135m")
 
 
@@ -29,12 +32,6 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
 
 def golden(key: str, engine: str) -> list[dict]:
     return json.loads((GOLDEN / f"{key}.{engine}.json").read_text())["prompts"]
-
-
-@pytest.fixture(scope="session")
-def golden_dir() -> Path:
-    assert GOLDEN.is_dir(), f"golden references not found at {GOLDEN}"
-    return GOLDEN
 
 
 @pytest.fixture(scope="session", params=REAL_MODELS)

@@ -90,7 +90,7 @@ def write_hf_dir(directory: Path, spec: TinySpec, weights: dict[str, np.ndarray]
               "tie_word_embeddings": True, "eos_token_id": spec.vocab - 1}
     if spec.arch == "gemma3":
         config |= {"rope_local_base_freq": spec.rope_base / 10, "sliding_window": spec.sliding_window,
-                   "layer_types": ["sliding_attention", "full_attention"] * (spec.n_layers // 2),
+                   "layer_types": [("sliding_attention", "full_attention")[i % 2] for i in range(spec.n_layers)],
                    "query_pre_attn_scalar": spec.head_dim}
     (directory / "config.json").write_text(json.dumps(config))
     save_file(weights, str(directory / "model.safetensors"))

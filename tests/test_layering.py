@@ -16,7 +16,7 @@ ORDER = ["errors", "quant", "model", "vindex", "edit", "facade", "lql", "top"]
 TOP = {"cli", "cli_edit", "repl", "render", "meta_commands", "__main__"}  # the shells above lql
 
 
-LEAVES = {"version", "_lazy"}  # helpers anyone may import
+LEAVES = {"version", "_lazy", "jsonfile"}  # helpers anyone may import
 
 
 def _layer(module: str) -> str | None:

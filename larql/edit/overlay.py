@@ -118,6 +118,11 @@ class PatchOverlay:
 
     def set_meta(self, layer: int, feature: int, meta: MetaOverride) -> None:
         self._check(layer, feature)
+        # down_meta rows are u32 ids and f32 scores: anything else would crash a later SELECT
+        ids, scores = np.asarray(meta.token_ids), np.asarray(meta.scores, dtype=np.float64)
+        if (len(ids) != len(scores) or not len(ids) or ids.dtype.kind not in "iu"
+                or ids.min() < 0 or ids.max() >= 1 << 32 or not np.all(np.isfinite(scores))):
+            raise VindexError(f"metadata of L{layer} F{feature}: needs as many token ids (0..2^32-1) as finite scores")
         self._deleted.get(layer, set()).discard(feature)
         self._meta.setdefault(layer, {})[feature] = meta
 

@@ -13,13 +13,15 @@ index.json) — so REMOVE PATCH and SHOW PATCHES can name what they hold.
 from __future__ import annotations
 
 import base64
+import binascii
 import datetime
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -27,6 +29,7 @@ from numpy.typing import NDArray
 from larql.edit.overlay import FeatureOverride, MetaOverride, PatchOverlay
 from larql.edit.weight_op import WeightOp
 from larql.errors import VindexError
+from larql.jsonfile import read_json
 from larql.vindex.store import Vindex
 
 PATCH_FORMAT = "larql-patch"
@@ -34,6 +37,34 @@ PATCH_VERSION = 1
 OPS = ("insert", "update", "delete", "weight_edit")
 FEATURE_OPS = OPS[:3]
 F32 = NDArray[np.float32]
+MAX_PATCH_BYTES = 1 << 30  # refused before reading; a 1,000-fact MEMIT patch of Gemma 3 270M is ~25 MB
+MAX_PATCH_DEPTH = 16  # a .vlp nests 4 deep (document, operations, operation, down_meta/facts)
+MAX_META_TOKENS = 1000  # a down_meta override lists at most this many tokens (extract's top-k bound)
+MAX_TEXT = 10_000  # characters of an entity, relation, target, reason or description
+
+
+class Shape(NamedTuple):
+    """What a patch is checked against: the vindex's sizes (0: not checked)."""
+
+    hidden: int
+    ffn: int = 0
+    num_layers: int = 0
+    vocab: int = 0
+
+
+def _index(value: Any, limit: int, what: str, where: str) -> int:
+    """An integer (not a bool or float) in 0..limit-1 (any non-negative one when limit is 0)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0 or (limit and value >= limit):
+        bound = f"0..{limit - 1}" if limit else "0 or more"
+        raise VindexError(f"{where}: {what} must be an integer in {bound}, got {value!r}"[:300])
+    return value
+
+
+def _text(d: dict[str, Any], key: str, where: str) -> str | None:
+    value = d.get(key)
+    if value is not None and (not isinstance(value, str) or len(value) > MAX_TEXT):
+        raise VindexError(f"{where}: {key} must be a string of at most {MAX_TEXT:,} characters")
+    return value
 
 
 @dataclass(frozen=True)
@@ -75,35 +106,52 @@ class PatchOp:
         return out
 
     @staticmethod
-    def from_json(d: Any, where: str, hidden: int) -> PatchOp:
+    def from_json(d: Any, where: str, shape: Shape) -> PatchOp:
+        """One feature operation, checked by type and by value against the vindex's sizes."""
         if not isinstance(d, dict) or d.get("op") not in FEATURE_OPS:
             raise VindexError(f"{where}: not an operation (op must be one of {', '.join(OPS)})")
-        try:
-            layer, feature = int(d["layer"]), int(d["feature"])
-        except (KeyError, TypeError, ValueError):
-            raise VindexError(f"{where}: {d.get('op')} needs integer layer and feature") from None
-        vectors = {}
-        for name in ("gate", "up", "down"):
-            text = d.get(f"{name}_vector_b64")
-            if text is None:
-                continue
-            try:
-                vec = np.frombuffer(base64.b64decode(text, validate=True), dtype="<f4").astype(np.float32)
-            except ValueError as e:
-                raise VindexError(f"{where}: {name}_vector_b64 is not base64 ({e})") from None
-            if vec.shape != (hidden,):
-                raise VindexError(f"{where}: {name} vector has {vec.size} values; this vindex's hidden size is "
-                                  f"{hidden} (a patch for another model?)")
-            vectors[name] = vec
-        meta = None
-        if d.get("down_meta") is not None:
-            m = d["down_meta"]
-            try:
-                meta = MetaOverride(tuple(int(t) for t in m["ids"]), tuple(float(s) for s in m["scores"]))
-            except (KeyError, TypeError, ValueError):
-                raise VindexError(f"{where}: down_meta must be {{\"ids\": [...], \"scores\": [...]}}") from None
-        return PatchOp(d["op"], layer, feature, vectors, meta, d.get("entity"), d.get("relation"),
-                       d.get("target"), d.get("reason"))
+        layer = _index(d.get("layer"), shape.num_layers, "layer", where)
+        feature = _index(d.get("feature"), shape.ffn, "feature", where)
+        vectors = {name: _vector(d.get(f"{name}_vector_b64"), shape.hidden, where, name)
+                   for name in ("gate", "up", "down") if d.get(f"{name}_vector_b64") is not None}
+        meta = _meta(d["down_meta"], shape.vocab, where) if d.get("down_meta") is not None else None
+        return PatchOp(d["op"], layer, feature, vectors, meta, _text(d, "entity", where), _text(d, "relation", where),
+                       _text(d, "target", where), _text(d, "reason", where))
+
+
+def _vector(text: Any, hidden: int, where: str, name: str) -> F32:
+    """A base64 little-endian float32 vector of `hidden` finite values."""
+    if not isinstance(text, str):
+        raise VindexError(f"{where}: {name}_vector_b64 must be a base64 string, not {type(text).__name__}")
+    if len(text) > 4 * (4 * hidden + 2) // 3 + 4:  # longer than `hidden` floats can encode: not decoded
+        raise VindexError(f"{where}: {name} vector is longer than this vindex's hidden size ({hidden}) allows "
+                          f"(a patch for another model?)")
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (ValueError, binascii.Error) as e:
+        raise VindexError(f"{where}: {name}_vector_b64 is not base64 ({e})") from None
+    if len(raw) != 4 * hidden:
+        raise VindexError(f"{where}: {name} vector has {len(raw) / 4:g} values; this vindex's hidden size is "
+                          f"{hidden} (a patch for another model?)")
+    vec = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+    if not np.all(np.isfinite(vec)):
+        raise VindexError(f"{where}: {name} vector has NaN or infinite values")
+    return vec
+
+
+def _meta(m: Any, vocab: int, where: str) -> MetaOverride:
+    """down_meta: equally long lists of token ids (in the vocabulary) and finite scores."""
+    shape_hint = f"{where}: down_meta must be {{\"ids\": [...], \"scores\": [...]}}"
+    if not isinstance(m, dict) or not isinstance(m.get("ids"), list) or not isinstance(m.get("scores"), list):
+        raise VindexError(shape_hint)
+    ids, scores = m["ids"], m["scores"]
+    if not 1 <= len(ids) <= MAX_META_TOKENS or len(scores) != len(ids):
+        raise VindexError(f"{shape_hint} with 1 to {MAX_META_TOKENS} ids and as many scores")
+    for t in ids:
+        _index(t, vocab or 1 << 32, "a down_meta token id", where)
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in scores):
+        raise VindexError(f"{where}: down_meta scores must be finite numbers")
+    return MetaOverride(tuple(ids), tuple(float(x) for x in scores))
 
 
 @dataclass
@@ -135,11 +183,11 @@ class Patch:
         return out
 
 
-def op_from_json(d: Any, where: str, hidden: int, ffn: int) -> PatchOp | WeightOp:
+def op_from_json(d: Any, where: str, shape: Shape) -> PatchOp | WeightOp:
     """One operation of a .vlp file: a feature edit (LARQL's) or a weight edit (larql's)."""
     if isinstance(d, dict) and d.get("op") == "weight_edit":
-        return WeightOp.from_json(d, where, hidden, ffn)
-    return PatchOp.from_json(d, where, hidden)
+        return WeightOp.from_json(d, where, shape.hidden, shape.ffn, shape.num_layers)
+    return PatchOp.from_json(d, where, shape)
 
 
 def index_checksum(vindex_path: Path) -> str:
@@ -162,22 +210,23 @@ def save_patch(patch: Patch, path: str | Path) -> Path:
     return path
 
 
-def load_patch(path: str | Path, hidden: int, ffn: int = 0) -> Patch:
+def load_patch(path: str | Path, shape: Shape) -> Patch:
+    """Read a .vlp file, checked by schema and by value against `shape` (the vindex's sizes): its
+    size and nesting are bounded before it is parsed, every vector is decoded and checked."""
     path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise VindexError(f"{path}: no such patch file") from None
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        raise VindexError(f"{path}: not a patch file (not valid JSON: {e})") from None
+    doc = read_json(path, MAX_PATCH_BYTES, MAX_PATCH_DEPTH, "patch")
     if not isinstance(doc, dict) or not isinstance(doc.get("operations"), list):
         raise VindexError(f"{path}: not a patch file (no \"operations\" list)")
+    if doc.get("format", PATCH_FORMAT) != PATCH_FORMAT:
+        raise VindexError(f"{path}: not a patch file (format {str(doc.get('format'))[:40]!r}, not {PATCH_FORMAT!r})")
     version = doc.get("version", 1)
     if version != PATCH_VERSION:
-        raise VindexError(f"{path}: patch format version {version}, this larql reads {PATCH_VERSION}")
-    ops = [op_from_json(d, f"{path} operation {i}", hidden, ffn) for i, d in enumerate(doc["operations"])]
-    return Patch(str(doc.get("name") or path.name), path, ops, str(doc.get("base_model") or ""),
-                 doc.get("base_checksum"), str(doc.get("created_at") or ""), doc.get("description"))
+        raise VindexError(f"{path}: patch format version {str(version)[:20]}, this larql reads {PATCH_VERSION}")
+    head = {key: _text(doc, key, str(path)) for key in ("name", "base_model", "base_checksum", "created_at",
+                                                           "description")}
+    ops = [op_from_json(d, f"{path} operation {i}", shape) for i, d in enumerate(doc["operations"])]
+    return Patch(head["name"] or path.name, path, ops, head["base_model"] or "", head["base_checksum"],
+                 head["created_at"] or "", head["description"])
 
 
 class PatchStack:
@@ -230,7 +279,7 @@ class PatchStack:
 
     def apply(self, path: str | Path) -> Patch:
         v = self.store
-        patch = load_patch(path, v.hidden, int(v.index["intermediate_size"]))
+        patch = load_patch(path, Shape(v.hidden, int(v.index["intermediate_size"]), v.num_layers, v.vocab_size))
         if patch.base_model and patch.base_model != v.index["model"]:
             raise VindexError(f"{path}: this patch was made for {patch.base_model!r}, the vindex in use holds "
                               f"{v.index['model']!r}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -85,14 +86,41 @@ def _path(directory: Path, model: Model, layer: int, n_tokens: int) -> Path:
     return directory / f"cov-{_fingerprint(model)}-L{layer}-{n_tokens}.npz"
 
 
-def _load(path: Path) -> tuple[F64, int] | None:
-    try:
-        with np.load(path) as f:
-            cov, count, digest = f["cov"], int(f["count"]), str(f["sha256"])
-    except (OSError, ValueError, KeyError):
+# the arrays a cache file holds: name -> (shape, given the layer's ffn; dtype kind)
+def _layout(ffn: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    return {"cov": ((ffn, ffn), "f"), "count": ((), "i"), "sha256": ((), "U")}
+
+
+def _member(z: zipfile.ZipFile, name: str, shape: tuple[int, ...], kind: str) -> np.ndarray | None:
+    """One array of the .npz, read only if its header declares the shape and dtype expected (so a
+    hostile header cannot make us allocate), never unpickled."""
+    with z.open(f"{name}.npy") as f:
+        version = np.lib.format.read_magic(f)
+        if version not in ((1, 0), (2, 0)):
+            return None
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        got_shape, _, dtype = read_header(f)
+    if got_shape != shape or dtype.kind != kind or dtype.hasobject:
         return None
+    with z.open(f"{name}.npy") as f:
+        return np.lib.format.read_array(f, allow_pickle=False)
+
+
+def _load(path: Path, ffn: int) -> tuple[F64, int] | None:
+    """A cached C, or None when there is none or it is not exactly what we wrote (then C is
+    recomputed): wrong shapes or dtypes, a checksum mismatch, non-finite values, a bad count."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            got = {name: _member(z, name, shape, kind) for name, (shape, kind) in _layout(ffn).items()}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+    if any(a is None for a in got.values()):
+        return None
+    cov, count, digest = got["cov"], int(got["count"]), str(got["sha256"])
     if hashlib.sha256(np.ascontiguousarray(cov).tobytes()).hexdigest() != digest:
         return None  # damaged: recompute
+    if count < 1 or not np.all(np.isfinite(cov)):
+        return None
     return cov.astype(np.float64), count
 
 
@@ -115,7 +143,7 @@ def second_moments(model: Model, layers: list[int], directory: Path | None, n_to
     out: dict[int, tuple[F64, int]] = {}
     missing = []
     for layer in layers:
-        hit = _load(_path(directory, model, layer, n_tokens)) if directory is not None else None
+        hit = _load(_path(directory, model, layer, n_tokens), model.config.ffn) if directory is not None else None
         if hit is not None:
             out[layer] = hit
         else:

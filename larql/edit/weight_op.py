@@ -26,6 +26,8 @@ def _b64(a: F32) -> str:
 def _unb64(text: Any, shape: tuple[int, int], where: str, name: str) -> F32:
     if not isinstance(text, str):
         raise VindexError(f"{where}: {name}_b64 must be a base64 string")
+    if len(text) > 4 * (4 * shape[0] * shape[1] + 2) // 3 + 4:  # refused before decoding
+        raise VindexError(f"{where}: {name} holds more than {shape[0]} x {shape[1]} values (a patch for another model?)")
     try:
         raw = base64.b64decode(text, validate=True)
     except (ValueError, binascii.Error) as e:
@@ -68,10 +70,12 @@ class WeightOp:
                 "facts": [dict(f) for f in self.facts]}
 
     @staticmethod
-    def from_json(d: dict[str, Any], where: str, hidden: int, ffn: int) -> WeightOp:
+    def from_json(d: dict[str, Any], where: str, hidden: int, ffn: int, num_layers: int = 0) -> WeightOp:
+        """A weight_edit operation, checked by type, size and value (`num_layers` 0: layer unchecked)."""
         layer, rank = d.get("layer"), d.get("rank")
-        if not isinstance(layer, int) or isinstance(layer, bool) or layer < 0:
-            raise VindexError(f"{where}: weight_edit needs a non-negative integer layer")
+        if (not isinstance(layer, int) or isinstance(layer, bool) or layer < 0
+                or (num_layers and layer >= num_layers)):
+            raise VindexError(f"{where}: weight_edit needs an integer layer in 0..{num_layers - 1 if num_layers else 'n'}")
         if not isinstance(rank, int) or isinstance(rank, bool) or not 1 <= rank <= MAX_RANK:
             raise VindexError(f"{where}: weight_edit needs an integer rank between 1 and {MAX_RANK}")
         facts = d.get("facts", [])
@@ -79,8 +83,8 @@ class WeightOp:
                 isinstance(f, dict) and all(isinstance(f.get(k, ""), str) for k in FACT_FIELDS) for f in facts):
             raise VindexError(f"{where}: facts must be a list of {{subject, relation, prompt, target}} strings")
         method = d.get("method", "rome")
-        if not isinstance(method, str):
-            raise VindexError(f"{where}: method must be a string")
+        if not isinstance(method, str) or len(method) > 40:
+            raise VindexError(f"{where}: method must be a short string")
         return WeightOp(layer, _unb64(d.get("u_b64"), (hidden, rank), where, "u"),
                         _unb64(d.get("v_b64"), (ffn, rank), where, "v"),
                         _unb64(d.get("keys_b64"), (ffn, rank), where, "keys"),

@@ -171,5 +171,8 @@ def config_from_hf(hf: dict[str, Any], source: str, tied: bool) -> ModelConfig:
     layer_types = hf.get("layer_types")
     if arch == "gemma3" and layer_types:
         from dataclasses import replace
+
+        if len(layer_types) != cfg.n_layers:
+            raise ModelFormatError(f"{source}: layer_types lists {len(layer_types)} layers, the model has {cfg.n_layers}")
         cfg = replace(cfg, global_layers=tuple(t == "full_attention" for t in layer_types))
     return cfg

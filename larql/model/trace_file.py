@@ -81,8 +81,16 @@ def save_trace(trace: Trace, path: str | Path) -> Path:
     return path
 
 
-def load_trace(path: str | Path) -> Trace:
+def load_trace(path: str | Path, vocab: int = 0) -> Trace:
+    """Map a trace file read-only, after checking its header, its block bounds, that every number
+    is finite and (given `vocab`) every token id is in the vocabulary.
+
+    Example:
+        >>> load_trace("france.trace", vocab=m.vocab_size).lens(m, stage=6)
+    """
     path = Path(path)
+    if not path.is_file():  # a FIFO or device would block or never end; a directory is no trace
+        raise ModelFormatError(f"{path}: no such trace file (or not a regular file)")
     try:
         data = np.memmap(path, dtype=np.uint8, mode="r")
     except (OSError, ValueError) as e:
@@ -92,18 +100,28 @@ def load_trace(path: str | Path) -> Trace:
     version, n_layers, n_pos, hidden, _ = (int(x) for x in data[4:24].view("<u4"))
     if version != VERSION:
         raise ModelFormatError(f"{path}: trace version {version}; this larql reads {VERSION}")
+    if not (n_layers and n_pos and hidden):
+        raise ModelFormatError(f"{path}: trace header says {n_layers} layers x {n_pos} positions x {hidden} hidden")
     o_ids, o_res, o_attn, o_ffn, o_prompt = (int(x) for x in data[24:64].view("<u8"))
     sizes = [(o_ids, 4 * n_pos), (o_res, 4 * (n_layers + 1) * n_pos * hidden), (o_attn, 4 * n_layers * n_pos * hidden),
              (o_ffn, 4 * n_layers * n_pos * hidden), (o_prompt, 4)]
-    if any(off + size > len(data) for off, size in sizes):
-        raise ModelFormatError(f"{path}: truncated trace file")
+    if any(off < HEADER or off % 4 or off + size > len(data) for off, size in sizes):
+        raise ModelFormatError(f"{path}: truncated trace file (a block lies outside it)")
 
     def arr(off: int, count: int, dtype: str) -> np.ndarray:
         return data[off: off + count * 4].view(dtype)
 
     n_prompt = int(data[o_prompt:o_prompt + 4].view("<u4")[0])
+    if o_prompt + 4 + n_prompt > len(data):
+        raise ModelFormatError(f"{path}: truncated trace file (the prompt runs past the end)")
     prompt = data[o_prompt + 4: o_prompt + 4 + n_prompt].tobytes().decode("utf-8", "replace")
-    return Trace(prompt, arr(o_ids, n_pos, "<u4"),
-                 arr(o_res, (n_layers + 1) * n_pos * hidden, "<f4").reshape(n_layers + 1, n_pos, hidden),
-                 arr(o_attn, n_layers * n_pos * hidden, "<f4").reshape(n_layers, n_pos, hidden),
-                 arr(o_ffn, n_layers * n_pos * hidden, "<f4").reshape(n_layers, n_pos, hidden))
+    trace = Trace(prompt, arr(o_ids, n_pos, "<u4"),
+                  arr(o_res, (n_layers + 1) * n_pos * hidden, "<f4").reshape(n_layers + 1, n_pos, hidden),
+                  arr(o_attn, n_layers * n_pos * hidden, "<f4").reshape(n_layers, n_pos, hidden),
+                  arr(o_ffn, n_layers * n_pos * hidden, "<f4").reshape(n_layers, n_pos, hidden))
+    for name in ("residual", "attn", "ffn"):
+        if not np.all(np.isfinite(getattr(trace, name))):
+            raise ModelFormatError(f"{path}: the trace's {name} block has NaN or infinite values")
+    if vocab and int(trace.token_ids.max()) >= vocab:
+        raise ModelFormatError(f"{path}: token id {int(trace.token_ids.max())} is outside the vocabulary (0..{vocab - 1})")
+    return trace

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol, Self
 
@@ -14,24 +13,7 @@ from numpy.typing import NDArray
 
 from larql.errors import VindexError
 from larql.model.tokenizer import TextTokenizer
-from larql.vindex import knn, layout
-
-
-@lru_cache(maxsize=1)
-def _schema_validator() -> Any:
-    import jsonschema
-
-    schema = json.loads((Path(__file__).with_name("index.schema.json")).read_text())
-    return jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
-
-
-def validate_index(index: Any, where: str) -> None:
-    """Raise VindexError naming the first schema violation of an index.json document."""
-    errors = sorted(_schema_validator().iter_errors(index), key=lambda e: list(e.absolute_path))
-    if errors:
-        e = errors[0]
-        at = "/".join(str(p) for p in e.absolute_path) or "(top level)"
-        raise VindexError(f"{where}: index.json fails its schema at {at}: {e.message}")
+from larql.vindex import check, integrity, knn, layout
 
 
 @dataclass(frozen=True)
@@ -59,17 +41,8 @@ class Vindex:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        index_path = self.path / layout.INDEX_FILE
-        if not self.path.is_dir():
-            raise VindexError(f"{self.path}: no such vindex directory")
-        if not index_path.is_file():
-            raise VindexError(f"{self.path}: not a vindex (no {layout.INDEX_FILE})")
-        try:
-            self.index: dict[str, Any] = json.loads(index_path.read_text())
-        except (ValueError, UnicodeDecodeError) as e:
-            raise VindexError(f"{index_path}: not valid JSON ({e})") from e
-        validate_index(self.index, str(index_path))
-        self._check_files()
+        # index.json (schema, consistency, seal) and every file's bytes, before anything is mapped
+        self.index: dict[str, Any] = check.check_vindex(self.path)
         self.num_layers: int = self.index["num_layers"]
         self.hidden: int = self.index["hidden_size"]
         self.vocab_size: int = self.index["vocab_size"]
@@ -78,63 +51,13 @@ class Vindex:
         self._maps: dict[str, np.memmap] = {}
         self._gate_indexes: dict[int, Any] = {}  # layer -> faiss index of its gate vectors, built on first KNN
         self._token_texts: dict[int, str] = {}  # token id -> its text, decoded once
-        self._check_layers()
-        self._check_down_meta_header()
-
-    # -- validation ---------------------------------------------------------------------------
-
-    def _check_files(self) -> None:
-        for name, entry in self.index["files"].items():
-            f = self.path / name
-            if not f.is_file():
-                raise VindexError(f"{f}: missing file listed in index.json")
-            size = f.stat().st_size
-            if size != entry["size"]:
-                raise VindexError(f"{f}: size {size} bytes, index.json says {entry['size']} (truncated or replaced)")
-        if self.index["has_model_weights"]:
-            for name in layout.INFERENCE_FILES:
-                if name not in self.index["files"]:
-                    raise VindexError(f"{self.path}: has_model_weights is true but {name} is not listed")
-
-    def _check_layers(self) -> None:
-        layers = self.index["layers"]
-        if len(layers) != self.num_layers or [e["layer"] for e in layers] != list(range(self.num_layers)):
-            raise VindexError(f"{self.path}: index.json layers must list layers 0..{self.num_layers - 1} in order")
-        gate_size = self.index["files"][layout.GATE_FILE]["size"]
-        dm_size = self.index["files"][layout.DOWN_META_FILE]["size"]
-        for e in layers:
-            if e["gate_length"] != e["num_features"] * self.hidden * self.dtype.itemsize:
-                raise VindexError(f"{self.path}: layer {e['layer']} gate_length does not match num_features x hidden")
-            if e["gate_offset"] + e["gate_length"] > gate_size:
-                raise VindexError(f"{self.path / layout.GATE_FILE}: layer {e['layer']} runs past the end of the file")
-            if e["down_meta_length"] != e["num_features"] * self.top_k * 8:
-                raise VindexError(f"{self.path}: layer {e['layer']} down_meta_length does not match num_features x top_k")
-            if e["down_meta_offset"] + e["down_meta_length"] > dm_size:
-                raise VindexError(f"{self.path / layout.DOWN_META_FILE}: layer {e['layer']} runs past the end of the file")
-
-    def _check_down_meta_header(self) -> None:
-        head = self._map(layout.DOWN_META_FILE)[: layout.DOWN_META_HEADER]
-        where = self.path / layout.DOWN_META_FILE
-        if len(head) < 16 or head[:4].tobytes() != layout.DOWN_META_MAGIC:
-            raise VindexError(f"{where}: bad magic (expected {layout.DOWN_META_MAGIC.decode()})")
-        version, n_layers, top_k = (int(v) for v in head[4:16].view("<u4"))
-        if version != layout.DOWN_META_VERSION:
-            raise VindexError(f"{where}: format version {version}, this larql reads {layout.DOWN_META_VERSION}")
-        if n_layers != self.num_layers or top_k != self.top_k:
-            raise VindexError(f"{where}: header says {n_layers} layers x top {top_k}, index.json says "
-                              f"{self.num_layers} x {self.top_k}")
+        check.check_down_meta_header(self.path, self._map(layout.DOWN_META_FILE)[: layout.DOWN_META_HEADER].tobytes(),
+                                     self.num_layers, self.top_k)
 
     def verify(self) -> list[str]:
-        """Hash every file against index.json; returns the names that differ (empty: all good)."""
-        bad = []
-        for name, entry in self.index["files"].items():
-            h = hashlib.sha256()
-            with open(self.path / name, "rb") as f:
-                while block := f.read(1 << 22):
-                    h.update(block)
-            if h.hexdigest() != entry["sha256"]:
-                bad.append(name)
-        return bad
+        """Hash every file against index.json, reading each one again (the open-time check may have
+        trusted the cache of files already hashed); returns the names that differ (empty: all good)."""
+        return integrity.check_contents(self.path, self.index, use_cache=False)
 
     # -- access -------------------------------------------------------------------------------
 
@@ -290,7 +213,8 @@ def feature_meta(v: MetaSource, layer: int, feature: int) -> FeatureMeta:
 
 
 def open_vindex(path: str | Path) -> Vindex:
-    """Open a vindex read-only, validating index.json against its schema, file sizes and headers.
+    """Open a vindex read-only after verifying it (check.check_vindex): index.json by schema, against
+    itself, the files and its seal; every file by sha256 (cached per file stat).
 
     Example:
         >>> v = open_vindex("g.vindex")

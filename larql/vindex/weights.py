@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.errors import VindexError
+from larql.errors import LarqlError, VindexError
+from larql.jsonfile import read_json
 from larql.quant import GGMLType, QuantMatrix, row_bytes
 from larql.vindex import layout
+
+MAX_MANIFEST_BYTES = 64 << 20  # about 100 bytes per tensor; a model has thousands, not millions
 
 
 class VindexWeightSource:
@@ -20,21 +22,42 @@ class VindexWeightSource:
     def __init__(self, path: Path) -> None:
         self.path = path
         manifest_path = path / layout.MANIFEST_FILE
-        try:
-            manifest: list[dict[str, Any]] = json.loads(manifest_path.read_text())
-        except (OSError, ValueError) as e:
-            raise VindexError(f"{manifest_path}: cannot read the weight manifest ({e})") from e
+        # opening the vindex hashed this file against index.json; the checks below catch a writer's
+        # mistake (or a vindex opened without that check) before a tensor is mapped
+        manifest = read_json(manifest_path, MAX_MANIFEST_BYTES, 4, "weight manifest")
+        if not isinstance(manifest, list) or not all(isinstance(e, dict) for e in manifest):
+            raise VindexError(f"{manifest_path}: not a list of tensor entries")
         self._blob = np.memmap(path / layout.WEIGHTS_FILE, dtype=np.uint8, mode="r")
-        self._entries = {e["name"]: e for e in manifest}
+        self._entries: dict[str, dict[str, Any]] = {}
         for e in manifest:
-            try:
-                qtype = GGMLType[e["type"]]
-            except KeyError:
-                raise VindexError(f"{manifest_path}: tensor {e['name']} has unknown type {e['type']!r}") from None
-            shape = e["shape"]
+            self._check_entry(manifest_path, e)
+        end = 0
+        for e in sorted(self._entries.values(), key=lambda e: e["offset"]):
+            if e["offset"] < end:
+                raise VindexError(f"{path / layout.WEIGHTS_FILE}: tensor {e['name']} overlaps the tensor before it; "
+                                  f"the manifest {manifest_path.name} is damaged")
+            end = e["offset"] + e["nbytes"]
+
+    def _check_entry(self, manifest_path: Path, e: dict[str, Any]) -> None:
+        name = e.get("name")
+        if not isinstance(name, str) or name in self._entries:
+            raise VindexError(f"{manifest_path}: a tensor entry has a missing or repeated name ({name!r})")
+        shape, offset, nbytes = e.get("shape"), e.get("offset"), e.get("nbytes")
+        if (not isinstance(shape, list) or not 1 <= len(shape) <= 4
+                or not all(isinstance(d, int) and d > 0 for d in shape)
+                or not isinstance(offset, int) or not isinstance(nbytes, int) or offset < 0):
+            raise VindexError(f"{manifest_path}: tensor {name} needs a shape of positive integers, an offset and nbytes")
+        try:
+            qtype = GGMLType[e["type"]]
+        except (KeyError, TypeError):
+            raise VindexError(f"{manifest_path}: tensor {name} has unknown type {e.get('type')!r}") from None
+        try:
             expected = row_bytes(qtype, shape[-1]) * (int(np.prod(shape[:-1])) if len(shape) > 1 else 1)
-            if e["nbytes"] != expected or e["offset"] + e["nbytes"] > len(self._blob) or e["offset"] % layout.ALIGNMENT:
-                raise VindexError(f"{path / layout.WEIGHTS_FILE}: tensor {e['name']} has a bad size or offset")
+        except (LarqlError, KeyError) as err:  # KeyError: a GGML type larql has no block layout for
+            raise VindexError(f"{manifest_path}: tensor {name}: cannot size a {qtype.name} tensor ({err})") from err
+        if nbytes != expected or offset + nbytes > len(self._blob) or offset % layout.ALIGNMENT:
+            raise VindexError(f"{self.path / layout.WEIGHTS_FILE}: tensor {name} has a bad size or offset")
+        self._entries[name] = e
 
     def has(self, name: str) -> bool:
         return name in self._entries

@@ -15,6 +15,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from larql.errors import VindexError
+from larql.vindex import integrity
 from larql.vindex.layout import INDEX_FILE, align
 
 
@@ -97,8 +98,8 @@ class VindexWriter:
         for name, f in self._open:
             self.files[name] = f.close()
         self._open.clear()
-        index = {**index, "files": dict(sorted(self.files.items()))}
-        (self.tmp / INDEX_FILE).write_text(json.dumps(index, indent=1))
+        index = integrity.seal({**index, "files": dict(sorted(self.files.items()))})
+        (self.tmp / INDEX_FILE).write_text(json.dumps(index, indent=1, allow_nan=False))
         if self.target.exists():  # overwrite: move the old one aside first, so a crash loses nothing
             old = self.target.parent / f".{self.target.name}.old-{os.getpid()}"
             os.rename(self.target, old)
@@ -107,6 +108,7 @@ class VindexWriter:
         else:
             os.rename(self.tmp, self.target)
         self._done = True
+        integrity.remember_written(self.target, self.files)  # hashed while written: the first open need not
         return self.target
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -16,7 +16,7 @@ def test_extract_verify_and_run_from_vindex(tiny_gguf: Path, tmp_path: Path) -> 
     assert f"wrote {out}" in r.stderr
     assert json.loads((out / "index.json").read_text())["extract_level"] == "inference"
     r = larql("verify", str(out))
-    assert r.returncode == 0 and "ok (6 files match index.json)" in r.stdout
+    assert r.returncode == 0 and f"ok (6 files match index.json; model_config matches the source {tiny_gguf}" in r.stdout
     direct = json.loads(larql("run", str(tiny_gguf), "abc", "--max-tokens", "5", "--json").stdout)
     via_vindex = json.loads(larql("run", str(out), "abc", "--max-tokens", "5", "--json").stdout)
     assert via_vindex["ids"] == direct["ids"]
@@ -24,11 +24,21 @@ def test_extract_verify_and_run_from_vindex(tiny_gguf: Path, tmp_path: Path) -> 
     assert again.returncode == 1 and "already exists; choose another path or pass --force" in again.stderr
 
 
-def test_verify_reports_corruption(tiny_gguf: Path, tmp_path: Path) -> None:
+def test_verify_reports_corruption_and_repairs(tiny_gguf: Path, tmp_path: Path) -> None:
     out = tmp_path / "c.vindex"
     assert larql("extract", str(tiny_gguf), "-o", str(out), "--quiet").returncode == 0
-    data = bytearray((out / "gate_vectors.bin").read_bytes())
-    data[64] ^= 1
-    (out / "gate_vectors.bin").write_bytes(bytes(data))
+    intact = (out / "gate_vectors.bin").read_bytes()
+    for name, at in (("gate_vectors.bin", 64), ("embeddings.bin", 8)):
+        data = bytearray((out / name).read_bytes())
+        data[at] ^= 1
+        (out / name).write_bytes(bytes(data))
     r = larql("verify", str(out))
-    assert r.returncode == 1 and "checksum mismatch in gate_vectors.bin" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr == (f"larql: error: {out}: embeddings.bin (contents differ from its sha256); gate_vectors.bin "
+                        f"(contents differ from its sha256); repair with larql verify --repair {out}, or re-extract it\n")
+    opened = larql("lql", f'USE "{out}"; STATS;')
+    assert opened.returncode == 1 and "embeddings.bin: contents differ from the sha256 in index.json" in opened.stderr
+    r = larql("verify", "--repair", str(out))
+    assert r.returncode == 0 and "repaired (embeddings.bin" in r.stdout, r.stderr
+    assert (out / "gate_vectors.bin").read_bytes() == intact
+    assert larql("verify", str(out)).returncode == 0

@@ -115,7 +115,7 @@ def test_patch_statement_errors(vx: Path, tmp_path: Path) -> None:
         execute(f'APPLY PATCH "{wrong}"', s)
     out_of_range = tmp_path / "range.vlp"
     out_of_range.write_text(json.dumps({"version": 1, "operations": [{"op": "delete", "layer": 9, "feature": 1}]}))
-    with pytest.raises(LqlSemanticError, match="layer 9 is out of range"):
+    with pytest.raises(LqlSemanticError, match=r"range.vlp operation 0: layer must be an integer in 0\.\.3, got 9"):
         execute(f'APPLY PATCH "{out_of_range}"', s)
     assert len(s.vindex.overlay) == 0 and s.vindex.patches.applied == []  # a failed apply leaves nothing
     with pytest.raises(LqlSemanticError, match="no applied patch named 'x.vlp'"):
