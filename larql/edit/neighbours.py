@@ -21,9 +21,9 @@ from collections.abc import Collection
 import numpy as np
 from numpy.typing import NDArray
 
+from larql.edit.methods import N_NEIGHBOURS
 from larql.vindex.store import Vindex
 
-N_NEIGHBOURS = 32  # per subject (NS on the five hardest records: 0 -> 57, 16 -> 80, 48 -> 87)
 _WORD = re.compile(r"[^\W\d_][\w'-]*\Z")
 _CHUNK = 32768
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from larql.edit.methods import DEFAULT_METHOD, N_PREFIXES, default_layer
+from larql.edit.methods import DEFAULT_METHOD, N_NEIGHBOURS, N_PREFIXES, default_layer
 from larql.errors import LqlSemanticError
 from larql.lql import ast
 from larql.lql.unparse import unparse
@@ -74,14 +74,22 @@ def insert_steps(stmt: ast.InsertStmt, session: Session) -> list[Step]:
                      else "held-out prompts: prefixed prompt, unrelated prompts' top-1 and KL"),
                 Step("record", f"patch overlay, {n} feature insert(s)")]
     v = session.vindex
-    layer = stmt.layer if stmt.layer is not None else (
-        default_layer(v.index["model"], v.num_layers) if v is not None else "the crown layer")
+    if stmt.layers is not None:
+        _check_range(session, stmt, stmt.layers)
+        layer: int | str = f"{stmt.layers.start}-{stmt.layers.end}" if stmt.layers.end > stmt.layers.start \
+            else stmt.layers.start
+        first: int | str = stmt.layers.start
+    else:
+        layer = first = stmt.layer if stmt.layer is not None else (
+            default_layer(v.index["model"], v.num_layers) if v is not None else "the crown layer")
     solve = "one joint solve" if method == "memit" else f"{n} solve(s), one fact after another"
-    return [Step("statistics", f"E[k k^T] at layer {layer} (cached beside the vindex, else computed)"),
+    where = f"layers {layer}" if isinstance(layer, str) and "-" in layer else f"layer {layer}"
+    return [Step("statistics", f"E[k k^T] at {where} (cached beside the vindex, else computed)"),
             Step("capture", f"keys at the subject's last token, prompt + {N_PREFIXES} model-written prefixes"),
-            Step("optimise_value", f"Adam through layers {layer}.. (hand-written backward), at most 25 steps"),
-            Step("hold_keys", "decoy subjects, the old object, earlier edits at the layer"),
-            Step("solve", f"minimum C-norm update of W_down at layer {layer}: {solve}"),
+            Step("optimise_value", f"Adam through layers {first}.. (hand-written backward), at most 25 steps"),
+            Step("hold_keys", f"BOS, decoy subjects, each subject's {N_NEIGHBOURS} nearest subjects, the old object, "
+                              "earlier edits at the layer"),
+            Step("solve", f"minimum C-norm update of W_down at {where}: {solve}"),
             Step("record", f"patch overlay, weight_edit (method {method})"),
             Step("measure", "held-out prompts: prefixed prompt, unrelated prompts' top-1 and KL")]
 

@@ -75,7 +75,9 @@ def _insert_facts(stmt: ast.InsertStmt, session: Session, result: Result, method
             row = stmt.values(i)
             prompt = row.get("prompt") or feature_insert.relation_prompt(row["entity"], row["relation"])
             facts.append(Fact(row["entity"], prompt, row["target"], row["relation"]))
-        r = insert_facts(v, facts, method, None if stmt.layer is None else [stmt.layer], progress=session.progress)
+        layers = (list(range(stmt.layers.start, stmt.layers.end + 1)) if stmt.layers is not None
+                  else None if stmt.layer is None else [stmt.layer])
+        r = insert_facts(v, facts, method, layers, progress=session.progress)
     except LarqlError as e:
         raise _fail(session, stmt, str(e)) from e
     insert_result(r, result)

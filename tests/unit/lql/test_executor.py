@@ -107,6 +107,7 @@ def test_plans_are_golden(vx: Path, vxi: Path, update_golden: bool) -> None:
     weights = ['INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B")',
              'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B"), ("C", "capital", "D") '
              'METHOD MEMIT AT LAYER 1',
+             'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B") METHOD MEMIT LAYERS 0-1',
              'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B") METHOD FEATURE CONFIDENCE 0.8',
              'CROWN "The capital of France is" FOR "Paris" SUBJECT "France"']
     with_weights = Session(vindex=open_vindex(vxi))
