@@ -10,6 +10,7 @@ down_meta.bin carry the edits too. Written atomically, like an extraction; the b
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -218,3 +219,34 @@ def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wi
     finally:
         tmp.unlink(missing_ok=True)
     return CompileReport(out, len(v.overlay), tuple(sorted(edited)), tuple(clashes), out.stat().st_size)
+
+
+def compile_safetensors(v: EditableVindex, out: str | Path, on_conflict: str = "last_wins", overwrite: bool = False,
+                        dtype: str = "bf16") -> CompileReport:
+    """COMPILE ... INTO MODEL "dir" FORMAT SAFETENSORS: a Hugging Face directory (config.json,
+    model.safetensors, tokenizer files) holding the vindex's weights with its overlay baked in,
+    dequantized to `dtype`. Needs no source file: index.json and the vindex's tokenizer suffice."""
+    from larql.model.export_hf import ExportTensor, TokenizerFiles, source_chat_template, write_hf_dir
+    from larql.vindex.runtime import index_config
+
+    if not v.has_model_weights:
+        raise VindexError(f"{v.path}: a browse-level vindex has no weights to compile into a model")
+    clashes = _check_conflicts(v, on_conflict)
+    cfg = index_config(v.store)
+    edited = _edited_layers(v)
+    source = VindexWeightSource(v.path)
+
+    def load(name: str, is_vector: bool) -> np.ndarray:
+        if is_vector:
+            return source.vector(name)
+        m = _edited_matrix(source, name, edited)
+        return m if m is not None else source.matrix(name).dequantize()
+
+    manifest = json.loads((v.path / layout.MANIFEST_FILE).read_text())
+    tensors = [ExportTensor(e["name"], tuple(e["shape"]), functools.partial(load, e["name"], len(e["shape"]) == 1)) for e in manifest]
+    tok = v.store.tokenizer
+    files = TokenizerFiles((v.path / layout.TOKENIZER_FILE).read_text(), tok.bos_id, tuple(tok.eos_ids),
+                           source_chat_template(Path(v.index["source"]["path"])))
+    path = write_hf_dir(out, cfg, tensors, files, dtype, overwrite)
+    size = sum(f.stat().st_size for f in path.iterdir())
+    return CompileReport(path, len(v.overlay), tuple(sorted(edited)), tuple(clashes), size)

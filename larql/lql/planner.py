@@ -105,9 +105,6 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
                  "CrownStmt": "CROWN"}[type(stmt).__name__]
         raise _error(session, stmt, f"{label} needs model weights, and the vindex in use "
                      f"is browse-level", 'extract it WITH INFERENCE, or USE MODEL "gemma3-270m"')
-    if isinstance(stmt, ast.CompileStmt) and stmt.target == "model" and stmt.format != "gguf":
-        raise _error(session, stmt, "COMPILE ... INTO MODEL writes GGUF only so far (safetensors is not implemented yet)",
-                     'COMPILE CURRENT INTO MODEL "edited.gguf" FORMAT GGUF')
     if not isinstance(stmt, NEEDS_NOTHING) and not (isinstance(stmt, ast.StatsStmt) and stmt.path) \
             and not (isinstance(stmt, ast.CompileStmt) and stmt.source is not None) \
             and not (inference and session.model is not None):
@@ -189,8 +186,10 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
             steps.append(Step("filter", " AND ".join(f"{c.field} {c.op} {c.value!r}" for c in stmt.where)))
         steps.append(Step("record", "delete" if isinstance(stmt, ast.DeleteStmt) else "metadata update"))
     elif isinstance(stmt, ast.CompileStmt):
-        steps = [Step("bake_overlay", f"{stmt.source or 'CURRENT'} -> {stmt.into}"),
-                 Step("write_atomic", f"on conflict {stmt.on_conflict or 'last_wins'}")]
+        steps = [Step("bake_overlay", f"{stmt.source or 'CURRENT'} -> {stmt.into}")]
+        if stmt.target == "model":
+            steps.append(Step("write_model", f"format {model_format(stmt)}"))
+        steps.append(Step("write_atomic", f"on conflict {stmt.on_conflict or 'last_wins'}"))
     elif isinstance(stmt, (ast.BeginPatchStmt, ast.SavePatchStmt, ast.ApplyPatchStmt, ast.RemovePatchStmt,
                            ast.ShowPatchesStmt)):
         name = {"BeginPatchStmt": "begin_patch", "SavePatchStmt": "save_patch", "ApplyPatchStmt": "apply_patch",
@@ -199,6 +198,11 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
     else:  # pragma: no cover - every statement type is handled above
         raise _error(session, stmt, f"cannot plan {type(stmt).__name__}")
     return Plan(stmt, tuple(steps))
+
+
+def model_format(stmt: ast.CompileStmt) -> str:
+    """FORMAT as written, else from the target: a .gguf file is GGUF, anything else an HF directory."""
+    return stmt.format or ("gguf" if stmt.into.lower().endswith(".gguf") else "safetensors")
 
 
 def _layers_text(r: ast.Range | str | None) -> str:
