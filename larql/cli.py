@@ -235,9 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
     ve.add_argument("path")
     ve.set_defaults(func=cmd_verify)
 
-    from larql.cli_edit import add_commands
+    from larql import cli_db, cli_edit
 
-    add_commands(sub)
+    cli_edit.add_commands(sub)
+    cli_db.add_commands(sub)
     return parser
 
 

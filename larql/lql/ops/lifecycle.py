@@ -74,6 +74,8 @@ def stats(stmt: ast.StatsStmt, session: Session, result: Result) -> None:
         ["relation clusters", clusters["k"] if clusters else 0], ["down top-k", i["down_top_k"]],
         ["size", f"{size / 1e6:.1f} MB"], ["path", str(v.path)],
     ]
+    if "parts" in i:  # a slice: say what it kept
+        result.rows.insert(-2, ["parts", ", ".join(i["parts"])])
     result.title = f"STATS {i['model']}"
 
 
