@@ -117,6 +117,10 @@ def cmd_extract(args: argparse.Namespace) -> int:
                        top_k=args.top_k, overwrite=args.force, progress=report)  # type: ignore[arg-type]
     size = sum(f.stat().st_size for f in path.iterdir())
     console.print(f"wrote {path} ({size / 1e6:.1f} MB, level {args.level}) in {time.perf_counter() - t0:.1f}s")
+    counts = json.loads((path / "index.json").read_text()).get("requantized")
+    if counts:
+        console.print(f"--quant q4k: {counts['Q4_K']} matrices now Q4_K, {counts['Q6_K']} Q6_K; "
+                      f"{counts['kept']} kept their encoding (see FORMAT.md for which and why)")
     return 0
 
 
