@@ -65,7 +65,7 @@ def _check_conflicts(v: EditableVindex, on_conflict: str) -> list[tuple[int, int
 Edited = dict[int, tuple[dict[int, FeatureOverride], set[int], "tuple[np.ndarray, np.ndarray] | None"]]
 
 
-def _edited_layers(v: EditableVindex) -> Edited:
+def edited_layers(v: EditableVindex) -> Edited:
     out = {}
     for layer in range(v.num_layers):
         vectors, gone, delta = v.overlay.layer(layer), v.overlay.deleted(layer), v.overlay.down_delta(layer)
@@ -79,7 +79,7 @@ def compile_vindex(v: EditableVindex, out: str | Path, on_conflict: str = "last_
     out = Path(out)
     if out.resolve() == v.path.resolve():
         raise VindexError(f"{out}: cannot compile a vindex into itself (base vindexes are read-only)")
-    edited = _edited_layers(v)
+    edited = edited_layers(v)
     with VindexWriter(out, overwrite=overwrite) as w:
         for name in v.index["files"]:
             if name not in (layout.GATE_FILE, layout.DOWN_META_FILE, layout.WEIGHTS_FILE, layout.MANIFEST_FILE):
@@ -122,7 +122,7 @@ def _write_gates_and_meta(v: EditableVindex, w: VindexWriter, edited: Edited) ->
     return layers
 
 
-def _edited_matrix(source: Any, name: str, edited: Edited) -> np.ndarray | None:
+def edited_matrix(source: Any, name: str, edited: Edited) -> np.ndarray | None:
     """The float32 matrix of an edited layer's ffn_gate / ffn_up / ffn_down with the overlay's rows
     (gate, up) or columns (down) put in and deleted features' down columns zeroed; else None."""
     parts = name.split(".")
@@ -156,7 +156,7 @@ def _write_weights(v: EditableVindex, w: VindexWriter, edited: Edited) -> None:
     blob = w.binary(layout.WEIGHTS_FILE)
     out = []
     for e in manifest:
-        m = _edited_matrix(source, e["name"], edited)
+        m = edited_matrix(source, e["name"], edited)
         if m is not None:
             offset = blob.write_aligned(m)
             out.append({"name": e["name"], "type": GGMLType.F32.name, "shape": [int(m.shape[0]), int(m.shape[1])],
@@ -185,7 +185,7 @@ def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wi
         raise VindexError(f"{out}: already exists; choose another path")
     reader = gguf.GGUFReader(src)
     arch = str(reader.fields["general.architecture"].contents())
-    edited = _edited_layers(v)
+    edited = edited_layers(v)
     source = VindexWeightSource(v.path)
     manifest = json.loads((v.path / layout.MANIFEST_FILE).read_text())
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
@@ -198,7 +198,7 @@ def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wi
             sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
             writer.add_key_value(field.name, field.contents(), vtype, sub)
         for e in manifest:
-            m = _edited_matrix(source, e["name"], edited)
+            m = edited_matrix(source, e["name"], edited)
             if m is not None:
                 writer.add_tensor(e["name"], m)
             else:
@@ -233,13 +233,13 @@ def compile_safetensors(v: EditableVindex, out: str | Path, on_conflict: str = "
         raise VindexError(f"{v.path}: a browse-level vindex has no weights to compile into a model")
     clashes = _check_conflicts(v, on_conflict)
     cfg = index_config(v.store)
-    edited = _edited_layers(v)
+    edited = edited_layers(v)
     source = VindexWeightSource(v.path)
 
     def load(name: str, is_vector: bool) -> np.ndarray:
         if is_vector:
             return source.vector(name)
-        m = _edited_matrix(source, name, edited)
+        m = edited_matrix(source, name, edited)
         return m if m is not None else source.matrix(name).dequantize()
 
     manifest = json.loads((v.path / layout.MANIFEST_FILE).read_text())

@@ -38,7 +38,7 @@ class Plan:
 
 NOT_YET = {
     ast.MergeStmt: "MERGE", ast.RebalanceStmt: "REBALANCE", ast.CompactStmt: "COMPACT",
-    ast.DiffStmt: "DIFF", ast.ShowCompactStatusStmt: "SHOW COMPACT STATUS",
+    ast.ShowCompactStatusStmt: "SHOW COMPACT STATUS",
 }
 NEEDS_NOTHING = (ast.UseStmt, ast.ExtractStmt, ast.ShowModelsStmt)
 
@@ -94,6 +94,9 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
     if name is not None:
         raise _error(session, stmt, f"{name} is not implemented yet",
                      "browse, inference, INSERT / DELETE / UPDATE and the patch statements work now")
+    if isinstance(stmt, ast.DiffStmt) and stmt.relation is not None:
+        raise _error(session, stmt, "DIFF ... RELATION is not supported: differences are per feature, not per relation",
+                     'filter by layer: DIFF "a.vindex" "b.vindex" LAYER 12')
     if isinstance(stmt, ast.UseStmt) and stmt.kind == "remote":
         raise _error(session, stmt, "USE REMOTE is not supported", "use a local vindex path or USE MODEL")
     if isinstance(stmt, ast.InsertStmt) and session.vindex is not None and not session.vindex.has_model_weights:
@@ -107,6 +110,7 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
                      f"is browse-level", 'extract it WITH INFERENCE, or USE MODEL "gemma3-270m"')
     if not isinstance(stmt, NEEDS_NOTHING) and not (isinstance(stmt, ast.StatsStmt) and stmt.path) \
             and not (isinstance(stmt, ast.CompileStmt) and stmt.source is not None) \
+            and not (isinstance(stmt, ast.DiffStmt) and stmt.a is not None and stmt.b is not None) \
             and not (inference and session.model is not None):
         if session.vindex is None:
             raise _error(session, stmt, "no vindex in use", 'run USE "path/to.vindex" (or EXTRACT ... INTO) first')
@@ -190,6 +194,13 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
         if stmt.target == "model":
             steps.append(Step("write_model", f"format {model_format(stmt)}"))
         steps.append(Step("write_atomic", f"on conflict {stmt.on_conflict or 'last_wins'}"))
+    elif isinstance(stmt, ast.DiffStmt):
+        a, b = stmt.a or "CURRENT", stmt.b or "CURRENT"
+        steps = [Step("compare_features", f"{a} vs {b}: gate / up / down / down_meta, "
+                      f"{'layer ' + str(stmt.layer) if stmt.layer is not None else 'every layer'}"),
+                 Step("compare_dense", "tensors outside the FFN (a patch cannot carry them)")]
+        if stmt.into_patch:
+            steps.append(Step("write_patch", f"{stmt.into_patch}: applied to {a}, gives {b}"))
     elif isinstance(stmt, (ast.BeginPatchStmt, ast.SavePatchStmt, ast.ApplyPatchStmt, ast.RemovePatchStmt,
                            ast.ShowPatchesStmt)):
         name = {"BeginPatchStmt": "begin_patch", "SavePatchStmt": "save_patch", "ApplyPatchStmt": "apply_patch",

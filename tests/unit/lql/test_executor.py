@@ -104,7 +104,8 @@ def test_plans_are_golden(vx: Path, vxi: Path, update_golden: bool) -> None:
              'UPDATE EDGES SET target = "x" WHERE entity = "Par"', 'BEGIN PATCH "p.vlp"', "SAVE PATCH",
              'APPLY PATCH "p.vlp"', 'REMOVE PATCH "p.vlp"', "SHOW PATCHES",
              'COMPILE CURRENT INTO VINDEX "o.vindex" ON CONFLICT FAIL', 'COMPILE "a.vindex" INTO MODEL "o.gguf" FORMAT GGUF',
-             'COMPILE CURRENT INTO MODEL "out/" FORMAT SAFETENSORS', 'COMPILE CURRENT INTO MODEL "o.gguf"']
+             'COMPILE CURRENT INTO MODEL "out/" FORMAT SAFETENSORS', 'COMPILE CURRENT INTO MODEL "o.gguf"',
+             'DIFF "a.vindex" CURRENT LAYER 2 LIMIT 5 INTO PATCH "d.vlp"']
     weights = ['INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B")',
              'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B"), ("C", "capital", "D") '
              'METHOD MEMIT AT LAYER 1',
