@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import time
 
 
 def _size(path: object) -> float:
@@ -18,19 +17,13 @@ def _size(path: object) -> float:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from larql.cli import _progress_bars, _threads
+    from larql.cli import run_with_progress
     from larql.edit.convert import convert
 
-    _threads(args.threads)
-    console = Console(stderr=True)
-    t0 = time.perf_counter()
-    bar, report = _progress_bars(console, disable=args.quiet)
-    with bar:  # type: ignore[attr-defined]
-        fmt, path = convert(args.src, args.output, to=args.to, dtype=args.dtype, level=args.level, quant=args.quant,
-                            patches=args.patch or (), overwrite=args.force, progress=report)  # type: ignore[arg-type]
-    console.print(f"wrote {path} ({fmt}, {_size(path):.1f} MB) in {time.perf_counter() - t0:.1f}s")
+    (fmt, path), console, seconds = run_with_progress(args, lambda report: convert(
+        args.src, args.output, to=args.to, dtype=args.dtype, level=args.level, quant=args.quant,
+        patches=args.patch or (), overwrite=args.force, progress=report))
+    console.print(f"wrote {path} ({fmt}, {_size(path):.1f} MB) in {seconds:.1f}s")
     return 0
 
 
