@@ -226,7 +226,12 @@ def compile_safetensors(v: EditableVindex, out: str | Path, on_conflict: str = "
     """COMPILE ... INTO MODEL "dir" FORMAT SAFETENSORS: a Hugging Face directory (config.json,
     model.safetensors, tokenizer files) holding the vindex's weights with its overlay baked in,
     dequantized to `dtype`. Needs no source file: index.json and the vindex's tokenizer suffice."""
-    from larql.model.export_hf import ExportTensor, TokenizerFiles, source_chat_template, write_hf_dir
+    from larql.model.export_hf import (
+        ExportTensor,
+        TokenizerFiles,
+        source_chat_template,
+        write_hf_dir,
+    )
     from larql.vindex.runtime import index_config
 
     if not v.has_model_weights:

@@ -89,7 +89,7 @@ class _Side:
 
 
 def _row_differs(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    return np.any(x != y, axis=1)
+    return np.asarray(np.any(x != y, axis=1))
 
 
 def diff(a: EditableVindex, b: EditableVindex, layer: int | None = None) -> DiffReport:
