@@ -8,10 +8,13 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 from larql.errors import LarqlError
+
+T = TypeVar("T")
 
 
 def _threads(n: int | None) -> None:
@@ -103,20 +106,33 @@ def _progress_bars(console: object, disable: bool = False) -> tuple[object, obje
     return bar, report
 
 
-def cmd_extract(args: argparse.Namespace) -> int:
+def run_with_progress(args: argparse.Namespace, work: Callable[[Callable[[str, int, int], None]], T]
+                      ) -> tuple[T, Any, float]:
+    """Pin threads, run `work(report)` under stderr progress bars (none with --quiet); returns its
+    result, the stderr console and the seconds taken."""
     from rich.console import Console
-
-    from larql.vindex.extract import extract
 
     _threads(args.threads)
     console = Console(stderr=True)
     t0 = time.perf_counter()
     bar, report = _progress_bars(console, disable=args.quiet)
     with bar:  # type: ignore[attr-defined]
-        path = extract(args.src, args.output, level=args.level, dtype=args.dtype, quant=args.quant,
-                       top_k=args.top_k, overwrite=args.force, progress=report)  # type: ignore[arg-type]
+        out = work(report)  # type: ignore[arg-type]
+    return out, console, time.perf_counter() - t0
+
+
+def cmd_extract(args: argparse.Namespace) -> int:
+    from larql.vindex.extract import extract
+
+    path, console, seconds = run_with_progress(args, lambda report: extract(
+        args.src, args.output, level=args.level, dtype=args.dtype, quant=args.quant, top_k=args.top_k,
+        overwrite=args.force, progress=report))
     size = sum(f.stat().st_size for f in path.iterdir())
-    console.print(f"wrote {path} ({size / 1e6:.1f} MB, level {args.level}) in {time.perf_counter() - t0:.1f}s")
+    console.print(f"wrote {path} ({size / 1e6:.1f} MB, level {args.level}) in {seconds:.1f}s")
+    counts = json.loads((path / "index.json").read_text()).get("requantized")
+    if counts:
+        console.print(f"--quant q4k: {counts['Q4_K']} matrices now Q4_K, {counts['Q6_K']} Q6_K; "
+                      f"{counts['kept']} kept their encoding (see FORMAT.md for which and why)")
     return 0
 
 
@@ -242,9 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
     ve.add_argument("--repair", action="store_true", help="re-extract a damaged vindex from its (unchanged) source")
     ve.set_defaults(func=cmd_verify)
 
-    from larql.cli_edit import add_commands
+    from larql import cli_db, cli_edit
 
-    add_commands(sub)
+    cli_edit.add_commands(sub)
+    cli_db.add_commands(sub)
     return parser
 
 

@@ -38,7 +38,7 @@ class Plan:
 
 NOT_YET = {
     ast.MergeStmt: "MERGE", ast.RebalanceStmt: "REBALANCE", ast.CompactStmt: "COMPACT",
-    ast.DiffStmt: "DIFF", ast.ShowCompactStatusStmt: "SHOW COMPACT STATUS",
+    ast.ShowCompactStatusStmt: "SHOW COMPACT STATUS",
 }
 NEEDS_NOTHING = (ast.UseStmt, ast.ExtractStmt, ast.ShowModelsStmt)
 
@@ -102,6 +102,9 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
     if name is not None:
         raise _error(session, stmt, f"{name} is not implemented yet",
                      "browse, inference, INSERT / DELETE / UPDATE and the patch statements work now")
+    if isinstance(stmt, ast.DiffStmt) and stmt.relation is not None:
+        raise _error(session, stmt, "DIFF ... RELATION is not supported: differences are per feature, not per relation",
+                     'filter by layer: DIFF "a.vindex" "b.vindex" LAYER 12')
     if isinstance(stmt, ast.UseStmt) and stmt.kind == "remote":
         raise _error(session, stmt, "USE REMOTE is not supported", "use a local vindex path or USE MODEL")
     if isinstance(stmt, ast.InsertStmt) and session.vindex is not None and not session.vindex.has_model_weights:
@@ -113,11 +116,9 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
                  "CrownStmt": "CROWN"}[type(stmt).__name__]
         raise _error(session, stmt, f"{label} needs model weights, and the vindex in use "
                      f"is browse-level", 'extract it WITH INFERENCE, or USE MODEL "gemma3-270m"')
-    if isinstance(stmt, ast.CompileStmt) and stmt.target == "model" and stmt.format != "gguf":
-        raise _error(session, stmt, "COMPILE ... INTO MODEL writes GGUF only so far (safetensors is not implemented yet)",
-                     'COMPILE CURRENT INTO MODEL "edited.gguf" FORMAT GGUF')
     if not isinstance(stmt, NEEDS_NOTHING) and not (isinstance(stmt, ast.StatsStmt) and stmt.path) \
             and not (isinstance(stmt, ast.CompileStmt) and stmt.source is not None) \
+            and not (isinstance(stmt, ast.DiffStmt) and stmt.a is not None and stmt.b is not None) \
             and not (inference and session.model is not None):
         if session.vindex is None:
             raise _error(session, stmt, "no vindex in use", 'run USE "path/to.vindex" (or EXTRACT ... INTO) first')
@@ -197,8 +198,17 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
             steps.append(Step("filter", " AND ".join(f"{c.field} {c.op} {c.value!r}" for c in stmt.where)))
         steps.append(Step("record", "delete" if isinstance(stmt, ast.DeleteStmt) else "metadata update"))
     elif isinstance(stmt, ast.CompileStmt):
-        steps = [Step("bake_overlay", f"{stmt.source or 'CURRENT'} -> {stmt.into}"),
-                 Step("write_atomic", f"on conflict {stmt.on_conflict or 'last_wins'}")]
+        steps = [Step("bake_overlay", f"{stmt.source or 'CURRENT'} -> {stmt.into}")]
+        if stmt.target == "model":
+            steps.append(Step("write_model", f"format {model_format(stmt)}"))
+        steps.append(Step("write_atomic", f"on conflict {stmt.on_conflict or 'last_wins'}"))
+    elif isinstance(stmt, ast.DiffStmt):
+        a, b = stmt.a or "CURRENT", stmt.b or "CURRENT"
+        steps = [Step("compare_features", f"{a} vs {b}: gate / up / down / down_meta, "
+                      f"{'layer ' + str(stmt.layer) if stmt.layer is not None else 'every layer'}"),
+                 Step("compare_dense", "tensors outside the FFN (a patch cannot carry them)")]
+        if stmt.into_patch:
+            steps.append(Step("write_patch", f"{stmt.into_patch}: applied to {a}, gives {b}"))
     elif isinstance(stmt, (ast.BeginPatchStmt, ast.SavePatchStmt, ast.ApplyPatchStmt, ast.RemovePatchStmt,
                            ast.ShowPatchesStmt)):
         name = {"BeginPatchStmt": "begin_patch", "SavePatchStmt": "save_patch", "ApplyPatchStmt": "apply_patch",
@@ -207,6 +217,11 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
     else:  # pragma: no cover - every statement type is handled above
         raise _error(session, stmt, f"cannot plan {type(stmt).__name__}")
     return Plan(stmt, tuple(steps))
+
+
+def model_format(stmt: ast.CompileStmt) -> str:
+    """FORMAT as written, else from the target: a .gguf file is GGUF, anything else an HF directory."""
+    return stmt.format or ("gguf" if stmt.into.lower().endswith(".gguf") else "safetensors")
 
 
 def _layers_text(r: ast.Range | str | None) -> str:
