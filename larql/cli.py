@@ -245,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
     from larql.cli_edit import add_commands
 
     add_commands(sub)
+    from larql.serve.cli import add_command as add_serve
+
+    add_serve(sub)
     return parser
 
 
