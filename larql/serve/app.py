@@ -50,13 +50,20 @@ class ServerState:
         self.sessions = Sessions(served, config.limits.max_sessions, config.limits.session_idle_s)
         self.pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="larql-work")
         self.started = time.time()
+        self.queued = 0  # touched on the event loop only: no lock
+        self.chat: Any = None  # the served model's ChatTemplate, found at the first chat request
 
     async def run(self, fn: Callable[..., T], *args: Any, deadline: float | None = None) -> T:
         """Run blocking work (numba, numpy, the tokenizer) in the pool, not on the event loop.
 
         Past the deadline the client gets a 504 at once; the statement itself cannot be stopped
         mid-kernel, so it finishes in its thread and its answer is dropped."""
+        if self.queued >= self.config.limits.max_queued:  # shed load rather than queue without end
+            raise LimitError(f"the server is busy ({self.queued} requests at work or waiting); try again",
+                             status=503)
+        self.queued += 1
         fut = asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        fut.add_done_callback(self._done)
         if deadline is None:
             return await fut
         try:
@@ -64,6 +71,9 @@ class ServerState:
         except TimeoutError:
             raise LimitError(f"the request took longer than this server's limit of "
                              f"{self.config.limits.timeout_s:g} s", status=504) from None
+
+    def _done(self, fut: asyncio.Future[Any]) -> None:
+        self.queued -= 1  # done, or cancelled at the deadline while still waiting for a thread
 
     def deadline(self) -> float:
         return time.monotonic() + self.config.limits.timeout_s

@@ -12,6 +12,7 @@ class Limits:
     max_statements: int = 32  # statements per /v1/lql request
     max_tokens: int = 512  # tokens one completion may ask for
     timeout_s: float = 120.0  # wall time for one request (a long INSERT on a real model takes tens of seconds)
+    max_queued: int = 64  # work items waiting for or holding a worker thread; past it new work gets a 503
     max_sessions: int = 32  # clients holding edits at once
     session_idle_s: float = 3600.0  # a session unused this long is dropped with its edits
 

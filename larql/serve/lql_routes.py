@@ -57,6 +57,10 @@ async def info(request: Request) -> Response:
         c = served.model.config
         out.update(kind="model", layers=c.n_layers, hidden=c.hidden, vocab=c.vocab, level="model", model_weights=True)
     out.update(describe_view(sess.view if sess else served.base))
+    if served.model is not None:
+        from larql.serve.generation import template
+
+        out["chat_template"] = (await server.run(template, server)).origin
     return LarqlJSON(out)
 
 
