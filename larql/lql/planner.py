@@ -94,8 +94,6 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
     if name is not None:
         raise _error(session, stmt, f"{name} is not implemented yet",
                      "browse, inference, INSERT / DELETE / UPDATE and the patch statements work now")
-    if isinstance(stmt, ast.UseStmt) and stmt.kind == "remote":
-        raise _error(session, stmt, "USE REMOTE is not supported", "use a local vindex path or USE MODEL")
     if isinstance(stmt, ast.InsertStmt) and session.vindex is not None and not session.vindex.has_model_weights:
         raise _error(session, stmt, "INSERT needs model weights, and the vindex in use is browse-level",
                      "extract it WITH INFERENCE: the fact is installed by running the model")
@@ -115,7 +113,7 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
             raise _error(session, stmt, "no vindex in use", 'run USE "path/to.vindex" (or EXTRACT ... INTO) first')
     v = session.vindex
     if isinstance(stmt, ast.UseStmt):
-        steps = [Step("open_vindex" if stmt.kind == "vindex" else "load_model", stmt.target)]
+        steps = [Step({"vindex": "open_vindex", "model": "load_model", "remote": "connect"}[stmt.kind], stmt.target)]
     elif isinstance(stmt, ast.ExtractStmt):
         steps = [Step("load_model", stmt.model), Step("extract", f"level={stmt.level} into {stmt.into}"),
                  Step("use", stmt.into)]
