@@ -12,7 +12,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from larql.errors import LqlError, LqlSemanticError, LqlSyntaxError, RemoteError, ServeError
+from larql.errors import (
+    LqlError,
+    LqlSemanticError,
+    LqlSyntaxError,
+    RemoteError,
+    ServeError,
+)
 from larql.lql import ast
 from larql.lql.result import Result
 from larql.lql.unparse import unparse

@@ -27,7 +27,9 @@ def _prepare_numba() -> None:
 def bind(host: str, port: int) -> socket.socket:
     """A listening socket (port 0: a free port, read back from the socket)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto must say TCP: asyncio sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP, and
+    # without it every response waits ~40 ms (Nagle holding the body for the client's delayed ACK)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(128)
@@ -45,7 +47,8 @@ def _uvicorn(app: Any, config: ServeConfig, log_level: str) -> Any:
 
     # grace for in-flight requests at shutdown: as long as one request may take
     cfg = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=int(config.limits.timeout_s) + 1,
-                         limit_concurrency=1000, ws_max_size=config.limits.max_body_bytes)
+                         limit_concurrency=1000, ws_max_size=config.limits.max_body_bytes,
+                         timeout_keep_alive=30)  # uvicorn's 5 s closes pooled client connections mid-use
     return uvicorn.Server(cfg)
 
 

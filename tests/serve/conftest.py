@@ -46,3 +46,17 @@ def serve() -> Serve:
             yield url
 
     return start
+
+
+@pytest.fixture(scope="session")
+def browse(serve: Serve, browse_vx: Path) -> Iterator[str]:
+    """A read-only server of the browse-level vindex."""
+    with serve(browse_vx) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def infer(serve: Serve, infer_vx: Path) -> Iterator[str]:
+    """A read-only server of the inference-level vindex."""
+    with serve(infer_vx) as url:
+        yield url

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,18 +29,6 @@ def rows(results: list[Result]) -> list[dict[str, Any]]:
     """What a result shows, as JSON carries it (tuples become lists), without the timing."""
     return [{k: v for k, v in json.loads(json.dumps(r.to_json(), default=str)).items() if k != "elapsed_ms"}
             for r in results]
-
-
-@pytest.fixture(scope="module")
-def browse(serve: Serve, browse_vx: Path) -> Iterator[str]:
-    with serve(browse_vx) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def infer(serve: Serve, infer_vx: Path) -> Iterator[str]:
-    with serve(infer_vx) as url:
-        yield url
 
 
 def test_reads_give_the_local_rows(browse: str, browse_vx: Path, infer: str, infer_vx: Path) -> None:
