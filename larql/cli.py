@@ -262,6 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_edit.add_commands(sub)
     cli_db.add_commands(sub)
+    from larql.serve.cli import add_command as add_serve
+
+    add_serve(sub)
     return parser
 
 

@@ -16,7 +16,11 @@ to fix it. The CLI prints `str(err)` and exits non-zero; tracebacks appear only 
     ├── LqlError                an LQL statement at fault; renders line:column, the line and a caret
     │   ├── LqlSyntaxError      it does not parse
     │   └── LqlSemanticError    it parses but cannot run here (no vindex in use, layer out of range...)
-    └── UnknownModelError       an alias or path that names no model (also a LookupError)
+    ├── UnknownModelError       an alias or path that names no model (also a LookupError)
+    └── ServeError              a request `larql serve` refuses, or a server `USE REMOTE` cannot use
+        ├── AccessError         a write to a read-only server, a missing or wrong token (401 or 403)
+        ├── LimitError          a request over one of the server's limits (size, statements, tokens, time)
+        └── RemoteError         a server that cannot be reached or answers something that is not larql's
 """
 
 from __future__ import annotations
@@ -100,3 +104,33 @@ class LqlSemanticError(LqlError):
 
 class UnknownModelError(LarqlError, LookupError):
     """A model alias or path that names nothing larql can load."""
+
+
+class ServeError(LarqlError):
+    """A request the server refuses, or a server a client cannot use. `status` is the HTTP status
+    the server answers it with (the client side keeps the status the server sent)."""
+
+    status = 400
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        if status is not None:
+            self.status = status
+
+
+class AccessError(ServeError):
+    """A write statement on a read-only server (403), or without the server's token (401)."""
+
+    status = 403
+
+
+class LimitError(ServeError):
+    """A request over one of the server's limits: body size, statements, tokens or time."""
+
+    status = 413
+
+
+class RemoteError(ServeError):
+    """A larql server that cannot be reached, or that answered something other than larql's JSON."""
+
+    status = 502

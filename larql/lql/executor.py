@@ -32,6 +32,8 @@ HANDLERS: dict[type, Callable[..., None]] = {
 
 def run_statement(stmt: ast.Statement, session: Session) -> list[Result]:
     """Plan and run one statement (a pipe runs its stages in order and returns all their results)."""
+    if session.remote is not None and not isinstance(stmt, ast.UseStmt):
+        return _run_remote(stmt, session)
     p = plan(stmt, session)
     if isinstance(stmt, ast.PipeStmt):
         return [r for stage in stmt.stages for r in run_statement(stage, session)]
@@ -51,6 +53,16 @@ def run_statement(stmt: ast.Statement, session: Session) -> list[Result]:
                                f"while running step {p.steps[-1].op}" if p.steps else "") from e
     result.elapsed_ms = (time.perf_counter() - t0) * 1e3
     return [result]
+
+
+def _run_remote(stmt: ast.Statement, session: Session) -> list[Result]:
+    """After USE REMOTE: the server plans and runs the statement; its errors arrive located here."""
+    try:
+        return session.remote.run(stmt, session.source)  # type: ignore[no-any-return]
+    except LqlError:
+        raise
+    except LarqlError as e:  # the server cannot be reached, or is not a larql server
+        raise LqlSemanticError(str(e), session.source, stmt.span.line, stmt.span.column) from e
 
 
 def _os_path(e: OSError) -> str:

@@ -105,8 +105,6 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
     if isinstance(stmt, ast.DiffStmt) and stmt.relation is not None:
         raise _error(session, stmt, "DIFF ... RELATION is not supported: differences are per feature, not per relation",
                      'filter by layer: DIFF "a.vindex" "b.vindex" LAYER 12')
-    if isinstance(stmt, ast.UseStmt) and stmt.kind == "remote":
-        raise _error(session, stmt, "USE REMOTE is not supported", "use a local vindex path or USE MODEL")
     if isinstance(stmt, ast.InsertStmt) and session.vindex is not None and not session.vindex.has_model_weights:
         raise _error(session, stmt, "INSERT needs model weights, and the vindex in use is browse-level",
                      "extract it WITH INFERENCE: the fact is installed by running the model")
@@ -124,7 +122,7 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
             raise _error(session, stmt, "no vindex in use", 'run USE "path/to.vindex" (or EXTRACT ... INTO) first')
     v = session.vindex
     if isinstance(stmt, ast.UseStmt):
-        steps = [Step("open_vindex" if stmt.kind == "vindex" else "load_model", stmt.target)]
+        steps = [Step({"vindex": "open_vindex", "model": "load_model", "remote": "connect"}[stmt.kind], stmt.target)]
     elif isinstance(stmt, ast.ExtractStmt):
         steps = [Step("load_model", stmt.model), Step("extract", f"level={stmt.level} into {stmt.into}"),
                  Step("use", stmt.into)]

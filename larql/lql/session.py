@@ -15,8 +15,11 @@ class Session:
     model: Any = None  # a larql.Model set by USE MODEL
     source: str = ""  # the LQL text being run (for error carets)
     progress: Any = None  # callable(stage, done, total) for long statements, or None
+    remote: Any = None  # a lql.remote.Remote set by USE REMOTE: statements run on that server
 
     def describe_backend(self) -> str:
+        if self.remote is not None:
+            return f"remote {self.remote.describe()}"
         v = self.vindex
         if v is None:
             return "no vindex in use"

@@ -13,6 +13,15 @@ from larql.vindex.store import open_vindex
 
 
 def use(stmt: ast.UseStmt, session: Session, result: Result) -> None:
+    if session.remote is not None:
+        session.remote.close()
+        session.remote = None
+    if stmt.kind == "remote":
+        from larql.lql.remote import Remote
+
+        session.remote, session.vindex, session.model = Remote(stmt.target), None, None
+        result.notes.append(f"Using: {session.describe_backend()}")
+        return
     if stmt.kind == "model":
         # the facade's load: USE MODEL also takes a vindex (the model it carries, walk FFN)
         from larql import load

@@ -1,0 +1,14 @@
+"""`larql serve`: a vindex (or a model) over HTTP and WebSocket, on Starlette + uvicorn.
+
+    GET  /v1/health                     {"status": "ok", "version"}
+    GET  /v1/info                       model, layers, level, limits, this client's patches
+    POST /v1/lql  {"query": "..."}      {"results": [...]}: one `larql lql --json` object per result
+    GET|POST /v1/describe|walk|infer|trace   one statement from parameters; its result object
+    DELETE /v1/session                  drop this client's session (its edits)
+    POST /v1/completions, /v1/chat/completions   OpenAI-compatible ("stream": true for SSE)
+    WS   /v1/stream                     token frames, a done frame; {"type": "cancel"} stops
+
+Read-only unless started with --allow-edits; then a client's first write opens a session (header
+X-Larql-Session, cookie larql_session) whose overlay holds its edits only. With --token, writes
+need `Authorization: Bearer <token>`. Nothing here is imported by `import larql`.
+"""

@@ -1,0 +1,54 @@
+"""`larql serve`: its arguments and command. Imports nothing heavy until the command runs, so
+`larql --help` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from larql.errors import ServeError
+from larql.serve.config import Limits, ServeConfig
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise ServeError(f"larql serve needs {e.name}: pip install 'larql[serve]'") from e
+    from larql.serve.server import serve
+
+    if args.threads:
+        import numba
+
+        numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+    limits = Limits(max_body_bytes=args.max_body, max_statements=args.max_statements, max_tokens=args.max_tokens,
+                    timeout_s=args.timeout)
+    token = args.token or os.environ.get("LARQL_TOKEN") or None
+    config = ServeConfig(allow_edits=args.allow_edits, token=token, root=Path.cwd(), limits=limits,
+                         workers=args.workers)
+    return serve(args.src, host=args.host, port=args.port, config=config, log_level=args.log_level)
+
+
+def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    d = Limits()
+    sv = sub.add_parser("serve", help="serve a vindex or model over HTTP: LQL, REST shortcuts, OpenAI-style "
+                                      "completions, a token WebSocket")
+    sv.add_argument("src", metavar="VINDEX|MODEL", help="a vindex directory, or a model alias / .gguf / HF directory")
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    sv.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
+    sv.add_argument("--token", default=None, help="write statements need 'Authorization: Bearer TOKEN' "
+                                                  "(default: $LARQL_TOKEN, else none)")
+    sv.add_argument("--allow-edits", action="store_true",
+                    help="accept INSERT / DELETE / UPDATE, the patch statements and COMPILE (each client's edits "
+                         "stay in its own session)")
+    sv.add_argument("--max-body", type=int, default=d.max_body_bytes, help="request body limit in bytes")
+    sv.add_argument("--max-statements", type=int, default=d.max_statements, help="statements per request")
+    sv.add_argument("--max-tokens", type=int, default=d.max_tokens, help="tokens one completion may generate")
+    sv.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds one request may take")
+    sv.add_argument("--workers", type=int, default=4, help="threads running statements and generation")
+    sv.add_argument("--threads", type=int, default=None, help="numba threads per kernel (default: all cores)")
+    sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    sv.set_defaults(func=cmd_serve)
+
