@@ -134,8 +134,22 @@ class Vindex:
             out[(rec["l"], rec["f"])] = rec["c"]
         return out
 
+    @cached_property
+    def feature_labels(self) -> dict[tuple[int, int], str]:
+        """(layer, feature) -> a label given by hand (feature_labels.jsonl, from a Vindexfile's LABELS)."""
+        if layout.FEATURE_LABELS_FILE not in self.index["files"]:
+            return {}
+        out = {}
+        for line in (self.path / layout.FEATURE_LABELS_FILE).read_text().splitlines():
+            rec = json.loads(line)
+            out[(rec["l"], rec["f"])] = rec["label"]
+        return out
+
     def feature_label(self, layer: int, feature: int) -> str | None:
-        """The relation-cluster label of a feature, if it was clustered."""
+        """A feature's label: the one given by hand if any, else its relation cluster's."""
+        given = self.feature_labels.get((int(layer), int(feature)))
+        if given is not None:
+            return given
         c = self.feature_clusters.get((int(layer), int(feature)))
         clusters = self.relation_clusters
         return None if c is None or clusters is None else clusters["labels"][c]
