@@ -154,7 +154,8 @@ def plan(root: Path, vf: Vindexfile, chosen: tuple[Instruction, ...]) -> Plan:
         files = tuple(_input(root, vf, i) for i in labels)
         key = _key(key, "LABELS", [file_hash(f) for f in files])
         steps.append(Step("LABELS", labels[0].line, "LABELS " + ", ".join(i.arg for i in labels), key, files))
-    if expose == "browse":  # inference and all keep every part a vindex can have: nothing to slice
+    # inference and all keep every part a vindex can have, and a browse extraction is browse already
+    if expose == "browse" and (src.is_vindex or level != "browse"):
         line = next(i.line for i in reversed(chosen) if i.keyword == "EXPOSE")
         key = _key(key, "EXPOSE", expose)
         steps.append(Step("EXPOSE", line, f"EXPOSE {expose}", key))
@@ -306,8 +307,9 @@ def _write_output(final: Path, out: Path, force: bool, vf: Vindexfile, stage: st
     if "compiled_from" in index:
         index["compiled_from"] = {**index["compiled_from"], "path": frm, "compiled_at": stamp, "unsaved_edits": 0,
                                   "patches": [s.text for s in steps if s.name in EDITS]}
-    if expose == "browse" or "sliced_from" in v.index:
-        index["sliced_from"] = {"path": frm, "preset": expose or v.index["sliced_from"]["preset"]}
+    if steps[-1].name == "EXPOSE" or "sliced_from" in v.index:
+        index["sliced_from"] = {"path": frm, "preset": "browse" if steps[-1].name == "EXPOSE"
+                                else v.index["sliced_from"]["preset"]}
     index["built_from"] = {"vindexfile_sha256": hashlib.sha256(vf.path.read_bytes()).hexdigest(), "stage": stage,
                            "steps": [s.text for s in steps], "key": steps[-1].key}
     validate_index({**index, "files": v.index["files"]}, f"{out}/index.json")  # before the output exists

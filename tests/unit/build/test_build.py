@@ -78,12 +78,13 @@ def test_same_inputs_give_the_same_bytes_without_a_shared_cache(model: Path, tmp
             "DELETE FROM EDGES WHERE layer = 2 AND feature = 3; SAVE PATCH", s)
     one = build(d, tmp_path / "one.vindex", cache=tmp_path / "cache1")
     two = build(d, tmp_path / "two.vindex", cache=tmp_path / "cache2")
-    assert len(one.ran) == len(two.ran) == 4  # FROM, PATCH, COMPILE, EXPOSE: both built from nothing
+    assert len(one.ran) == len(two.ran) == 3  # FROM, PATCH, COMPILE: both built from nothing
     assert files(tmp_path / "one.vindex") == files(tmp_path / "two.vindex")
     v = open_vindex(tmp_path / "one.vindex")
-    assert v.index["extract_level"] == "browse" and not v.has_model_weights  # EXPOSE browse sliced it
+    # EXPOSE browse, and no INSERT needs weights: the model was extracted at the browse level only
+    assert v.index["extract_level"] == "browse" and not v.has_model_weights
     assert "weights.bin" not in v.index["files"] and not v.down_meta(2)[0][3].any()
-    assert v.index["sliced_from"] == {"path": "m.gguf", "preset": "browse"}
+    assert v.index["built_from"]["steps"][0] == "FROM m.gguf (extract, browse)"
 
 
 def _extract(model: Path, tmp_path: Path) -> Path:
@@ -135,6 +136,16 @@ def test_an_existing_output_is_refused_without_force(model: Path, tmp_path: Path
     assert open_vindex(tmp_path / "o.vindex").index["extract_level"] == "browse"
 
 
+def test_expose_browse_slices_an_inference_build(model: Path, tmp_path: Path) -> None:
+    d = project(tmp_path, model, f"{INSERT}\nEXPOSE browse\n")
+    r = build(d, tmp_path / "a.vindex")
+    assert [x.step.name for x in r.runs] == ["FROM", "INSERT", "COMPILE", "EXPOSE"]
+    assert r.runs[0].step.text == "FROM m.gguf (extract, inference)"  # the INSERT needs the weights
+    v = open_vindex(tmp_path / "a.vindex")
+    assert not v.has_model_weights and "weights.bin" not in v.index["files"]
+    assert v.index["sliced_from"] == {"path": "m.gguf", "preset": "browse"} and v.index["parts"][0] == "tokenizer"
+
+
 def test_a_cached_vindex_covers_the_steps_before_it(model: Path, tmp_path: Path) -> None:
     d = project(tmp_path, model, f"DELETE layer = 1 AND feature = 7\n{INSERT}\n")
     build(d, tmp_path / "a.vindex")
@@ -142,3 +153,17 @@ def test_a_cached_vindex_covers_the_steps_before_it(model: Path, tmp_path: Path)
         patch.unlink()  # the INSERT's patch is gone, but COMPILE's vindex already holds it
     again = build(d, tmp_path / "b.vindex")
     assert again.ran == [] and files(tmp_path / "a.vindex") == files(tmp_path / "b.vindex")
+
+
+def test_from_an_hf_directory_and_its_cache_key_follows_the_bytes(tmp_path: Path) -> None:
+    from tests.synthetic import write_hf_dir
+
+    d = tmp_path / "proj"
+    write_hf_dir(d / "hf", SPEC, hf_weights(SPEC, seed=11))
+    (d / "Vindexfile").write_text("FROM hf   # an HF directory\nEXPOSE browse\n")
+    first = build(d, tmp_path / "a.vindex")
+    assert [r.step.text for r in first.ran] == ["FROM hf (extract, browse)"]
+    assert open_vindex(tmp_path / "a.vindex").index["num_layers"] == SPEC.n_layers
+    assert build(d, tmp_path / "b.vindex").ran == []
+    (d / "hf" / "config.json").write_text((d / "hf" / "config.json").read_text() + "\n")  # one byte more
+    assert [r.step.name for r in build(d, tmp_path / "c.vindex").ran] == ["FROM"]
