@@ -205,8 +205,7 @@ def _run_edit(step: Step, state: _State, out: Path) -> None:
         ops, v.patches.pending = list(v.patches.pending), []
     # no clock and no path in the cached patch: the step's key already says what made it
     save_patch(Patch(out.name, out, ops, v.index["model"], index_checksum(v.path)), out)
-    v.patches.replay()
-    state.add_patch(out)
+    state.add_patch(out)  # replays the overlay with the saved patch in place of what the step recorded
 
 
 def _step(step: Step, state: _State, entry: Path, src: Source, progress: Progress | None) -> None:
