@@ -13,7 +13,7 @@ from larql.vindex.store import open_vindex
 
 
 def test_build_on_gemma_labels_show_in_describe(gemma_vindex: Path, tmp_path: Path) -> None:
-    edge = next(e for e in describe(open_vindex(gemma_vindex), "France") if e.source == "feature")
+    edge = next(e for e in describe(open_vindex(gemma_vindex), "France").edges if e.source == "feature")
     (tmp_path / "labels.json").write_text(json.dumps([{"layer": edge.layer, "feature": edge.feature,
                                                        "label": "hand-label"}]))
     (tmp_path / "Vindexfile").write_text(f'FROM "{gemma_vindex}"\nDELETE layer = 3 AND feature = 5\n'
