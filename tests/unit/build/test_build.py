@@ -167,3 +167,13 @@ def test_from_an_hf_directory_and_its_cache_key_follows_the_bytes(tmp_path: Path
     assert build(d, tmp_path / "b.vindex").ran == []
     (d / "hf" / "config.json").write_text((d / "hf" / "config.json").read_text() + "\n")  # one byte more
     assert [r.step.name for r in build(d, tmp_path / "c.vindex").ran] == ["FROM"]
+
+
+def test_a_patch_for_another_model_is_refused_at_its_line(model: Path, tmp_path: Path) -> None:
+    d = project(tmp_path, model, "DELETE layer = 0 AND feature = 2\nPATCH other.vlp\n")
+    (d / "other.vlp").write_text(json.dumps({"format": "larql-patch", "version": 1, "base_model": "some-other-model",
+                                             "operations": [{"op": "delete", "layer": 0, "feature": 1}]}))
+    with pytest.raises(BuildError, match=r"Vindexfile:3: PATCH other.vlp: .*other.vlp: this patch was made for "
+                                         r"'some-other-model'"):
+        build(d, tmp_path / "o.vindex")
+    assert not (tmp_path / "o.vindex").exists()
