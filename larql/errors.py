@@ -13,6 +13,7 @@ to fix it. The CLI prints `str(err)` and exits non-zero; tracebacks appear only 
     ├── TokenizerError          a tokenizer cannot be built from the metadata given
     ├── VindexError             a vindex is missing, damaged, or asked for something it lacks
     ├── EditError               an edit that cannot be made (bad fact, target, edit set, or goal not reachable)
+    ├── BuildError              a Vindexfile that does not parse, or a `larql build` step that fails
     ├── LqlError                an LQL statement at fault; renders line:column, the line and a caret
     │   ├── LqlSyntaxError      it does not parse
     │   └── LqlSemanticError    it parses but cannot run here (no vindex in use, layer out of range...)
@@ -65,6 +66,11 @@ class VindexError(LarqlError, ValueError):
 class EditError(LarqlError, ValueError):
     """A fact edit that cannot be made as asked: a bad fact, target or edit-set file, non-finite
     numbers, or statistics that cannot be computed. Nothing is half-applied when it is raised."""
+
+
+class BuildError(LarqlError, ValueError):
+    """A Vindexfile at fault (rendered `Vindexfile:LINE: message`) or a build step that failed.
+    Nothing is written to the build's output when it is raised."""
 
 
 class LqlError(LarqlError):

@@ -18,6 +18,7 @@ WEIGHTS_FILE = "weights.bin"
 MANIFEST_FILE = "weights.json"
 CLUSTERS_FILE = "relation_clusters.json"  # optional: written when there are enough features to cluster
 FEATURE_CLUSTERS_FILE = "feature_clusters.jsonl"
+FEATURE_LABELS_FILE = "feature_labels.jsonl"  # optional: labels given by hand (a Vindexfile's LABELS)
 BROWSE_FILES = (TOKENIZER_FILE, EMBEDDINGS_FILE, GATE_FILE, DOWN_META_FILE)
 INFERENCE_FILES = (WEIGHTS_FILE, MANIFEST_FILE)
 

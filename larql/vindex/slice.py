@@ -1,7 +1,7 @@
 """`larql slice`: a new vindex holding some parts of another, for a deployment that needs only them.
 
 Every slice keeps the browse core (tokenizer, embeddings, gates, down_meta: opening and browsing
-a vindex read them); the optional parts are relation clusters (two files) and two groups of model
+a vindex read them); the optional parts are relation clusters and feature labels (up to three files) and two groups of model
 tensors in weights.bin (attention: everything but the FFN matrices, norms included, since the
 client runs the residual stream; ffn: ffn_gate / ffn_up / ffn_down). Whole files are hard-linked
 when the file system allows (the base is never written, and every writer makes new files, so a
@@ -26,7 +26,7 @@ from larql.vindex.writer import VindexWriter
 
 FILE_PARTS: dict[str, tuple[str, ...]] = {
     "tokenizer": (layout.TOKENIZER_FILE,), "embeddings": (layout.EMBEDDINGS_FILE,), "gates": (layout.GATE_FILE,),
-    "down_meta": (layout.DOWN_META_FILE,), "clusters": (layout.CLUSTERS_FILE, layout.FEATURE_CLUSTERS_FILE),
+    "down_meta": (layout.DOWN_META_FILE,), "clusters": (layout.CLUSTERS_FILE, layout.FEATURE_CLUSTERS_FILE, layout.FEATURE_LABELS_FILE),
 }
 TENSOR_PARTS = ("attention", "ffn")
 PARTS = (*FILE_PARTS, *TENSOR_PARTS)

@@ -123,19 +123,28 @@ class Vindex:
             return None
         return json.loads((self.path / layout.CLUSTERS_FILE).read_text())
 
+    def _per_feature(self, name: str, field: str) -> dict[tuple[int, int], Any]:
+        """(layer, feature) -> `field` of each `{"l", "f", ...}` line of an optional JSONL file."""
+        if name not in self.index["files"]:
+            return {}
+        recs = (json.loads(line) for line in (self.path / name).read_text().splitlines())
+        return {(rec["l"], rec["f"]): rec[field] for rec in recs}
+
     @cached_property
     def feature_clusters(self) -> dict[tuple[int, int], int]:
         """(layer, feature) -> relation cluster, for the features that were clustered."""
-        if layout.FEATURE_CLUSTERS_FILE not in self.index["files"]:
-            return {}
-        out = {}
-        for line in (self.path / layout.FEATURE_CLUSTERS_FILE).read_text().splitlines():
-            rec = json.loads(line)
-            out[(rec["l"], rec["f"])] = rec["c"]
-        return out
+        return self._per_feature(layout.FEATURE_CLUSTERS_FILE, "c")
+
+    @cached_property
+    def feature_labels(self) -> dict[tuple[int, int], str]:
+        """(layer, feature) -> a label given by hand (feature_labels.jsonl, from a Vindexfile's LABELS)."""
+        return self._per_feature(layout.FEATURE_LABELS_FILE, "label")
 
     def feature_label(self, layer: int, feature: int) -> str | None:
-        """The relation-cluster label of a feature, if it was clustered."""
+        """A feature's label: the one given by hand if any, else its relation cluster's."""
+        given = self.feature_labels.get((int(layer), int(feature)))
+        if given is not None:
+            return given
         c = self.feature_clusters.get((int(layer), int(feature)))
         clusters = self.relation_clusters
         return None if c is None or clusters is None else clusters["labels"][c]

@@ -1,0 +1,32 @@
+"""`larql build DIR [--output X] [--stage NAME] [--force] [--cache C]`: a thin shell over larql.build.run."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from larql.build.run import build
+    from larql.cli import run_with_progress
+
+    report, console, seconds = run_with_progress(args, lambda progress: build(
+        args.dir, args.output, stage=args.stage, force=args.force, cache=args.cache, progress=progress))
+    for r in report.runs:
+        how = "cached" if r.cached else f"{r.seconds:.1f}s"
+        console.print(f"  {'L' + str(r.step.line) if r.step.line else '':<5} {r.step.text:<60.60} {how}")
+    size = sum(f.stat().st_size for f in report.output.iterdir()) / 1e6
+    console.print(f"wrote {report.output} ({size:.1f} MB) in {seconds:.1f}s; "
+                  f"{len(report.ran)} of {len(report.runs)} steps ran, the rest came from the cache")
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    b = sub.add_parser("build", help="build the Vindexfile in DIR into a vindex (cached, reproducible, atomic)")
+    b.add_argument("dir", nargs="?", default=".", help="the directory holding the Vindexfile (default: .)")
+    b.add_argument("-o", "--output", default=None, help="the vindex to write (default: DIR/build.vindex)")
+    b.add_argument("--stage", default=None, help="build up to the end of this STAGE")
+    b.add_argument("--force", action="store_true", help="replace an existing output")
+    b.add_argument("--cache", default=None, help="the step cache (default: DIR/.larql-build)")
+    b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--quiet", action="store_true", help="no progress bars")
+    b.set_defaults(func=cmd_build)
