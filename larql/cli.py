@@ -11,15 +11,16 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from larql.cli_core import add_global_options, preflight
 from larql.errors import LarqlError
 
 
 def _threads(n: int | None) -> None:
-    """Pin numba's (and BLAS's) thread count before any kernel runs."""
-    if n:
-        import numba
+    """Thread pools for numba, OpenMP and BLAS (main() has set them before numpy loaded; this
+    resizes numba's pool when a command is called in-process after it started)."""
+    from larql.threads import configure
 
-        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    configure(n)
 
 
 def _top_table(model, logits, k: int) -> list[dict[str, object]]:  # type: ignore[no-untyped-def]
@@ -40,7 +41,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     import larql
 
-    _threads(args.threads)
     model = larql.load(args.model)
     out = sys.stdout
     if args.top:
@@ -108,7 +108,6 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
     from larql.vindex.extract import extract
 
-    _threads(args.threads)
     console = Console(stderr=True)
     t0 = time.perf_counter()
     bar, report = _progress_bars(console, disable=args.quiet)
@@ -116,7 +115,11 @@ def cmd_extract(args: argparse.Namespace) -> int:
         path = extract(args.src, args.output, level=args.level, dtype=args.dtype, quant=args.quant,
                        top_k=args.top_k, overwrite=args.force, progress=report)  # type: ignore[arg-type]
     size = sum(f.stat().st_size for f in path.iterdir())
-    console.print(f"wrote {path} ({size / 1e6:.1f} MB, level {args.level}) in {time.perf_counter() - t0:.1f}s")
+    seconds = time.perf_counter() - t0
+    if args.json:
+        print(json.dumps({"path": str(path), "level": args.level, "bytes": size, "seconds": round(seconds, 2)}))
+    else:
+        console.print(f"wrote {path} ({size / 1e6:.1f} MB, level {args.level}) in {seconds:.1f}s")
     return 0
 
 
@@ -124,17 +127,19 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from larql.vindex.verify import repair, verify_vindex
 
     report = verify_vindex(args.path)
-    if report.ok:
-        print(f"{args.path}: ok ({report.files} files match index.json; {report.source_note})")
-        return 0
     problems = [f"{name} (contents differ from its sha256)" for name in report.bad_files] + report.config_diffs
-    if args.repair:
-        path = repair(args.path)
-        print(f"{args.path}: repaired ({'; '.join(problems)}): re-extracted into {path}")
-        return 0
-    sys.stderr.write(f"larql: error: {args.path}: {'; '.join(problems)}; repair with larql verify --repair "
-                     f"{args.path}, or re-extract it\n")
-    return 1
+    repaired = repair(args.path) if problems and args.repair else None
+    if args.json:
+        print(json.dumps({"path": str(args.path), "ok": report.ok, "files": report.files, "problems": problems,
+                          "repaired": None if repaired is None else str(repaired)}))
+    elif report.ok:
+        print(f"{args.path}: ok ({report.files} files match index.json; {report.source_note})")
+    elif repaired is not None:
+        print(f"{args.path}: repaired ({'; '.join(problems)}): re-extracted into {repaired}")
+    else:
+        sys.stderr.write(f"larql: error: {args.path}: {'; '.join(problems)}; repair with larql verify --repair "
+                         f"{args.path}, or re-extract it\n")
+    return 0 if report.ok or repaired is not None else 1
 
 
 def cmd_lql(args: argparse.Namespace) -> int:
@@ -145,7 +150,6 @@ def cmd_lql(args: argparse.Namespace) -> int:
     from larql.lql.session import Session
     from larql.render import render, render_json
 
-    _threads(args.threads)
     if (args.file is None) == (args.statements is None):
         sys.stderr.write("larql: error: give LQL statements or -f FILE (one of them)\n")
         return 2
@@ -185,14 +189,12 @@ def cmd_lql(args: argparse.Namespace) -> int:
 def cmd_repl(args: argparse.Namespace) -> int:
     from larql.repl import run_repl
 
-    _threads(args.threads)
-    return run_repl(args.vindex)
+    return run_repl(args.vindex, json_output=args.json)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="larql", description="A language model as a database.")
-    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="generate text from a model (streams tokens as they come)")
     run.add_argument("model", help="alias (gemma3-270m, smollm2-135m), a .gguf file or an HF directory")
     run.add_argument("prompt")
@@ -202,8 +204,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--top-k", type=int, default=0)
     run.add_argument("--top-p", type=float, default=1.0)
     run.add_argument("--seed", type=int, default=None)
-    run.add_argument("--threads", type=int, default=None, help="numba threads (default: all cores)")
-    run.add_argument("--json", action="store_true", help="one JSON object instead of streamed text")
     run.add_argument("--stats", action="store_true", help="print token count and speed to stderr")
     run.set_defaults(func=cmd_run)
 
@@ -216,24 +216,19 @@ def build_parser() -> argparse.ArgumentParser:
                     help="model weights: keep the source encoding (default) or requantize")
     ex.add_argument("--top-k", type=int, default=10, help="output tokens kept per feature (default 10)")
     ex.add_argument("--force", action="store_true", help="replace an existing vindex")
-    ex.add_argument("--threads", type=int, default=None)
-    ex.add_argument("--quiet", action="store_true", help="no progress bars")
     ex.set_defaults(func=cmd_extract)
 
     lq = sub.add_parser("lql", help="run LQL statements: larql lql 'USE \"g.vindex\"; DESCRIBE \"France\";'")
     lq.add_argument("statements", nargs="?", help="one or more statements separated by ';'")
     lq.add_argument("-f", "--file", help="read the statements from a file")
     lq.add_argument("--vindex", help="USE this vindex before the statements")
-    lq.add_argument("--json", action="store_true", help="one JSON object per statement result")
     lq.add_argument("--plan", action="store_true", help="print each statement's plan instead of running it")
     lq.add_argument("--timing", action="store_true", help="print each statement's time")
     lq.add_argument("--width", type=int, default=None, help="table width (default: the terminal's)")
-    lq.add_argument("--threads", type=int, default=None)
     lq.set_defaults(func=cmd_lql)
 
     rp = sub.add_parser("repl", help="an interactive LQL shell (statements end with ';', .help for commands)")
     rp.add_argument("vindex", nargs="?", help="a vindex to USE at start")
-    rp.add_argument("--threads", type=int, default=None)
     rp.set_defaults(func=cmd_repl)
 
     ve = sub.add_parser("verify", help="check a vindex: index.json's seal and consistency, every file's sha256, "
@@ -245,10 +240,13 @@ def build_parser() -> argparse.ArgumentParser:
     from larql.cli_edit import add_commands
 
     add_commands(sub)
+    add_global_options(parser, sub)
     return parser
 
 
 def _validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be at least 1")
     if getattr(args, "max_tokens", 1) < 1:
         parser.error("--max-tokens must be at least 1")
     if getattr(args, "top", 0) < 0:
@@ -258,9 +256,19 @@ def _validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (cli_core lists them)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    answered = preflight(argv, list(sub.choices))
+    if answered is not None:
+        return answered
     args = parser.parse_args(argv)
     _validate(args, parser)
+    try:
+        _threads(args.threads)  # before numpy and numba load: their pools read the environment once
+    except ValueError as e:
+        parser.error(str(e))
     try:
         return int(args.func(args))
     except LarqlError as e:

@@ -112,10 +112,10 @@ def history_path() -> Path:
 
 
 def run_repl(vindex: str | None = None, input: Any = None, output: Any = None, console: Console | None = None,
-             persistent_history: bool = True) -> int:
+             persistent_history: bool = True, json_output: bool = False) -> int:
     """The read-eval-print loop. `input`/`output`/`console` let tests drive it through a pipe."""
     session = Session()
-    state = ReplState()
+    state = ReplState(json=json_output)
     console = console or Console()
     if vindex:
         from larql.edit.view import edit_vindex

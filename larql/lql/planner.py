@@ -42,6 +42,22 @@ NOT_YET = {
 }
 NEEDS_NOTHING = (ast.UseStmt, ast.ExtractStmt, ast.ShowModelsStmt)
 
+# SELECT's columns per source, and the other names LARQL accepts for some of them (column -> row key)
+SELECT_COLUMNS = {"edges": ("layer", "feature", "token", "also", "relation", "score"),
+                  "features": ("layer", "feature", "token", "also", "relation", "score"),
+                  "entities": ("token", "count", "max_score")}
+COLUMN_ALIASES = {"edges": {"target": "token", "top_token": "token", "confidence": "score", "c_score": "score"},
+                  "entities": {"score": "max_score"}}
+COLUMN_ALIASES["features"] = COLUMN_ALIASES["edges"]
+
+
+def select_column(source: str, name: str) -> str | None:
+    """The column `name` means in SELECT ... FROM `source` (an alias resolved), or None."""
+    name = name.lower()
+    if name in SELECT_COLUMNS[source]:
+        return name
+    return COLUMN_ALIASES.get(source, {}).get(name)
+
 
 def _error(session: Session, stmt: ast.Statement, message: str, hint: str = "") -> LqlSemanticError:
     span = stmt.span
@@ -136,6 +152,10 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
         steps = [Step("tokenize", repr(stmt.prompt)), Step("last_token_embedding", "scaled"),
                  Step("gate_knn", f"layers {_layers_text(stmt.layers)}, top {stmt.top or 10}")]
     elif isinstance(stmt, ast.SelectStmt):
+        for name in stmt.fields:
+            if select_column(stmt.source, name) is None:
+                raise _error(session, stmt, f'unknown column "{name}"; columns are '
+                             + ", ".join(SELECT_COLUMNS[stmt.source]), "SELECT * shows them all")
         if stmt.nearest is not None:
             _check_layer(session, stmt, stmt.nearest.layer)
             steps = [Step("entity_embedding", repr(stmt.nearest.entity)),

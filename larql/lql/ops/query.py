@@ -9,6 +9,7 @@ from typing import Any
 from larql.edit.view import EditableVindex
 from larql.errors import LqlSemanticError
 from larql.lql import ast
+from larql.lql.planner import SELECT_COLUMNS, select_column
 from larql.lql.result import Result
 from larql.lql.session import Session
 from larql.vindex import browse
@@ -148,8 +149,7 @@ def select(stmt: ast.SelectStmt, session: Session, result: Result) -> None:
             rows.sort(key=lambda r: r[key], reverse=stmt.order.descending)
         elif stmt.source == "edges":
             rows.sort(key=lambda r: r["score"], reverse=True)
-    result.columns = ["layer", "feature", "token", "also", "relation", "score"]
-    result.rows = [[r[c] for c in result.columns] for r in rows[:limit]]
+    _project(stmt, result, rows[:limit])
     if len(rows) > limit:
         result.notes.append(f"{len(rows)} rows, {limit} shown (LIMIT)")
 
@@ -161,8 +161,15 @@ def _select_entities(stmt: ast.SelectStmt, session: Session, result: Result, lim
     rows = [{"token": e.token, "count": e.count, "score": round(e.max_score, 4)} for e in entities]
     where = tuple(c for c in stmt.where if c.field != "layer")
     rows = _filter(rows, where, {"token": "token", "count": "count", "score": "score"}, stmt, session)
-    result.columns = ["token", "count", "max_score"]
-    result.rows = [[r["token"], r["count"], r["score"]] for r in rows[:limit]]
+    _project(stmt, result, [{"token": r["token"], "count": r["count"], "max_score": r["score"]} for r in rows[:limit]])
+
+
+def _project(stmt: ast.SelectStmt, result: Result, rows: list[dict[str, Any]]) -> None:
+    """The columns SELECT named (the planner checked them), headed as they were written; * is all."""
+    names = list(stmt.fields) or list(SELECT_COLUMNS[stmt.source])
+    keys = [select_column(stmt.source, n) for n in names]
+    result.columns = names
+    result.rows = [[r[k] for k in keys] for r in rows]
 
 
 # ---- SHOW ---------------------------------------------------------------------------------------
