@@ -106,20 +106,25 @@ def _progress_bars(console: object, disable: bool = False) -> tuple[object, obje
 def cmd_extract(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from larql.vindex.extract import extract
+    from larql.lql.ops.lifecycle import extract_vindex
 
     console = Console(stderr=True)
     t0 = time.perf_counter()
-    bar, report = _progress_bars(console, disable=args.quiet)
+    bar, report = _progress_bars(console, disable=args.quiet or args.json)
     with bar:  # type: ignore[attr-defined]
-        path = extract(args.src, args.output, level=args.level, dtype=args.dtype, quant=args.quant,
-                       top_k=args.top_k, overwrite=args.force, progress=report)  # type: ignore[arg-type]
+        path, reused = extract_vindex(args.src, args.output, level=args.level, dtype=args.dtype, quant=args.quant,
+                                      top_k=args.top_k, force=args.force, progress=report)
     size = sum(f.stat().st_size for f in path.iterdir())
     seconds = time.perf_counter() - t0
     if args.json:
-        print(json.dumps({"path": str(path), "level": args.level, "bytes": size, "seconds": round(seconds, 2)}))
+        print(json.dumps({"path": str(path), "level": args.level, "bytes": size, "seconds": round(seconds, 2),
+                          "reused": reused}))
+    elif reused:
+        console.print(f"{path} already holds this extraction ({size / 1e6:.1f} MB, level {args.level}): kept it "
+                      f"(--force extracts again)", markup=False, highlight=False)
     else:
-        console.print(f"wrote {path} ({size / 1e6:.1f} MB, level {args.level}) in {seconds:.1f}s")
+        console.print(f"wrote {path} ({size / 1e6:.1f} MB, level {args.level}) in {seconds:.1f}s",
+                      markup=False, highlight=False)
     return 0
 
 
@@ -193,6 +198,8 @@ def cmd_repl(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from larql.lql.planner import EXTRACT_DEFAULTS  # shared with EXTRACT MODEL ... INTO
+
     parser = argparse.ArgumentParser(prog="larql", description="A language model as a database.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="generate text from a model (streams tokens as they come)")
@@ -210,12 +217,16 @@ def build_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("extract", help="decompile a model into a vindex directory")
     ex.add_argument("src", help="alias, .gguf file or HF directory")
     ex.add_argument("-o", "--output", required=True, help="the vindex directory to create (e.g. g.vindex)")
-    ex.add_argument("--level", choices=["browse", "inference", "all"], default="browse")
-    ex.add_argument("--dtype", choices=["f16", "f32"], default="f16", help="embeddings and gate vectors")
-    ex.add_argument("--quant", choices=["source", "q4k"], default="source",
+    ex.add_argument("--level", choices=["browse", "inference", "all"], default=EXTRACT_DEFAULTS["level"],
+                    help="browse: no model weights; inference/all: the vindex runs the model (LQL: WITH INFERENCE)")
+    ex.add_argument("--dtype", choices=["f16", "f32"], default=EXTRACT_DEFAULTS["dtype"],
+                    help="embeddings and gate vectors")
+    ex.add_argument("--quant", choices=["source", "q4k"], default=EXTRACT_DEFAULTS["quant"],
                     help="model weights: keep the source encoding (default) or requantize")
-    ex.add_argument("--top-k", type=int, default=10, help="output tokens kept per feature (default 10)")
-    ex.add_argument("--force", action="store_true", help="replace an existing vindex")
+    ex.add_argument("--top-k", type=int, default=EXTRACT_DEFAULTS["top_k"],
+                    help="output tokens kept per feature (default 10)")
+    ex.add_argument("--force", action="store_true",
+                    help="extract again over a vindex at the output (without it, the same extraction is reused and a different one refused)")
     ex.set_defaults(func=cmd_extract)
 
     lq = sub.add_parser("lql", help="run LQL statements: larql lql 'USE \"g.vindex\"; DESCRIBE \"France\";'")

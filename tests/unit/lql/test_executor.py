@@ -90,7 +90,7 @@ def test_layer_out_of_range_and_plans(vx: Path) -> None:
         'PLAN WALK "The capital of France is" TOP 3 LAYERS 1-2\n'
         "  1. tokenize  'The capital of France is'\n"
         "  2. last_token_embedding  scaled\n"
-        "  3. gate_knn  layers 1-2, top 3")
+        "  3. gate_knn  layers 1-2, top 3 per layer")
 
 
 def test_plans_are_golden(vx: Path, vxi: Path, update_golden: bool) -> None:

@@ -86,7 +86,7 @@ def test_extract_then_rerun_reuses_the_vindex(src: dict, tmp_path: Path) -> None
     second = execute(script)
     assert "already holds this model at level inference: using it" in second[0].notes[0]
     assert second[1].rows == first[1].rows and (tmp_path / "e.vindex" / "index.json").read_text() == before
-    with pytest.raises(LqlSemanticError, match="already exists; choose another path or pass --force"):
+    with pytest.raises(LqlSemanticError, match="already holds a different vindex .* choose another path, remove it"):
         execute(f'EXTRACT MODEL "{src["gguf"]}" INTO "{tmp_path / "e.vindex"}"')  # another level: refuse
 
 
