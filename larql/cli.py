@@ -87,33 +87,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress_bars(console: object, disable: bool = False) -> tuple[object, object]:
-    """A rich progress display (one bar per stage) and the report(stage, done, total) callback."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    bar = Progress(TextColumn("{task.description:<26}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                   TimeElapsedColumn(), console=console, disable=disable)  # type: ignore[arg-type]
-    tasks: dict[str, object] = {}
-
-    def report(stage: str, done: int, total: int) -> None:
-        if stage not in tasks:
-            tasks[stage] = bar.add_task(stage, total=total)
-        bar.update(tasks[stage], completed=done)  # type: ignore[arg-type]
-
-    return bar, report
-
-
 def cmd_extract(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from larql.lql.ops.lifecycle import extract_vindex
+    from larql.progress import StatementProgress
 
     console = Console(stderr=True)
     t0 = time.perf_counter()
-    bar, report = _progress_bars(console, disable=args.quiet or args.json)
-    with bar:  # type: ignore[attr-defined]
+    bars = StatementProgress(console, enabled=not (args.quiet or args.json))
+    with bars.statement(f"extract {args.src}"):
         path, reused = extract_vindex(args.src, args.output, level=args.level, dtype=args.dtype, quant=args.quant,
-                                      top_k=args.top_k, force=args.force, progress=report)
+                                      top_k=args.top_k, force=args.force, progress=bars.report)
     size = sum(f.stat().st_size for f in path.iterdir())
     seconds = time.perf_counter() - t0
     if args.json:
@@ -153,6 +138,8 @@ def cmd_lql(args: argparse.Namespace) -> int:
     from larql.lql.parser import parse
     from larql.lql.planner import plan
     from larql.lql.session import Session
+    from larql.lql.unparse import unparse
+    from larql.progress import StatementProgress
     from larql.render import render, render_json
 
     if (args.file is None) == (args.statements is None):
@@ -167,8 +154,8 @@ def cmd_lql(args: argparse.Namespace) -> int:
     else:
         text = args.statements
     console = Console(file=sys.stdout, width=args.width, no_color=args.json)
-    bar, report = _progress_bars(Console(stderr=True), disable=args.json)
-    session = Session(source=text, progress=report)
+    bars = StatementProgress(enabled=not (args.json or args.quiet or args.plan))
+    session = Session(source=text, progress=bars.report)
     if args.vindex:
         from larql.edit.view import edit_vindex
 
@@ -181,7 +168,7 @@ def cmd_lql(args: argparse.Namespace) -> int:
             run_statement,  # the runtime (numba) loads only to run, not to plan
         )
 
-        with bar:  # type: ignore[attr-defined]  # shows bars only while a long statement reports progress
+        with bars.statement(unparse(stmt)):  # erased before the results print
             results = run_statement(stmt, session)
         for result in results:
             if args.json:

@@ -24,8 +24,10 @@ from larql.lql.executor import run_statement
 from larql.lql.parser import _lark, parse
 from larql.lql.planner import plan
 from larql.lql.session import Session
+from larql.lql.unparse import unparse
 from larql.meta_commands import META, ReplState, shell_word
-from larql.render import render, render_json
+from larql.progress import StatementProgress
+from larql.render import print_wrapped, render, render_json
 from larql.repl_config import history_path, load_settings, settings_path
 
 STYLE = Style.from_dict({"keyword": "bold ansiblue", "string": "ansigreen", "number": "ansimagenta",
@@ -154,7 +156,9 @@ def run_repl(vindex: str | None = None, input: Any = None, output: Any = None, c
         from larql.edit.view import edit_vindex
 
         session.vindex = edit_vindex(vindex)
-        console.print(f"Using: {session.describe_backend()}", markup=False, highlight=False)
+        print_wrapped(console, f"Using: {session.describe_backend()}")
+    bars = StatementProgress(enabled=output is None)  # a test's pipe input has no terminal to draw on
+    session.progress = bars.report
     completer = LqlCompleter(session)
     prompt: PromptSession[str] = PromptSession(
         message="lql> ", multiline=True, prompt_continuation="...> ", key_bindings=_bindings(),
@@ -182,7 +186,9 @@ def run_repl(vindex: str | None = None, input: Any = None, output: Any = None, c
                 if state.plan:
                     console.print(plan(stmt, session).to_text(), markup=False, highlight=False)
                     continue
-                for result in run_statement(stmt, session):
+                with bars.statement(unparse(stmt)):
+                    results = run_statement(stmt, session)
+                for result in results:
                     if state.json:
                         render_json(result, console.file)
                     else:

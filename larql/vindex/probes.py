@@ -9,6 +9,7 @@ mostly fall below the bar or produce non-words).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,11 +75,15 @@ def run_probe(model: Model, t: RelationTemplate, entity: str) -> tuple[str, floa
     return clean_token(text), prob
 
 
-def probe_edges(model: Model, entity: str, templates: tuple[RelationTemplate, ...] = TEMPLATES) -> list[Edge]:
-    """Edges for every template whose answer clears MIN_PROB, most probable first."""
+def probe_edges(model: Model, entity: str, templates: tuple[RelationTemplate, ...] = TEMPLATES,
+                progress: Callable[[str, int, int], None] | None = None) -> list[Edge]:
+    """Edges for every template whose answer clears MIN_PROB, most probable first.
+    `progress(stage, done, total)` hears of each template run (they take seconds in all)."""
     edges = []
-    for t in templates:
+    for i, t in enumerate(templates):
         answer, prob = run_probe(model, t, entity)
+        if progress is not None:
+            progress("probe edges", i + 1, len(templates))
         words = answer.split()
         if prob >= MIN_PROB and words and is_content_token(words[0]) and answer.lower() != entity.lower():
             edges.append(Edge(answer, prob, -1, -1, "probe", t.relation))

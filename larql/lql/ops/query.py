@@ -26,7 +26,7 @@ def describe(stmt: ast.DescribeStmt, session: Session, result: Result) -> None:
     mode = stmt.mode or "brief"
     model = session.model if session.model is not None else v.model() if v.has_model_weights else None
     card = describe_entity(v, stmt.entity, band=stmt.band, at_layer=stmt.at_layer,
-                           relations_only=stmt.relations_only, mode=mode, model=model)
+                           relations_only=stmt.relations_only, mode=mode, model=model, progress=session.progress)
     result.title = stmt.entity
     if not card.found:
         result.notes.append("(not found)")
