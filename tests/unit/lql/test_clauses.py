@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-import gguf
 import pytest
 
 from larql.errors import LqlSemanticError
@@ -16,23 +15,7 @@ from larql.lql.parser import parse
 from larql.lql.planner import plan
 from larql.lql.result import Result
 from larql.lql.session import Session
-from larql.vindex.extract import extract
 from larql.vindex.store import open_vindex
-from tests.synthetic import TinySpec, hf_weights, tiny_vindex, write_gguf
-
-
-@pytest.fixture(scope="module")
-def vx(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("clauses")
-    spec = TinySpec("gemma3", n_layers=4, ffn=96)
-    write_gguf(root / "m.gguf", spec, hf_weights(spec, seed=2), gguf.GGMLQuantizationType.Q8_0)
-    return extract(root / "m.gguf", root / "t.vindex", level="browse")
-
-
-@pytest.fixture(scope="module")
-def vxi(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_vindex(tmp_path_factory.mktemp("clausesi"), TinySpec("gemma3", n_layers=4, ffn=96), seed=2,
-                       dtype="f16")
 
 
 def one(vindex: Path, text: str) -> Result:

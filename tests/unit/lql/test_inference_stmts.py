@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 import larql
+from larql.edit.overlay import FeatureOverride
 from larql.errors import LqlSemanticError
 from larql.lql.executor import execute
 from larql.lql.session import Session
 from larql.model.generate import log_softmax
 from larql.vindex.extract import extract
-from larql.edit.overlay import FeatureOverride
 from tests.synthetic import TinySpec, hf_weights, write_gguf
 
 
