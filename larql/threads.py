@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import MutableMapping
 
 ENV_VAR = "LARQL_THREADS"
 # the variables each library reads for its pool size
@@ -48,13 +49,14 @@ def requested(n: int | None = None) -> int | None:
     return int(raw)
 
 
-def configure(n: int | None = None, env: dict[str, str] | None = None) -> int:
+def configure(n: int | None = None, env: MutableMapping[str, str] | None = None) -> int:
     """Set the thread-pool environment for `n` worker threads (None: $LARQL_THREADS or all cores).
 
     Variables the user set already are left alone, except that an explicit `n` wins. Returns the
     numba thread count in effect. If numba is already imported its pool is resized too.
     """
-    env = os.environ if env is None else env
+    if env is None:
+        env = os.environ
     explicit = requested(n)
     count = max(1, min(explicit or available_cores(), available_cores() if explicit is None else explicit))
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
