@@ -8,11 +8,14 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 from larql.cli_core import add_global_options, preflight
 from larql.errors import LarqlError
+
+T = TypeVar("T")
 
 
 def _threads(n: int | None) -> None:
@@ -87,20 +90,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_extract(args: argparse.Namespace) -> int:
+def run_with_progress(args: argparse.Namespace, work: Callable[[Callable[[str, int, int], None]], T],
+                      label: str = "") -> tuple[T, Any, float]:
+    """Run `work(report)` under one transient progress display on stderr (none with --quiet or
+    --json, or when stderr is not a terminal); returns its result, the stderr console and the
+    seconds taken. Threads were set by main() before numpy loaded."""
     from rich.console import Console
 
-    from larql.lql.ops.lifecycle import extract_vindex
     from larql.progress import StatementProgress
 
     console = Console(stderr=True)
     t0 = time.perf_counter()
     bars = StatementProgress(console, enabled=not (args.quiet or args.json))
-    with bars.statement(f"extract {args.src}"):
-        path, reused = extract_vindex(args.src, args.output, level=args.level, dtype=args.dtype, quant=args.quant,
-                                      top_k=args.top_k, force=args.force, progress=bars.report)
+    with bars.statement(label or args.command):
+        out = work(bars.report)
+    return out, console, time.perf_counter() - t0
+
+
+def cmd_extract(args: argparse.Namespace) -> int:
+    from larql.lql.ops.lifecycle import extract_vindex
+
+    (path, reused), console, seconds = run_with_progress(args, lambda report: extract_vindex(
+        args.src, args.output, level=args.level, dtype=args.dtype, quant=args.quant, top_k=args.top_k,
+        force=args.force, progress=report), f"extract {args.src}")
     size = sum(f.stat().st_size for f in path.iterdir())
-    seconds = time.perf_counter() - t0
     if args.json:
         print(json.dumps({"path": str(path), "level": args.level, "bytes": size, "seconds": round(seconds, 2),
                           "reused": reused}))
@@ -110,6 +123,10 @@ def cmd_extract(args: argparse.Namespace) -> int:
     else:
         console.print(f"wrote {path} ({size / 1e6:.1f} MB, level {args.level}) in {seconds:.1f}s",
                       markup=False, highlight=False)
+    counts = json.loads((path / "index.json").read_text()).get("requantized")
+    if counts and not args.json and not reused:
+        console.print(f"--quant q4k: {counts['Q4_K']} matrices now Q4_K, {counts['Q6_K']} Q6_K; "
+                      f"{counts['kept']} kept their encoding (see FORMAT.md for which and why)")
     return 0
 
 
@@ -235,9 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
     ve.add_argument("--repair", action="store_true", help="re-extract a damaged vindex from its (unchanged) source")
     ve.set_defaults(func=cmd_verify)
 
-    from larql.cli_edit import add_commands
+    from larql import cli_db, cli_edit
 
-    add_commands(sub)
+    cli_edit.add_commands(sub)
+    cli_db.add_commands(sub)
     add_global_options(parser, sub)
     return parser
 

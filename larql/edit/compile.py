@@ -10,6 +10,7 @@ down_meta.bin carry the edits too. Written atomically, like an extraction; the b
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -64,7 +65,7 @@ def _check_conflicts(v: EditableVindex, on_conflict: str) -> list[tuple[int, int
 Edited = dict[int, tuple[dict[int, FeatureOverride], set[int], "tuple[np.ndarray, np.ndarray] | None"]]
 
 
-def _edited_layers(v: EditableVindex) -> Edited:
+def edited_layers(v: EditableVindex) -> Edited:
     out = {}
     for layer in range(v.num_layers):
         vectors, gone, delta = v.overlay.layer(layer), v.overlay.deleted(layer), v.overlay.down_delta(layer)
@@ -78,7 +79,7 @@ def compile_vindex(v: EditableVindex, out: str | Path, on_conflict: str = "last_
     out = Path(out)
     if out.resolve() == v.path.resolve():
         raise VindexError(f"{out}: cannot compile a vindex into itself (base vindexes are read-only)")
-    edited = _edited_layers(v)
+    edited = edited_layers(v)
     with VindexWriter(out, overwrite=overwrite) as w:
         for name in v.index["files"]:
             if name not in (layout.GATE_FILE, layout.DOWN_META_FILE, layout.WEIGHTS_FILE, layout.MANIFEST_FILE):
@@ -121,7 +122,7 @@ def _write_gates_and_meta(v: EditableVindex, w: VindexWriter, edited: Edited) ->
     return layers
 
 
-def _edited_matrix(source: Any, name: str, edited: Edited) -> np.ndarray | None:
+def edited_matrix(source: Any, name: str, edited: Edited) -> np.ndarray | None:
     """The float32 matrix of an edited layer's ffn_gate / ffn_up / ffn_down with the overlay's rows
     (gate, up) or columns (down) put in and deleted features' down columns zeroed; else None."""
     parts = name.split(".")
@@ -155,7 +156,7 @@ def _write_weights(v: EditableVindex, w: VindexWriter, edited: Edited) -> None:
     blob = w.binary(layout.WEIGHTS_FILE)
     out = []
     for e in manifest:
-        m = _edited_matrix(source, e["name"], edited)
+        m = edited_matrix(source, e["name"], edited)
         if m is not None:
             offset = blob.write_aligned(m)
             out.append({"name": e["name"], "type": GGMLType.F32.name, "shape": [int(m.shape[0]), int(m.shape[1])],
@@ -184,7 +185,7 @@ def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wi
         raise VindexError(f"{out}: already exists; choose another path")
     reader = gguf.GGUFReader(src)
     arch = str(reader.fields["general.architecture"].contents())
-    edited = _edited_layers(v)
+    edited = edited_layers(v)
     source = VindexWeightSource(v.path)
     manifest = json.loads((v.path / layout.MANIFEST_FILE).read_text())
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
@@ -197,7 +198,7 @@ def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wi
             sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
             writer.add_key_value(field.name, field.contents(), vtype, sub)
         for e in manifest:
-            m = _edited_matrix(source, e["name"], edited)
+            m = edited_matrix(source, e["name"], edited)
             if m is not None:
                 writer.add_tensor(e["name"], m)
             else:
@@ -218,3 +219,39 @@ def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wi
     finally:
         tmp.unlink(missing_ok=True)
     return CompileReport(out, len(v.overlay), tuple(sorted(edited)), tuple(clashes), out.stat().st_size)
+
+
+def compile_safetensors(v: EditableVindex, out: str | Path, on_conflict: str = "last_wins", overwrite: bool = False,
+                        dtype: str = "bf16") -> CompileReport:
+    """COMPILE ... INTO MODEL "dir" FORMAT SAFETENSORS: a Hugging Face directory (config.json,
+    model.safetensors, tokenizer files) holding the vindex's weights with its overlay baked in,
+    dequantized to `dtype`. Needs no source file: index.json and the vindex's tokenizer suffice."""
+    from larql.model.export_hf import (
+        ExportTensor,
+        TokenizerFiles,
+        source_chat_template,
+        write_hf_dir,
+    )
+    from larql.vindex.runtime import index_config
+
+    if not v.has_model_weights:
+        raise VindexError(f"{v.path}: a browse-level vindex has no weights to compile into a model")
+    clashes = _check_conflicts(v, on_conflict)
+    cfg = index_config(v.store)
+    edited = edited_layers(v)
+    source = VindexWeightSource(v.path)
+
+    def load(name: str, is_vector: bool) -> np.ndarray:
+        if is_vector:
+            return source.vector(name)
+        m = edited_matrix(source, name, edited)
+        return m if m is not None else source.matrix(name).dequantize()
+
+    manifest = json.loads((v.path / layout.MANIFEST_FILE).read_text())
+    tensors = [ExportTensor(e["name"], tuple(e["shape"]), functools.partial(load, e["name"], len(e["shape"]) == 1)) for e in manifest]
+    tok = v.store.tokenizer
+    files = TokenizerFiles((v.path / layout.TOKENIZER_FILE).read_text(), tok.bos_id, tuple(tok.eos_ids),
+                           source_chat_template(Path(v.index["source"]["path"])))
+    path = write_hf_dir(out, cfg, tensors, files, dtype, overwrite)
+    size = sum(f.stat().st_size for f in path.iterdir())
+    return CompileReport(path, len(v.overlay), tuple(sorted(edited)), tuple(clashes), size)

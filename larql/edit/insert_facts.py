@@ -26,8 +26,8 @@ import numpy as np
 
 from larql.edit.evaluate import EVAL_PREFIX_SEED, EVAL_PREFIXES, Scorer, unrelated_logps
 from larql.edit.facts import Fact, model_prefixes
-from larql.edit.methods import DEFAULT_METHOD, METHODS, default_layer
-from larql.edit.neighbours import N_NEIGHBOURS, similar_subjects
+from larql.edit.methods import DEFAULT_METHOD, METHODS, N_NEIGHBOURS, default_layer
+from larql.edit.neighbours import similar_subjects
 from larql.edit.rome import KeyMetric
 from larql.edit.stats import second_moments, token_budget
 from larql.edit.view import EditableVindex

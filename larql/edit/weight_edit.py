@@ -132,8 +132,13 @@ def decoy_keys(model: Model, facts: Sequence[Fact], layers: Sequence[int], decoy
     prompts += [(t.format(o), o) for o in olds if o.lower() not in subjects for t in OLD_OBJECT_TEMPLATES]
     names = [f"blocks.{layer}.mlp.hook_post" for layer in layers]
     got: dict[int, list[F32]] = {layer: [] for layer in layers}
+    done: set[tuple[int, ...]] = set()
     for j, (text, d) in enumerate(prompts):
         ids, s = subject_position(model, text, d)
+        ids = ids[: s + 1]  # causal: the key at the subject depends on nothing after it
+        if tuple(ids) in done:  # "Barcelona is..." and "Barcelona was..." share their key
+            continue
+        done.add(tuple(ids))
         seen = capture(model, ids, names)
         for layer, name in zip(layers, names):
             if j == 0 and s > 0:

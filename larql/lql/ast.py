@@ -194,6 +194,7 @@ class InsertStmt(Statement):
     alpha: float | None = None
     mode: str | None = None  # knn | compose
     method: str | None = None  # rome | memit | feature; None: the default
+    layers: Range | None = None  # LAYERS a-b: a weight edit spread over these layers (MEMIT's)
     span: Span = _span()
 
     def values(self, row: int = 0) -> dict[str, str]:

@@ -26,7 +26,7 @@ HANDLERS: dict[type, Callable[..., None]] = {
     ast.ExplainInferStmt: inference.explain_infer, ast.InsertStmt: editing.insert, ast.DeleteStmt: editing.delete,
     ast.UpdateStmt: editing.update, ast.BeginPatchStmt: editing.begin_patch, ast.SavePatchStmt: editing.save_patch,
     ast.ApplyPatchStmt: editing.apply_patch, ast.RemovePatchStmt: editing.remove_patch,
-    ast.ShowPatchesStmt: editing.show_patches, ast.CompileStmt: editing.compile_stmt,
+    ast.ShowPatchesStmt: editing.show_patches, ast.CompileStmt: editing.compile_stmt, ast.DiffStmt: lifecycle.diff_stmt,
 }
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from larql.edit.methods import DEFAULT_METHOD, N_PREFIXES, default_layer
+from larql.edit.methods import DEFAULT_METHOD, N_NEIGHBOURS, N_PREFIXES, default_layer
 from larql.errors import LqlSemanticError
 from larql.lql import ast
 from larql.lql.clauses import refusal
@@ -39,7 +39,7 @@ class Plan:
 
 NOT_YET = {
     ast.MergeStmt: "MERGE", ast.RebalanceStmt: "REBALANCE", ast.CompactStmt: "COMPACT",
-    ast.DiffStmt: "DIFF", ast.ShowCompactStatusStmt: "SHOW COMPACT STATUS",
+    ast.ShowCompactStatusStmt: "SHOW COMPACT STATUS",
 }
 NEEDS_NOTHING = (ast.UseStmt, ast.ExtractStmt, ast.ShowModelsStmt)
 # the defaults of `larql extract` and of EXTRACT MODEL ... INTO: one set, read by both
@@ -93,14 +93,22 @@ def insert_steps(stmt: ast.InsertStmt, session: Session) -> list[Step]:
                      else "held-out prompts: prefixed prompt, unrelated prompts' top-1 and KL"),
                 Step("record", f"patch overlay, {n} feature insert(s)")]
     v = session.vindex
-    layer = stmt.layer if stmt.layer is not None else (
-        default_layer(v.index["model"], v.num_layers) if v is not None else "the crown layer")
+    if stmt.layers is not None:
+        _check_range(session, stmt, stmt.layers)
+        layer: int | str = f"{stmt.layers.start}-{stmt.layers.end}" if stmt.layers.end > stmt.layers.start \
+            else stmt.layers.start
+        first: int | str = stmt.layers.start
+    else:
+        layer = first = stmt.layer if stmt.layer is not None else (
+            default_layer(v.index["model"], v.num_layers) if v is not None else "the crown layer")
     solve = "one joint solve" if method == "memit" else f"{n} solve(s), one fact after another"
-    return [Step("statistics", f"E[k k^T] at layer {layer} (cached beside the vindex, else computed)"),
+    where = f"layers {layer}" if isinstance(layer, str) and "-" in layer else f"layer {layer}"
+    return [Step("statistics", f"E[k k^T] at {where} (cached beside the vindex, else computed)"),
             Step("capture", f"keys at the subject's last token, prompt + {N_PREFIXES} model-written prefixes"),
-            Step("optimise_value", f"Adam through layers {layer}.. (hand-written backward), at most 25 steps"),
-            Step("hold_keys", "decoy subjects, the old object, earlier edits at the layer"),
-            Step("solve", f"minimum C-norm update of W_down at layer {layer}: {solve}"),
+            Step("optimise_value", f"Adam through layers {first}.. (hand-written backward), at most 25 steps"),
+            Step("hold_keys", f"BOS, decoy subjects, each subject's {N_NEIGHBOURS} nearest subjects, the old object, "
+                              "earlier edits at the layer"),
+            Step("solve", f"minimum C-norm update of W_down at {where}: {solve}"),
             Step("record", f"patch overlay, weight_edit (method {method})"),
             Step("measure", "held-out prompts: prefixed prompt, unrelated prompts' top-1 and KL")]
 
@@ -116,6 +124,9 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
     refused = refusal(stmt)
     if refused is not None:
         raise _error(session, stmt, refused.message, refused.hint)
+    if isinstance(stmt, ast.DiffStmt) and stmt.relation is not None:
+        raise _error(session, stmt, "DIFF ... RELATION is not supported: differences are per feature, not per relation",
+                     'filter by layer: DIFF "a.vindex" "b.vindex" LAYER 12')
     if isinstance(stmt, ast.UseStmt) and stmt.kind == "remote":
         raise _error(session, stmt, "USE REMOTE is not supported", "use a local vindex path or USE MODEL")
     if isinstance(stmt, ast.InsertStmt) and session.vindex is not None and not session.vindex.has_model_weights:
@@ -127,11 +138,9 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
                  "CrownStmt": "CROWN"}[type(stmt).__name__]
         raise _error(session, stmt, f"{label} needs model weights, and the vindex in use "
                      f"is browse-level", 'extract it WITH INFERENCE, or USE MODEL "gemma3-270m"')
-    if isinstance(stmt, ast.CompileStmt) and stmt.target == "model" and stmt.format != "gguf":
-        raise _error(session, stmt, "COMPILE ... INTO MODEL writes GGUF only so far (safetensors is not implemented yet)",
-                     'COMPILE CURRENT INTO MODEL "edited.gguf" FORMAT GGUF')
     if not isinstance(stmt, NEEDS_NOTHING) and not (isinstance(stmt, ast.StatsStmt) and stmt.path) \
             and not (isinstance(stmt, ast.CompileStmt) and stmt.source is not None) \
+            and not (isinstance(stmt, ast.DiffStmt) and stmt.a is not None and stmt.b is not None) \
             and not (inference and session.model is not None):
         if session.vindex is None:
             raise _error(session, stmt, "no vindex in use", 'run USE "path/to.vindex" (or EXTRACT ... INTO) first')
@@ -215,8 +224,17 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
             steps.append(Step("filter", " AND ".join(f"{c.field} {c.op} {c.value!r}" for c in stmt.where)))
         steps.append(Step("record", "delete" if isinstance(stmt, ast.DeleteStmt) else "metadata update"))
     elif isinstance(stmt, ast.CompileStmt):
-        steps = [Step("bake_overlay", f"{stmt.source or 'CURRENT'} -> {stmt.into}"),
-                 Step("write_atomic", f"on conflict {stmt.on_conflict or 'last_wins'}")]
+        steps = [Step("bake_overlay", f"{stmt.source or 'CURRENT'} -> {stmt.into}")]
+        if stmt.target == "model":
+            steps.append(Step("write_model", f"format {model_format(stmt)}"))
+        steps.append(Step("write_atomic", f"on conflict {stmt.on_conflict or 'last_wins'}"))
+    elif isinstance(stmt, ast.DiffStmt):
+        a, b = stmt.a or "CURRENT", stmt.b or "CURRENT"
+        steps = [Step("compare_features", f"{a} vs {b}: gate / up / down / down_meta, "
+                      f"{'layer ' + str(stmt.layer) if stmt.layer is not None else 'every layer'}"),
+                 Step("compare_dense", "tensors outside the FFN (a patch cannot carry them)")]
+        if stmt.into_patch:
+            steps.append(Step("write_patch", f"{stmt.into_patch}: applied to {a}, gives {b}"))
     elif isinstance(stmt, (ast.BeginPatchStmt, ast.SavePatchStmt, ast.ApplyPatchStmt, ast.RemovePatchStmt,
                            ast.ShowPatchesStmt)):
         name = {"BeginPatchStmt": "begin_patch", "SavePatchStmt": "save_patch", "ApplyPatchStmt": "apply_patch",
@@ -232,6 +250,11 @@ def walk_top(stmt: ast.WalkStmt | ast.ExplainWalkStmt) -> int:
     if isinstance(stmt, ast.ExplainWalkStmt):
         return 10 if stmt.verbose else 5
     return 3
+
+
+def model_format(stmt: ast.CompileStmt) -> str:
+    """FORMAT as written, else from the target: a .gguf file is GGUF, anything else an HF directory."""
+    return stmt.format or ("gguf" if stmt.into.lower().endswith(".gguf") else "safetensors")
 
 
 def _layers_text(r: ast.Range | str | None) -> str:

@@ -51,7 +51,7 @@ STATEMENTS: tuple[StatementHelp, ...] = (
                   'CROWN "The capital of France is" FOR "Paris" SUBJECT "France";',
                   "which layer's MLP carries the fact (ablation per layer)"),
     StatementHelp("INSERT", 'INSERT INTO EDGES (entity, relation, target [, prompt]) VALUES ("...", ...) [, (...)] '
-                  "[AT LAYER n] [CONFIDENCE x] [ALPHA x] [MODE {KNN | COMPOSE}] [METHOD {ROME | MEMIT | FEATURE}]",
+                  "[AT LAYER n | LAYERS a-b] [CONFIDENCE x] [METHOD {ROME | MEMIT | FEATURE}]",
                   'INSERT INTO EDGES (entity, relation, target) VALUES ("France", "capital", "Rome");',
                   "teach the model a fact (measured on prompts the edit never saw)"),
     StatementHelp("DELETE", "DELETE FROM EDGES WHERE cond [AND cond ...]",
@@ -67,7 +67,7 @@ STATEMENTS: tuple[StatementHelp, ...] = (
                   "take an applied patch off again (bit for bit)"),
     StatementHelp("SHOW PATCHES", "SHOW PATCHES", "SHOW PATCHES;", "the applied patches and their edits"),
     StatementHelp("COMPILE", 'COMPILE {CURRENT | "src.vindex"} INTO {VINDEX "dir" [ON CONFLICT {LAST_WINS | '
-                  'HIGHEST_CONFIDENCE | FAIL}] | MODEL "file.gguf" FORMAT GGUF}',
+                  'HIGHEST_CONFIDENCE | FAIL}] | MODEL "out" [FORMAT {GGUF | SAFETENSORS}]}',
                   'COMPILE CURRENT INTO MODEL "edited.gguf" FORMAT GGUF;', "bake the applied edits into files"),
     StatementHelp("SHOW LAYERS", "SHOW LAYERS [[RANGE] a-b]", "SHOW LAYERS 0-3;",
                   "each layer's band and most common output token"),
@@ -78,7 +78,8 @@ STATEMENTS: tuple[StatementHelp, ...] = (
     StatementHelp("SHOW RELATIONS", "SHOW RELATIONS [AT LAYER n] [WITH EXAMPLES] [VERBOSE | BRIEF | RAW]",
                   "SHOW RELATIONS WITH EXAMPLES;", "the relation clusters of the features"),
     StatementHelp("DIFF", 'DIFF {CURRENT | "a.vindex"} {CURRENT | "b.vindex"} [LAYER n] [RELATION "r"] [LIMIT n] '
-                  '[INTO PATCH "file.vlp"]', 'DIFF "a.vindex" CURRENT;', "(not implemented yet)", False),
+                  '[INTO PATCH "file.vlp"]', 'DIFF "a.vindex" CURRENT LIMIT 20;',
+                  "per-feature differences between two vindexes (INTO PATCH: a patch that turns a into b)"),
     StatementHelp("MERGE", 'MERGE "src.vindex" [INTO "dir"] [ON CONFLICT {KEEP_SOURCE | KEEP_TARGET | '
                   'HIGHEST_CONFIDENCE}]', 'MERGE "other.vindex";', "(not implemented yet)", False),
     StatementHelp("REBALANCE", "REBALANCE [UNTIL CONVERGED] [MAX n] [FLOOR x] [CEILING x]", "REBALANCE;",

@@ -499,8 +499,14 @@ class ToAst(Transformer):  # type: ignore[type-arg]
                 raise LqlSyntaxError(f"each VALUES row needs {len(columns)} values ({', '.join(columns)}), "
                                      f"one has {len(r)}", self.text, meta.line, meta.column)
         o = self._options(children, "INSERT")
+        at = next((c.meta for c in children if isinstance(c, Opt) and c.key == "layers" and c.meta), meta)
+        if o.get("at_layer") is not None and o.get("layers") is not None:
+            raise LqlSyntaxError("INSERT takes AT LAYER n or LAYERS a-b, not both", self.text, at.line, at.column)
+        if o.get("layers") is not None and o.get("method") == "feature":
+            raise LqlSyntaxError("METHOD FEATURE installs a feature at one layer: use AT LAYER n", self.text,
+                                 at.line, at.column, "LAYERS a-b spreads a weight edit (ROME / MEMIT)")
         return ast.InsertStmt(columns, rows, o.get("at_layer"), o.get("confidence"), o.get("alpha"),
-                              o.get("mode"), o.get("method"), span=_span(meta))
+                              o.get("mode"), o.get("method"), o.get("layers"), span=_span(meta))
 
     @v_args(meta=True)
     def crown_subject(self, meta: Meta, children: list[Any]) -> Opt:

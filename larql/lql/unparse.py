@@ -119,6 +119,7 @@ def _insert(s: ast.InsertStmt) -> str:
     rows = ", ".join("(" + ", ".join(q(v) for v in r) + ")" for r in s.rows)
     return _join(f"INSERT INTO EDGES ({', '.join(s.columns)}) VALUES {rows}",
                  s.layer is not None and f"AT LAYER {s.layer}" or None,
+                 s.layers is not None and f"LAYERS {s.layers.start}-{s.layers.end}" or None,
                  s.confidence is not None and f"CONFIDENCE {_num(s.confidence)}" or None,
                  s.alpha is not None and f"ALPHA {_num(s.alpha)}" or None, s.mode and "MODE " + s.mode.upper(),
                  s.method and "METHOD " + s.method.upper())

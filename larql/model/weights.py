@@ -129,14 +129,25 @@ _HF_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.wei
               "output.weight": "lm_head.weight"}
 
 
+def hf_tensor_name(name: str, arch: str) -> str:
+    """The HF checkpoint name of a GGUF-named tensor: `blk.3.ffn_up.weight` -> `model.layers.3.mlp.up_proj.weight`.
+
+    Raises ValueError for a name that is neither global nor `blk.{L}.part.kind`.
+    """
+    if name in _HF_GLOBAL:
+        return _HF_GLOBAL[name]
+    _, layer, part, kind = name.split(".", 3)
+    layer_map = _HF_LAYER_SANDWICH if arch == "gemma3" else _HF_LAYER_PLAIN
+    return f"model.layers.{layer}.{layer_map.get(part, _HF_LAYER.get(part, part))}.{kind}"
+
+
 class SafetensorsSource:
     """Every *.safetensors file of a directory, memory-mapped, under GGUF tensor names."""
 
     def __init__(self, directory: Path, cfg_arch: str, norm_offset: float) -> None:
         self.directory = directory
         self.norm_offset = norm_offset  # Gemma stores w for (1 + w); we keep w + 1
-        layer_map = {**_HF_LAYER, **(_HF_LAYER_SANDWICH if cfg_arch == "gemma3" else _HF_LAYER_PLAIN)}
-        self._layer_map = layer_map
+        self.arch = cfg_arch
         self._entries: dict[str, tuple[np.memmap, str, list[int], int, int]] = {}
         files = sorted(directory.glob("*.safetensors"))
         if not files:
@@ -165,10 +176,7 @@ class SafetensorsSource:
             self._entries[name] = (data, entry["dtype"], entry["shape"], base + start, base + end)
 
     def _hf_name(self, name: str) -> str:
-        if name in _HF_GLOBAL:
-            return _HF_GLOBAL[name]
-        _, layer, part, kind = name.split(".", 3)
-        return f"model.layers.{layer}.{self._layer_map.get(part, part)}.{kind}"
+        return hf_tensor_name(name, self.arch)
 
     def has(self, name: str) -> bool:
         try:

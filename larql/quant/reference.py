@@ -40,6 +40,17 @@ def dequantize_bf16(blocks: U8) -> F32:
     return wide.view(np.float32).reshape(-1, 1)
 
 
+def to_bf16(x: F32) -> NDArray[np.uint16]:
+    """float32 -> bf16 bits, rounded to nearest even as torch does (numpy has no bf16 dtype).
+
+    Adding 0x7FFF plus the lowest kept bit before truncating rounds half to even; NaNs keep a set
+    mantissa bit so they stay NaN (the carry could otherwise turn them into infinities).
+    """
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded).astype(np.uint16)
+
+
 # Q4_0: 32 weights in 18 bytes, w = d * (q - 8)
 #   byte 0-1   d (f16)
 #   byte 2-17  qs[j] = HHHH LLLL   L -> weight j, H -> weight j+16   (j = 0..15)

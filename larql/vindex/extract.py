@@ -22,7 +22,7 @@ from larql.errors import VindexError
 from larql.model import Model
 from larql.model.load import load, resolve
 from larql.model.weights import named_tensors
-from larql.quant import GGMLType, QuantMatrix
+from larql.quant import BLOCK_LAYOUT, GGMLType, QuantMatrix
 from larql.quant.quantize import quantize_q4_k, quantize_q6_k
 from larql.version import __version__
 from larql.vindex import clusters, layout
@@ -82,19 +82,44 @@ def down_top_tokens(down: QuantMatrix, unembed: np.ndarray, top_k: int) -> tuple
 # Q4_K_M-style choice: 4-bit for most matrices, 6-bit for the ones most sensitive to error.
 _Q4K = ("attn_q.weight", "attn_k.weight", "attn_output.weight", "ffn_gate.weight", "ffn_up.weight")
 _Q6K = ("attn_v.weight", "ffn_down.weight")
-_FLOAT = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+_QUANTIZERS = {GGMLType.Q4_K: quantize_q4_k, GGMLType.Q6_K: quantize_q6_k}
+
+
+def _bits(qtype: GGMLType) -> float:
+    block, size = BLOCK_LAYOUT[qtype]
+    return 8.0 * size / block
+
+
+def q4k_target(name: str, m: QuantMatrix) -> GGMLType | None:
+    """--quant q4k: the type layer matrix `name` becomes (Q4_K; Q6_K for attn_v and ffn_down), or
+    None when it keeps its encoding: not a layer matrix (embeddings, norms), rows that are not a
+    whole number of 256-weight K blocks (Gemma 3 270M's 640, SmolLM2's 576), or a source already
+    at or below the target's bits per weight (requantizing upward adds bytes, not precision).
+    A float or wider quantized source (Q8_0, Q5_0...) is dequantized and quantized again."""
+    target = GGMLType.Q4_K if name.endswith(_Q4K) else GGMLType.Q6_K if name.endswith(_Q6K) else None
+    if target is None or m.n_cols % 256 or _bits(m.qtype) <= _bits(target):
+        return None
+    return target
 
 
 def requantize(name: str, m: QuantMatrix) -> QuantMatrix:
-    """--quant q4k: float layer matrices become Q4_K (Q6_K for attn_v and ffn_down). Tensors already
-    quantized, embeddings, and rows that are not a multiple of 256 weights keep their encoding."""
-    if m.qtype not in _FLOAT or m.n_cols % 256:
-        return m
-    if name.endswith(_Q4K):
-        return quantize_q4_k(m.dequantize(), m.name)
-    if name.endswith(_Q6K):
-        return quantize_q6_k(m.dequantize(), m.name)
-    return m
+    """`m` in its --quant q4k encoding (itself when `q4k_target` says it keeps its encoding)."""
+    target = q4k_target(name, m)
+    return m if target is None else _QUANTIZERS[target](m.dequantize(), m.name)
+
+
+def _q4k_plan(model: Model) -> dict[str, int]:
+    """How many matrices --quant q4k turns into each type; refuses when it would change nothing."""
+    counts = {"Q4_K": 0, "Q6_K": 0, "kept": 0}
+    for name, value in named_tensors(model.weights):
+        if isinstance(value, QuantMatrix):
+            target = q4k_target(name, value)
+            counts[target.name if target is not None else "kept"] += 1
+    if counts["Q4_K"] + counts["Q6_K"] == 0:
+        raise VindexError(f"--quant q4k would change nothing in {model.name}: its layer matrices are already at "
+                          f"or below Q4_K/Q6_K's bits per weight, or their rows are not whole 256-weight blocks; "
+                          f"use --quant source")
+    return counts
 
 
 def _sha256_path(path: Path) -> tuple[str, int]:
@@ -132,7 +157,11 @@ def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dty
     if not 1 <= top_k <= 1000:
         raise VindexError(f"down top-k must be between 1 and 1000, got {top_k}")
     report = progress or (lambda stage, done, total: None)
+    if quant == "q4k" and level == "browse":
+        raise VindexError("--quant q4k quantizes model weights, and a browse-level vindex holds none; "
+                          "add --level inference")
     model = src if isinstance(src, Model) else load(src)
+    requantized = _q4k_plan(model) if quant == "q4k" else None
     source_path = model.source if isinstance(src, Model) else resolve(src)[1]
     cfg, w = model.config, model.weights
     np_dtype = layout.DTYPES[dtype]
@@ -219,4 +248,6 @@ def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dty
             "layers": layers, "model_config": {**asdict(cfg), "global_layers": list(cfg.global_layers)},
             "tokenizer": {"bos_id": model.tokenizer.bos_id, "eos_ids": list(model.tokenizer.eos_ids)},
         }
+        if requantized is not None:
+            index["requantized"] = requantized
         return writer.finish(index)

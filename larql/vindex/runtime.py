@@ -18,6 +18,13 @@ def carried_model(v: Vindex, edits: FFNEdits | None = None) -> Model:
     Example:
         >>> carried_model(open_vindex("g.vindex")).generate("The capital of France is", 4).text
     """
+    cfg = index_config(v)
+    weights = load_weights(VindexWeightSource(v.path), cfg)
+    return Model(v.index["model"], v.path, cfg, weights, v.tokenizer, edits)
+
+
+def index_config(v: Vindex) -> ModelConfig:
+    """The ModelConfig index.json records for an inference-level vindex."""
     if not v.has_model_weights:
         raise VindexError(f"{v.path}: a browse-level vindex has no model weights; "
                           f"re-extract with --level inference to run the model from it")
@@ -31,5 +38,4 @@ def carried_model(v: Vindex, edits: FFNEdits | None = None) -> Model:
     if v.num_layers != cfg.n_layers or v.hidden != cfg.hidden:
         raise VindexError(f"{v.path}: this vindex does not match the model "
                           f"({v.num_layers} layers x {v.hidden} vs {cfg.n_layers} x {cfg.hidden})")
-    weights = load_weights(VindexWeightSource(v.path), cfg)
-    return Model(v.index["model"], v.path, cfg, weights, v.tokenizer, edits)
+    return cfg

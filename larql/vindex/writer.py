@@ -93,6 +93,15 @@ class VindexWriter:
         data = (self.tmp / name).read_bytes()
         self.files[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
+    def link(self, name: str, source: Path, entry: dict[str, Any]) -> None:
+        """Hard-link (else copy) `source` in, recording its known `{size, sha256}` unhashed: a
+        damaged source keeps its old checksum, so `verify` catches it instead of blessing it."""
+        try:
+            os.link(source, self.tmp / name)
+        except OSError:  # another file system, or links not allowed: a copy holds the same bytes
+            shutil.copyfile(source, self.tmp / name)
+        self.files[name] = {"size": entry["size"], "sha256": entry["sha256"]}
+
     def finish(self, index: dict[str, Any]) -> Path:
         """Close every file, write index.json (with the file table), then rename into place."""
         for name, f in self._open:

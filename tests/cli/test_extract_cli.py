@@ -53,3 +53,13 @@ def test_verify_reports_corruption_and_repairs(tiny_gguf: Path, tmp_path: Path) 
     assert r.returncode == 0 and "repaired (embeddings.bin" in r.stdout, r.stderr
     assert (out / "gate_vectors.bin").read_bytes() == intact
     assert larql("verify", str(out)).returncode == 0
+
+
+def test_quant_q4k_that_would_change_nothing_is_refused(tiny_gguf: Path, tmp_path: Path) -> None:
+    out = tmp_path / "q.vindex"
+    r = larql("extract", str(tiny_gguf), "-o", str(out), "--level", "inference", "--quant", "q4k", "--quiet")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == ("larql: error: --quant q4k would change nothing in tiny.gguf: its layer matrices are "
+                                "already at or below Q4_K/Q6_K's bits per weight, or their rows are not whole "
+                                "256-weight blocks; use --quant source")
+    assert list(tmp_path.iterdir()) == []

@@ -73,7 +73,9 @@ def _insert_facts(stmt: ast.InsertStmt, session: Session, result: Result, method
             row = stmt.values(i)
             prompt = row.get("prompt") or feature_insert.relation_prompt(row["entity"], row["relation"])
             facts.append(Fact(row["entity"], prompt, row["target"], row["relation"]))
-        r = insert_facts(v, facts, method, None if stmt.layer is None else [stmt.layer], progress=session.progress)
+        layers = (list(range(stmt.layers.start, stmt.layers.end + 1)) if stmt.layers is not None
+                  else None if stmt.layer is None else [stmt.layer])
+        r = insert_facts(v, facts, method, layers, progress=session.progress)
     except LarqlError as e:
         raise _fail(session, stmt, str(e)) from e
     insert_result(r, result)
@@ -215,15 +217,19 @@ def show_patches(stmt: ast.ShowPatchesStmt, session: Session, result: Result) ->
 
 
 def compile_stmt(stmt: ast.CompileStmt, session: Session, result: Result) -> None:
-    from larql.edit.compile import compile_gguf, compile_vindex
+    from larql.edit.compile import compile_gguf, compile_safetensors, compile_vindex
     from larql.edit.view import edit_vindex
+    from larql.lql.planner import model_format
 
+    fmt = model_format(stmt) if stmt.target == "model" else "vindex"
     try:
         v = _v(session) if stmt.source is None else edit_vindex(stmt.source)
-        if stmt.target == "vindex":
+        if fmt == "vindex":
             report = compile_vindex(v, stmt.into, stmt.on_conflict or "last_wins")
-        else:
+        elif fmt == "gguf":
             report = compile_gguf(v, stmt.into, stmt.on_conflict or "last_wins")
+        else:
+            report = compile_safetensors(v, stmt.into, stmt.on_conflict or "last_wins")
     except VindexError as e:
         raise _fail(session, stmt, str(e)) from e
     result.title = f"Compiled {v.path} -> {report.path}"
@@ -232,5 +238,6 @@ def compile_stmt(stmt: ast.CompileStmt, session: Session, result: Result) -> Non
                    ["layers with rewritten FFN weights", ", ".join(map(str, report.layers_rewritten)) or "none"],
                    ["features written by several patches", len(report.conflicts)],
                    ["size (MB)", round(report.size_bytes / 1e6, 1)]]
-    runs = f'USE "{report.path}"' if stmt.target == "vindex" else f'larql run {report.path} "..." (or llama.cpp)'
+    runs = {"vindex": f'USE "{report.path}"', "gguf": f'larql run {report.path} "..." (or llama.cpp)',
+            "safetensors": f'larql run {report.path} "..." (or transformers\' from_pretrained)'}[fmt]
     result.notes.append(f"{runs} runs the edited model with no patch applied")

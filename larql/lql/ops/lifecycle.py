@@ -92,6 +92,8 @@ def stats(stmt: ast.StatsStmt, session: Session, result: Result) -> None:
         ["relation clusters", clusters["k"] if clusters else 0], ["down top-k", i["down_top_k"]],
         ["size", f"{size / 1e6:.1f} MB"], ["path", str(v.path)],
     ]
+    if "parts" in i:  # a slice: say what it kept
+        result.rows.insert(-2, ["parts", ", ".join(i["parts"])])
     result.title = f"STATS {i['model']}"
 
 
@@ -107,3 +109,30 @@ def show_models(stmt: ast.ShowModelsStmt, session: Session, result: Result) -> N
         result.rows.append([v.index["model"], str(d), v.num_layers, v.index["extract_level"], round(size, 1)])
     if not result.rows:
         result.notes.append("no vindex directories here")
+
+
+def diff_stmt(stmt: ast.DiffStmt, session: Session, result: Result) -> None:
+    from larql.edit.diff import diff, write_diff_patch
+
+    a = session.vindex if stmt.a is None else edit_vindex(stmt.a)
+    b = session.vindex if stmt.b is None else edit_vindex(stmt.b)
+    assert a is not None and b is not None  # the planner checked
+    if stmt.layer is not None and not 0 <= stmt.layer < a.num_layers:
+        from larql.errors import VindexError
+
+        raise VindexError(f"layer {stmt.layer} is out of range: this vindex has layers 0-{a.num_layers - 1}")
+    report = diff(a, b, stmt.layer)
+    limit = 20 if stmt.limit is None else stmt.limit
+    result.title = f"DIFF {stmt.a or 'CURRENT'} -> {stmt.b or 'CURRENT'}"
+    result.columns = ["layer", "feature", "a", "b", "status", "changed"]
+    for r in report.rows[:limit]:
+        if r.status == "dense":
+            result.rows.append([r.layer, "", "", "", "dense", r.changed[0]])
+        else:
+            result.rows.append([r.layer, r.feature, a.token_text(r.a_token), b.token_text(r.b_token), r.status,
+                                ", ".join(r.changed)])
+    result.notes.append(f"{len(report.rows)} difference(s), {len(result.rows)} shown (limit {limit})")
+    if stmt.into_patch:
+        path = write_diff_patch(a, report, stmt.into_patch)
+        result.notes.append(f"wrote {path} ({len(report.ops)} operation(s)): APPLY PATCH on "
+                            f"{stmt.a or 'CURRENT'} gives {stmt.b or 'CURRENT'}")

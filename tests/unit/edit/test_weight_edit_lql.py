@@ -115,3 +115,17 @@ def test_bad_edits_leave_the_overlay_as_it_was(vx: Path, tmp_path: Path) -> None
     with pytest.raises(VindexError, match="NaN"):
         s.vindex.overlay.add_weight(1, nan[:, None], np.ones((96, 1), np.float32), np.ones((96, 1), np.float32))
     assert s.vindex.patches.applied == [] and s.vindex.overlay.weight_layers() == []
+
+
+def test_insert_layers_spreads_one_edit_over_a_range(vx: Path) -> None:
+    s = Session()
+    execute(f'USE "{vx}"', s)
+    m = s.vindex.model()
+    before = _logp_target(m, PROMPT, "blue")
+    res = execute('INSERT INTO EDGES (entity, relation, target, prompt) VALUES ("zeta", "colour", "blue", '
+                  '"Colour of zeta") LAYERS 1-2 METHOD MEMIT', s)[0]
+    ops = s.vindex.patches.pending
+    assert sorted(op.layer for op in ops) == [1, 2] and all(isinstance(op, WeightOp) for op in ops)
+    assert "L1, L2" in res.title
+    assert _logp_target(m, PROMPT, "blue") > before + 2.0
+    s.vindex.patches.undo(len(ops))

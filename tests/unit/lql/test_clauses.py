@@ -136,7 +136,6 @@ def test_insert_extract_compile_clauses_change_the_plan(vxi: Path) -> None:
     ('INSERT INTO EDGES (entity, relation, target) VALUES ("A", "r", "B") CONFIDENCE 0.8',
      "CONFIDENCE applies to METHOD FEATURE with one row only"),
     ("SHOW RELATIONS RAW", "RAW is not supported"),
-    ('COMPILE CURRENT INTO MODEL "o.safetensors" FORMAT SAFETENSORS', "writes GGUF only so far"),
 ])
 def test_refused_clauses_name_the_reason_and_the_fix(vxi: Path, text: str, message: str) -> None:
     with pytest.raises(LqlSemanticError) as e:

@@ -57,8 +57,8 @@ def test_semantic_errors_are_located() -> None:
     assert e.value.message == "no vindex in use" and e.value.line == 1
     with pytest.raises(LqlSemanticError, match="MERGE is not implemented yet"):
         execute('MERGE "other.vindex"')
-    with pytest.raises(LqlSemanticError, match=r"COMPILE ... INTO MODEL writes GGUF only so far"):
-        execute('COMPILE CURRENT INTO MODEL "out/"')
+    with pytest.raises(LqlSemanticError, match="no vindex in use"):
+        execute('COMPILE CURRENT INTO MODEL "out/" FORMAT SAFETENSORS')
     with pytest.raises(LqlSemanticError, match="no vindex in use"):
         execute('BEGIN PATCH "p.vlp"')
 
@@ -86,10 +86,13 @@ def test_plans_are_golden(vx: Path, vxi: Path, update_golden: bool) -> None:
              'WALK "a" |> DESCRIBE "b"', 'DELETE FROM EDGES WHERE layer = 1 AND feature = 2',
              'UPDATE EDGES SET target = "x" WHERE entity = "Par"', 'BEGIN PATCH "p.vlp"', "SAVE PATCH",
              'APPLY PATCH "p.vlp"', 'REMOVE PATCH "p.vlp"', "SHOW PATCHES",
-             'COMPILE CURRENT INTO VINDEX "o.vindex" ON CONFLICT FAIL', 'COMPILE "a.vindex" INTO MODEL "o.gguf" FORMAT GGUF']
+             'COMPILE CURRENT INTO VINDEX "o.vindex" ON CONFLICT FAIL', 'COMPILE "a.vindex" INTO MODEL "o.gguf" FORMAT GGUF',
+             'COMPILE CURRENT INTO MODEL "out/" FORMAT SAFETENSORS', 'COMPILE CURRENT INTO MODEL "o.gguf"',
+             'DIFF "a.vindex" CURRENT LAYER 2 LIMIT 5 INTO PATCH "d.vlp"']
     weights = ['INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B")',
              'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B"), ("C", "capital", "D") '
              'METHOD MEMIT AT LAYER 1',
+             'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B") METHOD MEMIT LAYERS 0-1',
              'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B") METHOD FEATURE CONFIDENCE 0.8',
              'CROWN "The capital of France is" FOR "Paris" SUBJECT "France"']
     with_weights = Session(vindex=open_vindex(vxi))

@@ -167,3 +167,26 @@ def test_q4k_extraction_from_safetensors(tmp_path: Path) -> None:
     quantized = larql.load(path).forward(ids)
     assert rel_err(quantized, reference_logits(spec, held, ids)) <= 1e-5
     assert 0 < rel_err(quantized, larql.load(hf).forward(ids)) < 0.25  # and 4-bit costs something
+
+
+def test_q4k_requantizes_a_wider_quantized_gguf_and_refuses_a_no_op(tmp_path: Path) -> None:
+    spec = TinySpec("llama", hidden=256, ffn=512, n_heads=4, n_kv_heads=2, head_dim=64)
+    weights = hf_weights(spec, seed=6)
+    write_gguf(tmp_path / "q8.gguf", spec, weights, gguf.GGMLQuantizationType.Q8_0)
+    path = extract(tmp_path / "q8.gguf", tmp_path / "q.vindex", level="inference", quant="q4k")
+    manifest = {e["name"]: e["type"] for e in json.loads((path / "weights.json").read_text())}
+    assert manifest["blk.0.attn_q.weight"] == "Q4_K" and manifest["blk.1.ffn_down.weight"] == "Q6_K"
+    assert manifest["token_embd.weight"] == "Q8_0"  # embeddings keep their encoding
+    index = open_vindex(path).index
+    assert index["quant"] == "q4k" and index["requantized"] == {"Q4_K": 10, "Q6_K": 4, "kept": 1}
+    source = extract(tmp_path / "q8.gguf", tmp_path / "s.vindex", level="inference")
+    assert (path / "weights.bin").read_bytes() != (source / "weights.bin").read_bytes()
+    ids = [5, 80, 81, 120, 7, 7, 9]
+    assert 0 < rel_err(larql.load(path).forward(ids), larql.load(tmp_path / "q8.gguf").forward(ids)) < 0.25
+    # every matrix Q4_0 (4.5 bits per weight, at or below both targets): nothing to do, so refuse
+    write_gguf(tmp_path / "q4.gguf", spec, weights, gguf.GGMLQuantizationType.Q4_0)
+    with pytest.raises(VindexError, match="--quant q4k would change nothing in q4.gguf"):
+        extract(tmp_path / "q4.gguf", tmp_path / "n.vindex", level="inference", quant="q4k")
+    with pytest.raises(VindexError, match="a browse-level vindex holds none"):
+        extract(tmp_path / "q8.gguf", tmp_path / "n.vindex", quant="q4k")
+    assert not (tmp_path / "n.vindex").exists()

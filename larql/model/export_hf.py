@@ -1,0 +1,237 @@
+"""Write a model as a Hugging Face directory: config.json, model.safetensors, tokenizer.json,
+tokenizer_config.json and generation_config.json, which `transformers` and larql's own HF loader read.
+
+larql keeps tensors under GGUF names and conventions; HF differs in two places, both undone here
+exactly as `weights.SafetensorsSource` and llama.cpp's converter apply them:
+- llama q/k rows: GGUF permutes each head's rows so rope rotates adjacent pairs (`rope_interleaved`);
+  HF rotates halves, so the rows go back: GGUF row h*d + 2i + j is HF row h*d + j*d/2 + i.
+- Gemma norms: GGUF (and larql) hold `1 + w`; HF holds `w` and adds the 1 in the forward pass.
+Safetensors holds only floats, so quantized blocks are dequantized and stored as f32, f16 or bf16.
+The file is streamed a tensor at a time (the header lists every shape up front), so peak memory
+is one dequantized tensor. Everything goes to a hidden directory that is renamed into place last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from larql.errors import ModelError, UnsupportedError
+from larql.model.config import ModelConfig
+from larql.model.model import Model
+from larql.model.weights import hf_tensor_name, named_tensors
+from larql.quant import QuantMatrix
+from larql.quant.reference import to_bf16
+
+F32 = NDArray[np.float32]
+
+# larql dtype name -> (safetensors dtype, torch dtype name for config.json)
+DTYPES = {"f32": ("F32", "float32"), "f16": ("F16", "float16"), "bf16": ("BF16", "bfloat16")}
+_BYTES = {"F32": 4, "F16": 2, "BF16": 2}
+
+
+@dataclass(frozen=True)
+class ExportTensor:
+    """One tensor to write: its GGUF name, shape, and a loader giving float32 values in larql's
+    convention (called once, when the tensor's turn comes)."""
+
+    name: str
+    shape: tuple[int, ...]
+    load: Callable[[], F32]
+
+
+@dataclass(frozen=True)
+class TokenizerFiles:
+    tokenizer_json: str  # HF tokenizers JSON
+    bos_id: int | None
+    eos_ids: tuple[int, ...]
+    chat_template: str | None = None
+
+
+def _unpermute(w: F32, n_head: int) -> F32:
+    """Inverse of llama.cpp's `permute` (rows of q or k, or their bias)."""
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def to_hf_values(name: str, x: F32, cfg: ModelConfig) -> F32:
+    """A tensor's values in HF convention, from larql's (GGUF) convention."""
+    part = name.split(".")[2] if name.startswith("blk.") else ""
+    if cfg.rope_interleaved and part == "attn_q":
+        return _unpermute(x, cfg.n_heads)
+    if cfg.rope_interleaved and part == "attn_k":
+        return _unpermute(x, cfg.n_kv_heads)
+    if cfg.arch == "gemma3" and name.endswith("norm.weight"):
+        return (x - np.float32(1.0)).astype(np.float32)
+    return x
+
+
+def hf_config(cfg: ModelConfig, vocab: int, tok: TokenizerFiles, dtype: str) -> dict[str, Any]:
+    """config.json for Gemma3ForCausalLM or LlamaForCausalLM (legacy rope keys, which transformers
+    4.x and larql read, plus v5's rope_parameters)."""
+    common: dict[str, Any] = {
+        "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn, "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
+        "vocab_size": vocab, "max_position_embeddings": cfg.context_length, "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_base, "rope_scaling": None, "tie_word_embeddings": cfg.tied_embeddings,
+        "attention_dropout": 0.0, "use_cache": True, "torch_dtype": DTYPES[dtype][1], "dtype": DTYPES[dtype][1],
+        "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_ids[0] if tok.eos_ids else None,
+    }
+    if cfg.arch == "gemma3":
+        scalar = 1.0 / cfg.attn_scale**2
+        layer_types = ["full_attention" if g else "sliding_attention" for g in cfg.global_layers]
+        return {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", **common,
+                "hidden_activation": "gelu_pytorch_tanh", "attention_bias": False,
+                "query_pre_attn_scalar": round(scalar) if abs(scalar - round(scalar)) < 1e-3 else scalar,
+                "sliding_window": cfg.sliding_window, "layer_types": layer_types,
+                "rope_local_base_freq": cfg.rope_base_local,
+                "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": cfg.rope_base},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_base_local}},
+                "final_logit_softcapping": cfg.final_softcap or None,
+                "attn_logit_softcapping": cfg.attn_softcap or None, "use_bidirectional_attention": False}
+    if cfg.arch == "llama":
+        if cfg.sliding_window:
+            raise UnsupportedError(f"LlamaForCausalLM has no sliding window, and this model uses one of "
+                                   f"{cfg.sliding_window} tokens; export it as GGUF instead")
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common, "hidden_act": "silu",
+                "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1,
+                "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base}}
+    raise UnsupportedError(f"safetensors export knows Gemma 3 and Llama, not {cfg.arch!r}; export it as GGUF instead")
+
+
+def _tokenizer_files(tok: TokenizerFiles, cfg: ModelConfig) -> dict[str, str]:
+    """tokenizer.json as it is, and the small JSON files `AutoTokenizer` and `generate` read."""
+    vocab = json.loads(tok.tokenizer_json)
+    names = {t["id"]: t["content"] for t in vocab.get("added_tokens", [])}
+    model_vocab = vocab.get("model", {}).get("vocab", {})
+    if isinstance(model_vocab, dict):
+        names.update({i: t for t, i in model_vocab.items() if i in (tok.bos_id, *tok.eos_ids)})
+    # PreTrainedTokenizerFast runs tokenizer.json unchanged (its post-processor adds BOS where the
+    # model wants it); a model-specific class would rebuild that from flags we would have to guess.
+    config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.context_length,
+                              "clean_up_tokenization_spaces": False}
+    if tok.bos_id is not None and tok.bos_id in names:
+        config["bos_token"] = names[tok.bos_id]
+    if tok.eos_ids and tok.eos_ids[0] in names:
+        config["eos_token"] = names[tok.eos_ids[0]]
+    if tok.chat_template:
+        config["chat_template"] = tok.chat_template
+    generation: dict[str, Any] = {"bos_token_id": tok.bos_id,
+                                  "eos_token_id": list(tok.eos_ids) if len(tok.eos_ids) > 1 else
+                                  (tok.eos_ids[0] if tok.eos_ids else None)}
+    return {"tokenizer.json": tok.tokenizer_json, "tokenizer_config.json": json.dumps(config, indent=2),
+            "generation_config.json": json.dumps(generation, indent=2)}
+
+
+def _encode(x: F32, st_dtype: str) -> bytes:
+    if st_dtype == "BF16":
+        return to_bf16(x).tobytes()
+    return np.ascontiguousarray(x, dtype=np.float16 if st_dtype == "F16" else np.float32).tobytes()
+
+
+def write_safetensors(path: Path, tensors: Sequence[tuple[str, tuple[int, ...], Callable[[], F32]]],
+                      dtype: str) -> None:
+    """A safetensors file, streamed: the header (every name, shape and offset) then each tensor's bytes."""
+    st_dtype = DTYPES[dtype][0]
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape, _ in tensors:
+        size = int(np.prod(shape)) * _BYTES[st_dtype]
+        header[name] = {"dtype": st_dtype, "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned, as the format asks
+    with open(path, "wb") as f:
+        f.write(len(blob).to_bytes(8, "little"))
+        f.write(blob)
+        for name, shape, load in tensors:
+            data = _encode(load(), st_dtype)
+            if len(data) != header[name]["data_offsets"][1] - header[name]["data_offsets"][0]:
+                raise ModelError(f"{path}: tensor {name} came out at {len(data)} bytes, not the {shape} declared")
+            f.write(data)
+
+
+def write_hf_dir(out: str | Path, cfg: ModelConfig, tensors: Sequence[ExportTensor], tok: TokenizerFiles,
+                 dtype: str = "bf16", overwrite: bool = False) -> Path:
+    """Write an HF model directory (atomically: a failure leaves nothing at `out`).
+
+    Args:
+        tensors: every tensor under its GGUF name (output.weight absent when embeddings are tied).
+        dtype: "f32", "f16" or "bf16" for every tensor of model.safetensors.
+    Returns:
+        The directory.
+
+    Example:
+        >>> write_hf_dir("out", model.config, model_tensors(model), model_tokenizer_files(model))
+    """
+    if dtype not in DTYPES:
+        raise ModelError(f"unknown dtype {dtype!r} for safetensors (choose {', '.join(DTYPES)})")
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise ModelError(f"{out}: already exists; choose another path (or pass --force to replace it)")
+    embd = next((t for t in tensors if t.name == "token_embd.weight"), None)
+    if embd is None:
+        raise ModelError(f"{out}: the model has no token_embd.weight to export")
+    config = hf_config(cfg, embd.shape[0], tok, dtype)
+    files = _tokenizer_files(tok, cfg)
+    hf_tensors = [(hf_tensor_name(t.name, cfg.arch), t.shape,
+                   (lambda t=t: to_hf_values(t.name, np.asarray(t.load(), np.float32).reshape(t.shape), cfg)))
+                  for t in tensors]
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        for name, text in files.items():
+            (tmp / name).write_text(text)
+        write_safetensors(tmp / "model.safetensors", hf_tensors, dtype)
+        if out.exists():  # overwrite: move the old one aside first, so a crash loses nothing
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.rename(out, old)
+            os.rename(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def source_chat_template(source: Path) -> str | None:
+    """The chat template a model's source carries (GGUF metadata or an HF tokenizer_config.json), if any."""
+    try:
+        if source.is_dir():
+            cfg = source / "tokenizer_config.json"
+            return json.loads(cfg.read_text()).get("chat_template") if cfg.is_file() else None
+        if source.suffix == ".gguf" and source.is_file():
+            from larql.model.gguf_file import GGUFFile
+
+            template = GGUFFile(source).metadata.get("tokenizer.chat_template")
+            return str(template) if template else None
+    except (OSError, ValueError, ModelError):
+        return None  # the template is a convenience; a moved or damaged source leaves it out
+    return None
+
+
+def export_model(model: Model, out: str | Path, dtype: str = "bf16", overwrite: bool = False) -> Path:
+    """A loaded model (GGUF, HF directory) as an HF directory; quantized weights are dequantized.
+
+    Example:
+        >>> export_model(larql.load("smollm2-135m"), "smollm2-hf", dtype="f32")
+    """
+    tensors = []
+    for name, value in named_tensors(model.weights):
+        if isinstance(value, QuantMatrix):
+            tensors.append(ExportTensor(name, (value.n_rows, value.n_cols), value.dequantize))
+        else:
+            tensors.append(ExportTensor(name, (int(value.size),), (lambda v=value: v)))
+    tok = TokenizerFiles(model.tokenizer.tok.to_str(), model.tokenizer.bos_id, tuple(model.tokenizer.eos_ids),
+                         source_chat_template(Path(model.source)))
+    return write_hf_dir(out, model.config, tensors, tok, dtype, overwrite)

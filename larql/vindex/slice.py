@@ -1,0 +1,132 @@
+"""`larql slice`: a new vindex holding some parts of another, for a deployment that needs only them.
+
+Every slice keeps the browse core (tokenizer, embeddings, gates, down_meta: opening and browsing
+a vindex read them); the optional parts are relation clusters (two files) and two groups of model
+tensors in weights.bin (attention: everything but the FFN matrices, norms included, since the
+client runs the residual stream; ffn: ffn_gate / ffn_up / ffn_down). Whole files are hard-linked
+when the file system allows (the base is never written, and every writer makes new files, so a
+shared inode is safe) and their checksums carried over, so `verify` still checks them; a weights
+subset is rewritten with only its tensors. index.json records `parts` and `sliced_from`. Only a
+slice with both attention and ffn runs the model (`has_model_weights`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from larql.errors import VindexError
+from larql.vindex import layout
+from larql.vindex.store import Vindex
+from larql.vindex.writer import VindexWriter
+
+FILE_PARTS: dict[str, tuple[str, ...]] = {
+    "tokenizer": (layout.TOKENIZER_FILE,), "embeddings": (layout.EMBEDDINGS_FILE,), "gates": (layout.GATE_FILE,),
+    "down_meta": (layout.DOWN_META_FILE,), "clusters": (layout.CLUSTERS_FILE, layout.FEATURE_CLUSTERS_FILE),
+}
+TENSOR_PARTS = ("attention", "ffn")
+PARTS = (*FILE_PARTS, *TENSOR_PARTS)
+REQUIRED = ("tokenizer", "embeddings", "gates", "down_meta")  # every vindex has them (FORMAT.md): browsing reads them
+PRESETS: dict[str, tuple[str, ...]] = {
+    "browse": (*REQUIRED, "clusters"),
+    "inference": PARTS,
+    "client": (*REQUIRED, "clusters", "attention"),  # attention runs here; the FFN is someone else's
+    "server": (*REQUIRED, "ffn"),  # the FFN half: its features and their weights
+}
+_FFN = (".ffn_gate.", ".ffn_up.", ".ffn_down.")
+
+
+@dataclass(frozen=True)
+class SlicePart:
+    name: str
+    items: tuple[str, ...]  # file names, or tensor names for attention / ffn
+    size: int  # bytes
+
+
+def parse_parts(preset: str | None, parts: str | None) -> tuple[str, ...]:
+    """The parts a --preset or a --parts list names (exactly one of them)."""
+    if (preset is None) == (parts is None):
+        raise VindexError("give --preset or --parts (one of them)")
+    if preset is not None:
+        if preset not in PRESETS:
+            raise VindexError(f"unknown preset {preset!r} (choose one of: {', '.join(PRESETS)})")
+        return PRESETS[preset]
+    assert parts is not None
+    chosen = tuple(dict.fromkeys(p.strip() for p in parts.split(",") if p.strip()))
+    unknown = [p for p in chosen if p not in PARTS]
+    if unknown:
+        raise VindexError(f"unknown part {unknown[0]!r} (parts: {', '.join(PARTS)})")
+    missing = [p for p in REQUIRED if p not in chosen]
+    if missing:
+        raise VindexError(f"--parts must include {', '.join(missing)}: every vindex keeps "
+                          f"{', '.join(REQUIRED)} (the browse core; add clusters, attention, ffn as needed)")
+    return chosen
+
+
+def _tensor_part(name: str) -> str:
+    return "ffn" if any(k in name for k in _FFN) else "attention"
+
+
+def plan_slice(v: Vindex, parts: tuple[str, ...]) -> list[SlicePart]:
+    """What each part holds in `v` and its size; a part the vindex lacks is an error."""
+    files = v.index["files"]
+    manifest: list[dict[str, Any]] = []
+    if v.has_model_weights or layout.MANIFEST_FILE in files:
+        manifest = json.loads((v.path / layout.MANIFEST_FILE).read_text())
+    out = []
+    for part in parts:
+        if part in FILE_PARTS:
+            names = tuple(n for n in FILE_PARTS[part] if n in files)
+            if not names and part != "clusters":  # clusters are optional even in a full extraction
+                raise VindexError(f"{v.path}: has no {part} ({', '.join(FILE_PARTS[part])}) to slice")
+            out.append(SlicePart(part, names, sum(files[n]["size"] for n in names)))
+        else:
+            tensors = [e for e in manifest if _tensor_part(e["name"]) == part]
+            if not tensors:
+                raise VindexError(f"{v.path}: has no {part} tensors (extract it with --level inference)")
+            size = sum(layout.align(e["nbytes"]) for e in tensors)
+            out.append(SlicePart(part, tuple(e["name"] for e in tensors), size))
+    return out
+
+
+def slice_vindex(src: str | Path, out: str | Path, preset: str | None = None, parts: str | None = None,
+                 overwrite: bool = False) -> Path:
+    """Write the parts of `src` that a preset or part list names into a new vindex `out` (atomic).
+
+    Example:
+        >>> slice_vindex("g.vindex", "g-browse.vindex", preset="browse")
+    """
+    from larql.vindex.store import open_vindex
+    from larql.vindex.weights import VindexWeightSource
+
+    v = open_vindex(src)
+    chosen = parse_parts(preset, parts)
+    if Path(out).resolve() == v.path.resolve():
+        raise VindexError(f"{out}: cannot slice a vindex into itself (base vindexes are read-only)")
+    planned = plan_slice(v, chosen)
+    tensor_names = {n for p in planned if p.name in TENSOR_PARTS for n in p.items}
+    with VindexWriter(Path(out), overwrite=overwrite) as w:
+        for p in planned:
+            for name in p.items if p.name in FILE_PARTS else ():
+                w.link(name, v.path / name, v.index["files"][name])
+        whole = v.has_model_weights and {"attention", "ffn"} <= set(chosen)
+        if whole:
+            for name in layout.INFERENCE_FILES:
+                w.link(name, v.path / name, v.index["files"][name])
+        elif tensor_names:
+            source = VindexWeightSource(v.path)
+            manifest = [e for e in json.loads((v.path / layout.MANIFEST_FILE).read_text()) if e["name"] in tensor_names]
+            blob = w.binary(layout.WEIGHTS_FILE)
+            for e in manifest:
+                e["offset"] = blob.write_aligned(np.ascontiguousarray(source.matrix(e["name"]).raw))
+            w.text(layout.MANIFEST_FILE, json.dumps(manifest, indent=0))
+        index = {k: val for k, val in v.index.items() if k != "files"}
+        index.update({"has_model_weights": bool(whole), "parts": list(chosen),
+                      "extract_level": v.index["extract_level"] if whole else "browse",
+                      "quant": v.index["quant"] if tensor_names else "none",
+                      "sliced_from": {"path": str(v.path.resolve()), "preset": preset}})
+        return w.finish(index)

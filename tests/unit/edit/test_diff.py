@@ -1,0 +1,80 @@
+"""DIFF "a" "b" [INTO PATCH "p.vlp"]: every kind of edit shows with its status, the patch applied to
+`a` gives `b`'s logits, and DIFFs that a patch cannot express are refused with nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import larql
+from larql.edit.patch import PatchOp
+from larql.edit.weight_op import WeightOp
+from larql.errors import LqlSemanticError
+from larql.lql.executor import execute
+from larql.lql.session import Session
+from tests.synthetic import TinySpec, tiny_vindex
+
+IDS = [5, 80, 81, 120, 7, 7, 9]
+SPEC = TinySpec("gemma3", n_layers=4, ffn=96)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """a: a tiny vindex; b: a compiled from four kinds of edit."""
+    root = tmp_path_factory.mktemp("diff")
+    a = tiny_vindex(root, SPEC, seed=8)
+    s = Session()
+    execute(f'USE "{a}"', s)
+    rng = np.random.default_rng(2)
+    v = s.vindex
+    v.patches.record(PatchOp("insert", 1, 30, {"gate": rng.standard_normal(64).astype(np.float32),
+                                               "down": rng.standard_normal(64).astype(np.float32)}))
+    v.patches.record(PatchOp("delete", 3, 9))
+    w = rng.standard_normal((96, 1)).astype(np.float32)
+    v.patches.record(WeightOp(2, 0.1 * rng.standard_normal((64, 1)).astype(np.float32), w, w))
+    execute('UPDATE EDGES SET confidence = 0.5 WHERE layer = 0 AND feature = 5', s)
+    execute(f'COMPILE CURRENT INTO VINDEX "{root / "b.vindex"}"', s)
+    return a, root / "b.vindex"
+
+
+def test_diff_reports_each_edit_and_its_patch_reproduces_b(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    a, b = pair
+    patch = tmp_path / "d.vlp"
+    res = execute(f'DIFF "{a}" "{b}" LIMIT 1000 INTO PATCH "{patch}"')[0]
+    rows = {(r[0], r[1]): (r[4], r[5]) for r in res.rows}
+    assert rows[(0, 5)] == ("metadata", "meta")
+    assert rows[(3, 9)] == ("deleted", "down, meta")
+    assert rows[(1, 30)][0] == "modified" and rows[(1, 30)][1].startswith("gate, down")
+    assert sum(1 for (layer, _), st in rows.items() if layer == 2) == 96  # a weight edit moves every column
+    assert len(rows) == 1 + 1 + 1 + 96 and res.notes[0] == "99 difference(s), 99 shown (limit 1000)"
+    s = Session()
+    execute(f'USE "{a}"; APPLY PATCH "{patch}"', s)
+    want = larql.load(b).dense().forward(IDS)
+    got = s.vindex.model().forward(IDS)
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+    assert np.max(np.abs(larql.load(a).dense().forward(IDS) - want)) > 1e-2  # the patch did something
+    assert s.vindex.feature_meta(0, 5).scores[0] == pytest.approx(0.5)
+    # the same DIFF from CURRENT, filtered to a layer, and a vindex against itself
+    s2 = Session()
+    layer3 = execute(f'USE "{a}"; DIFF CURRENT "{b}" LAYER 3', s2)[-1]
+    assert [r[:2] for r in layer3.rows] == [[3, 9]]
+    assert execute(f'DIFF "{a}" "{a}"')[0].notes[0] == "0 difference(s), 0 shown (limit 20)"
+
+
+def test_diffs_a_patch_cannot_carry_are_refused(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    a, _ = pair
+    other = tiny_vindex(tmp_path, SPEC, seed=9)  # same shapes, other weights: attention differs too
+    res = execute(f'DIFF "{a}" "{other}" LIMIT 1000')[0]
+    assert any(r[4] == "dense" and r[5] == "blk.0.attn_q.weight" for r in res.rows)
+    with pytest.raises(LqlSemanticError, match="differs in token_embd.weight, blk.0.attn_norm.weight, "
+                                               "blk.0.attn_q.weight and .* more, outside the FFN"):
+        execute(f'DIFF "{a}" "{other}" INTO PATCH "{tmp_path / "x.vlp"}"')
+    assert not (tmp_path / "x.vlp").exists()
+    (tmp_path / "o").mkdir()
+    smaller = tiny_vindex(tmp_path / "o", TinySpec("gemma3", n_layers=2, ffn=96), seed=8)
+    with pytest.raises(LqlSemanticError, match="DIFF needs two vindexes of one model: .* has num_layers 4"):
+        execute(f'DIFF "{a}" "{smaller}"')
+    with pytest.raises(LqlSemanticError, match="DIFF ... RELATION is not supported"):
+        execute(f'DIFF "{a}" "{smaller}" RELATION "capital"')
