@@ -21,8 +21,9 @@ from larql.edit.methods import METHODS
 def _lql(args: argparse.Namespace, text: str) -> int:
     from larql.cli import cmd_lql
 
-    ns = argparse.Namespace(statements=text, file=None, vindex=None, json=getattr(args, "json", False), plan=False,
-                            timing=False, width=None, threads=getattr(args, "threads", None))
+    # the global options (cli_core) pass through as they were given
+    ns = argparse.Namespace(**{**vars(args), "statements": text, "file": None, "vindex": None, "plan": False,
+                               "timing": False, "width": None})
     return cmd_lql(ns)
 
 
