@@ -34,7 +34,7 @@ GLOBAL_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any], Any], ...] = (
      False),
     (("--threads",), {"type": int, "metavar": "N",
                       "help": "worker threads for numba, OpenMP and BLAS (default: $LARQL_THREADS, else every "
-                              "available core for numba and one for BLAS)"}, None),
+                              "available core, BLAS on one when the machine is busy)"}, None),
 )
 
 FIRST_STEPS = """\

@@ -21,10 +21,23 @@ ENV_VAR = "LARQL_THREADS"
 # the variables each library reads for its pool size
 _COUNT_VARS = ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
-# BLAS here serves prefill GEMMs and DESCRIBE's probes, which are small: one BLAS thread lost
-# nothing measurable on a quiet machine and avoids BLAS's own busy-waiting pool beside numba's.
-DEFAULT_BLAS_THREADS = 1
+# BLAS serves prefill GEMMs and DESCRIBE's probes. Its pool (OpenBLAS's, in numpy's wheels)
+# busy-waits and has no wait-policy setting: on a busy machine one BLAS thread made DESCRIBE 2.5x
+# faster, but on a quiet one it cost prefill 30% (bench_load.py). So BLAS gets one thread only when
+# other processes are already running on our cores at start-up.
 _BLAS_VARS = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+
+
+def machine_busy(cores: int) -> bool:
+    """Whether other processes are running right now: the kernel's count of runnable tasks
+    (/proc/loadavg's fourth field, which counts this process too), not the load average, which
+    lags by a minute. False where there is no /proc."""
+    try:
+        with open("/proc/loadavg", encoding="ascii") as f:
+            runnable = int(f.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    return runnable - 1 >= max(1, cores // 2)
 
 
 def available_cores() -> int:
@@ -50,7 +63,8 @@ def requested(n: int | None = None) -> int | None:
 
 
 def configure(n: int | None = None, env: MutableMapping[str, str] | None = None) -> int:
-    """Set the thread-pool environment for `n` worker threads (None: $LARQL_THREADS or all cores).
+    """Set the thread-pool environment for `n` worker threads (None: $LARQL_THREADS or all cores;
+    BLAS then gets one thread if the machine is busy, see machine_busy).
 
     Variables the user set already are left alone, except that an explicit `n` wins. Returns the
     numba thread count in effect. If numba is already imported its pool is resized too.
@@ -58,10 +72,12 @@ def configure(n: int | None = None, env: MutableMapping[str, str] | None = None)
     if env is None:
         env = os.environ
     explicit = requested(n)
-    count = max(1, min(explicit or available_cores(), available_cores() if explicit is None else explicit))
+    cores = available_cores()
+    count = max(1, explicit if explicit is not None else cores)
+    blas = count if explicit is not None or not machine_busy(cores) else 1
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     for var in _COUNT_VARS:
-        value = str(min(count, DEFAULT_BLAS_THREADS) if var in _BLAS_VARS and explicit is None else count)
+        value = str(blas if var in _BLAS_VARS else count)
         if explicit is not None:
             env[var] = value
         else:
