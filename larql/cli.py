@@ -12,17 +12,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from larql.cli_core import add_global_options, preflight
 from larql.errors import LarqlError
 
 T = TypeVar("T")
 
 
 def _threads(n: int | None) -> None:
-    """Pin numba's (and BLAS's) thread count before any kernel runs."""
-    if n:
-        import numba
+    """Thread pools for numba, OpenMP and BLAS (main() has set them before numpy loaded; this
+    resizes numba's pool when a command is called in-process after it started)."""
+    from larql.threads import configure
 
-        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    configure(n)
 
 
 def _top_table(model, logits, k: int) -> list[dict[str, object]]:  # type: ignore[no-untyped-def]
@@ -43,7 +44,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     import larql
 
-    _threads(args.threads)
     model = larql.load(args.model)
     out = sys.stdout
     if args.top:
@@ -90,47 +90,41 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress_bars(console: object, disable: bool = False) -> tuple[object, object]:
-    """A rich progress display (one bar per stage) and the report(stage, done, total) callback."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    bar = Progress(TextColumn("{task.description:<26}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                   TimeElapsedColumn(), console=console, disable=disable)  # type: ignore[arg-type]
-    tasks: dict[str, object] = {}
-
-    def report(stage: str, done: int, total: int) -> None:
-        if stage not in tasks:
-            tasks[stage] = bar.add_task(stage, total=total)
-        bar.update(tasks[stage], completed=done)  # type: ignore[arg-type]
-
-    return bar, report
-
-
-def run_with_progress(args: argparse.Namespace, work: Callable[[Callable[[str, int, int], None]], T]
-                      ) -> tuple[T, Any, float]:
-    """Pin threads, run `work(report)` under stderr progress bars (none with --quiet); returns its
-    result, the stderr console and the seconds taken."""
+def run_with_progress(args: argparse.Namespace, work: Callable[[Callable[[str, int, int], None]], T],
+                      label: str = "") -> tuple[T, Any, float]:
+    """Run `work(report)` under one transient progress display on stderr (none with --quiet or
+    --json, or when stderr is not a terminal); returns its result, the stderr console and the
+    seconds taken. Threads were set by main() before numpy loaded."""
     from rich.console import Console
 
-    _threads(args.threads)
+    from larql.progress import StatementProgress
+
     console = Console(stderr=True)
     t0 = time.perf_counter()
-    bar, report = _progress_bars(console, disable=args.quiet)
-    with bar:  # type: ignore[attr-defined]
-        out = work(report)  # type: ignore[arg-type]
+    bars = StatementProgress(console, enabled=not (args.quiet or args.json))
+    with bars.statement(label or args.command):
+        out = work(bars.report)
     return out, console, time.perf_counter() - t0
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
-    from larql.vindex.extract import extract
+    from larql.lql.ops.lifecycle import extract_vindex
 
-    path, console, seconds = run_with_progress(args, lambda report: extract(
+    (path, reused), console, seconds = run_with_progress(args, lambda report: extract_vindex(
         args.src, args.output, level=args.level, dtype=args.dtype, quant=args.quant, top_k=args.top_k,
-        overwrite=args.force, progress=report))
+        force=args.force, progress=report), f"extract {args.src}")
     size = sum(f.stat().st_size for f in path.iterdir())
-    console.print(f"wrote {path} ({size / 1e6:.1f} MB, level {args.level}) in {seconds:.1f}s")
+    if args.json:
+        print(json.dumps({"path": str(path), "level": args.level, "bytes": size, "seconds": round(seconds, 2),
+                          "reused": reused}))
+    elif reused:
+        console.print(f"{path} already holds this extraction ({size / 1e6:.1f} MB, level {args.level}): kept it "
+                      f"(--force extracts again)", markup=False, highlight=False)
+    else:
+        console.print(f"wrote {path} ({size / 1e6:.1f} MB, level {args.level}) in {seconds:.1f}s",
+                      markup=False, highlight=False)
     counts = json.loads((path / "index.json").read_text()).get("requantized")
-    if counts:
+    if counts and not args.json and not reused:
         console.print(f"--quant q4k: {counts['Q4_K']} matrices now Q4_K, {counts['Q6_K']} Q6_K; "
                       f"{counts['kept']} kept their encoding (see FORMAT.md for which and why)")
     return 0
@@ -140,17 +134,19 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from larql.vindex.verify import repair, verify_vindex
 
     report = verify_vindex(args.path)
-    if report.ok:
-        print(f"{args.path}: ok ({report.files} files match index.json; {report.source_note})")
-        return 0
     problems = [f"{name} (contents differ from its sha256)" for name in report.bad_files] + report.config_diffs
-    if args.repair:
-        path = repair(args.path)
-        print(f"{args.path}: repaired ({'; '.join(problems)}): re-extracted into {path}")
-        return 0
-    sys.stderr.write(f"larql: error: {args.path}: {'; '.join(problems)}; repair with larql verify --repair "
-                     f"{args.path}, or re-extract it\n")
-    return 1
+    repaired = repair(args.path) if problems and args.repair else None
+    if args.json:
+        print(json.dumps({"path": str(args.path), "ok": report.ok, "files": report.files, "problems": problems,
+                          "repaired": None if repaired is None else str(repaired)}))
+    elif report.ok:
+        print(f"{args.path}: ok ({report.files} files match index.json; {report.source_note})")
+    elif repaired is not None:
+        print(f"{args.path}: repaired ({'; '.join(problems)}): re-extracted into {repaired}")
+    else:
+        sys.stderr.write(f"larql: error: {args.path}: {'; '.join(problems)}; repair with larql verify --repair "
+                         f"{args.path}, or re-extract it\n")
+    return 0 if report.ok or repaired is not None else 1
 
 
 def cmd_lql(args: argparse.Namespace) -> int:
@@ -159,9 +155,10 @@ def cmd_lql(args: argparse.Namespace) -> int:
     from larql.lql.parser import parse
     from larql.lql.planner import plan
     from larql.lql.session import Session
+    from larql.lql.unparse import unparse
+    from larql.progress import StatementProgress
     from larql.render import render, render_json
 
-    _threads(args.threads)
     if (args.file is None) == (args.statements is None):
         sys.stderr.write("larql: error: give LQL statements or -f FILE (one of them)\n")
         return 2
@@ -174,8 +171,8 @@ def cmd_lql(args: argparse.Namespace) -> int:
     else:
         text = args.statements
     console = Console(file=sys.stdout, width=args.width, no_color=args.json)
-    bar, report = _progress_bars(Console(stderr=True), disable=args.json)
-    session = Session(source=text, progress=report)
+    bars = StatementProgress(enabled=not (args.json or args.quiet or args.plan))
+    session = Session(source=text, progress=bars.report)
     if args.vindex:
         from larql.edit.view import edit_vindex
 
@@ -188,7 +185,7 @@ def cmd_lql(args: argparse.Namespace) -> int:
             run_statement,  # the runtime (numba) loads only to run, not to plan
         )
 
-        with bar:  # type: ignore[attr-defined]  # shows bars only while a long statement reports progress
+        with bars.statement(unparse(stmt)):  # erased before the results print
             results = run_statement(stmt, session)
         for result in results:
             if args.json:
@@ -201,14 +198,14 @@ def cmd_lql(args: argparse.Namespace) -> int:
 def cmd_repl(args: argparse.Namespace) -> int:
     from larql.repl import run_repl
 
-    _threads(args.threads)
-    return run_repl(args.vindex)
+    return run_repl(args.vindex, json_output=args.json)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from larql.lql.planner import EXTRACT_DEFAULTS  # shared with EXTRACT MODEL ... INTO
+
     parser = argparse.ArgumentParser(prog="larql", description="A language model as a database.")
-    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="generate text from a model (streams tokens as they come)")
     run.add_argument("model", help="alias (gemma3-270m, smollm2-135m), a .gguf file or an HF directory")
     run.add_argument("prompt")
@@ -218,38 +215,35 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--top-k", type=int, default=0)
     run.add_argument("--top-p", type=float, default=1.0)
     run.add_argument("--seed", type=int, default=None)
-    run.add_argument("--threads", type=int, default=None, help="numba threads (default: all cores)")
-    run.add_argument("--json", action="store_true", help="one JSON object instead of streamed text")
     run.add_argument("--stats", action="store_true", help="print token count and speed to stderr")
     run.set_defaults(func=cmd_run)
 
     ex = sub.add_parser("extract", help="decompile a model into a vindex directory")
     ex.add_argument("src", help="alias, .gguf file or HF directory")
     ex.add_argument("-o", "--output", required=True, help="the vindex directory to create (e.g. g.vindex)")
-    ex.add_argument("--level", choices=["browse", "inference", "all"], default="browse")
-    ex.add_argument("--dtype", choices=["f16", "f32"], default="f16", help="embeddings and gate vectors")
-    ex.add_argument("--quant", choices=["source", "q4k"], default="source",
+    ex.add_argument("--level", choices=["browse", "inference", "all"], default=EXTRACT_DEFAULTS["level"],
+                    help="browse: no model weights; inference/all: the vindex runs the model (LQL: WITH INFERENCE)")
+    ex.add_argument("--dtype", choices=["f16", "f32"], default=EXTRACT_DEFAULTS["dtype"],
+                    help="embeddings and gate vectors")
+    ex.add_argument("--quant", choices=["source", "q4k"], default=EXTRACT_DEFAULTS["quant"],
                     help="model weights: keep the source encoding (default) or requantize")
-    ex.add_argument("--top-k", type=int, default=10, help="output tokens kept per feature (default 10)")
-    ex.add_argument("--force", action="store_true", help="replace an existing vindex")
-    ex.add_argument("--threads", type=int, default=None)
-    ex.add_argument("--quiet", action="store_true", help="no progress bars")
+    ex.add_argument("--top-k", type=int, default=EXTRACT_DEFAULTS["top_k"],
+                    help="output tokens kept per feature (default 10)")
+    ex.add_argument("--force", action="store_true",
+                    help="extract again over a vindex at the output (without it, the same extraction is reused and a different one refused)")
     ex.set_defaults(func=cmd_extract)
 
     lq = sub.add_parser("lql", help="run LQL statements: larql lql 'USE \"g.vindex\"; DESCRIBE \"France\";'")
     lq.add_argument("statements", nargs="?", help="one or more statements separated by ';'")
     lq.add_argument("-f", "--file", help="read the statements from a file")
     lq.add_argument("--vindex", help="USE this vindex before the statements")
-    lq.add_argument("--json", action="store_true", help="one JSON object per statement result")
     lq.add_argument("--plan", action="store_true", help="print each statement's plan instead of running it")
     lq.add_argument("--timing", action="store_true", help="print each statement's time")
     lq.add_argument("--width", type=int, default=None, help="table width (default: the terminal's)")
-    lq.add_argument("--threads", type=int, default=None)
     lq.set_defaults(func=cmd_lql)
 
     rp = sub.add_parser("repl", help="an interactive LQL shell (statements end with ';', .help for commands)")
     rp.add_argument("vindex", nargs="?", help="a vindex to USE at start")
-    rp.add_argument("--threads", type=int, default=None)
     rp.set_defaults(func=cmd_repl)
 
     ve = sub.add_parser("verify", help="check a vindex: index.json's seal and consistency, every file's sha256, "
@@ -266,10 +260,13 @@ def build_parser() -> argparse.ArgumentParser:
     from larql.serve.cli import add_command as add_serve
 
     add_serve(sub)
+    add_global_options(parser, sub)
     return parser
 
 
 def _validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be at least 1")
     if getattr(args, "max_tokens", 1) < 1:
         parser.error("--max-tokens must be at least 1")
     if getattr(args, "top", 0) < 0:
@@ -279,9 +276,19 @@ def _validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (cli_core lists them)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    answered = preflight(argv, list(sub.choices))
+    if answered is not None:
+        return answered
     args = parser.parse_args(argv)
     _validate(args, parser)
+    try:
+        _threads(args.threads)  # before numpy and numba load: their pools read the environment once
+    except ValueError as e:
+        parser.error(str(e))
     try:
         return int(args.func(args))
     except LarqlError as e:

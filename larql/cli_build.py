@@ -27,6 +27,4 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     b.add_argument("--stage", default=None, help="build up to the end of this STAGE")
     b.add_argument("--force", action="store_true", help="replace an existing output")
     b.add_argument("--cache", default=None, help="the step cache (default: DIR/.larql-build)")
-    b.add_argument("--threads", type=int, default=None)
-    b.add_argument("--quiet", action="store_true", help="no progress bars")
     b.set_defaults(func=cmd_build)

@@ -64,8 +64,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     cv.add_argument("--quant", choices=["source", "q4k"], default="source", help="vindex output, as in extract")
     cv.add_argument("--patch", action="append", metavar="P.vlp", help="apply to a vindex source first (repeatable)")
     cv.add_argument("--force", action="store_true", help="replace an existing output")
-    cv.add_argument("--threads", type=int, default=None)
-    cv.add_argument("--quiet", action="store_true", help="no progress bars")
     cv.set_defaults(func=cmd_convert)
 
     sl = sub.add_parser("slice", help="copy the parts of a vindex a deployment needs into a new vindex")

@@ -21,8 +21,9 @@ from larql.edit.methods import METHODS
 def _lql(args: argparse.Namespace, text: str) -> int:
     from larql.cli import cmd_lql
 
-    ns = argparse.Namespace(statements=text, file=None, vindex=None, json=getattr(args, "json", False), plan=False,
-                            timing=False, width=None, threads=getattr(args, "threads", None))
+    # the global options (cli_core) pass through as they were given
+    ns = argparse.Namespace(**{**vars(args), "statements": text, "file": None, "vindex": None, "plan": False,
+                               "timing": False, "width": None})
     return cmd_lql(ns)
 
 
@@ -66,14 +67,12 @@ def _render(result: Any, as_json: bool) -> None:
 
 
 def cmd_memit(args: argparse.Namespace) -> int:
-    from larql.cli import _threads
     from larql.edit.evaluate import load_edit_set
     from larql.edit.insert_facts import insert_facts
     from larql.edit.view import edit_vindex
     from larql.lql.ops.editing import insert_result
     from larql.lql.result import Result
 
-    _threads(args.threads)
     records = load_edit_set(args.edits)
     v = edit_vindex(args.vindex)
     if args.save:
@@ -97,13 +96,11 @@ def cmd_apply_patch(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_edits(args: argparse.Namespace) -> int:
-    from larql.cli import _threads
     from larql.edit.evaluate import EditRecord, evaluate, load_edit_set
     from larql.edit.insert_facts import insert_facts
     from larql.edit.view import edit_vindex
     from larql.lql.result import Result
 
-    _threads(args.threads)
     records = load_edit_set(args.edits)
     v = edit_vindex(args.vindex)
 
@@ -136,8 +133,6 @@ def add_commands(sub: Any) -> None:
     cr.add_argument("prompt")
     cr.add_argument("--expect", required=True, help="the token the prompt should produce")
     cr.add_argument("--subject", help="also ablate at the subject's last token (where weight edits key)")
-    cr.add_argument("--json", action="store_true")
-    cr.add_argument("--threads", type=int, default=None)
     cr.set_defaults(func=cmd_crown)
 
     ed = sub.add_parser("edit", help="teach one fact (ROME by default) through the vindex's patch overlay")
@@ -149,8 +144,6 @@ def add_commands(sub: Any) -> None:
     ed.add_argument("--method", choices=METHODS, default="rome")
     ed.add_argument("--layer", type=int, default=None)
     ed.add_argument("--save", help="write the edit to this .vlp patch")
-    ed.add_argument("--json", action="store_true")
-    ed.add_argument("--threads", type=int, default=None)
     ed.set_defaults(func=cmd_edit)
 
     me = sub.add_parser("memit", help="teach every fact of an edit-set JSON in one joint MEMIT solve")
@@ -158,15 +151,12 @@ def add_commands(sub: Any) -> None:
     me.add_argument("edits", help="an edit-set JSON file (vindex_spec/EDITING.md)")
     me.add_argument("--layer", type=int, default=None)
     me.add_argument("--save", help="write the edit to this .vlp patch")
-    me.add_argument("--json", action="store_true")
-    me.add_argument("--threads", type=int, default=None)
     me.set_defaults(func=cmd_memit)
 
     ap = sub.add_parser("apply-patch", help="apply a .vlp patch to a vindex (and compile it into a new one with -o)")
     ap.add_argument("vindex")
     ap.add_argument("patch")
     ap.add_argument("-o", "--output", help="compile the patched vindex into this new vindex directory")
-    ap.add_argument("--json", action="store_true")
     ap.set_defaults(func=cmd_apply_patch)
 
     ev = sub.add_parser("eval-edits", help="score an edit set before and after editing (CounterFact measures)")
@@ -174,6 +164,4 @@ def add_commands(sub: Any) -> None:
     ev.add_argument("edits", help="an edit-set JSON file (vindex_spec/EDITING.md)")
     ev.add_argument("--method", choices=METHODS, default="rome")
     ev.add_argument("--protocols", default="single,stacked", help="single, stacked, or both (comma-separated)")
-    ev.add_argument("--json", action="store_true")
-    ev.add_argument("--threads", type=int, default=None)
     ev.set_defaults(func=cmd_eval_edits)

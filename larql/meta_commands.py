@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from larql.errors import LarqlError
+from larql.lql import reference
 
 
 @dataclass
@@ -58,10 +59,31 @@ def _toggle(current: bool, arg: str, what: str) -> bool:
     return not current
 
 
-@META.command(".help", ".help", "list the dot-commands (statements end with ';')")
+@META.command(".help", ".help [STATEMENT]", "every statement with an example; one statement's syntax")
 def _help(state: ReplState, arg: str, session: object) -> str:
+    if arg:
+        found = reference.detail(arg)
+        if found is None:
+            raise LarqlError(f"no statement called {arg!r}; .help lists them all")
+        return found
     width = max(len(c.usage) for c in META.commands.values())
-    return "\n".join(f"{c.usage:<{width}}  {c.help}" for c in META.commands.values())
+    commands = "\n".join(f"  {c.usage:<{width}}  {c.help}" for c in META.commands.values())
+    return f"{reference.overview()}\n\nCommands (no ';'; help, exit, quit and \\q work too):\n{commands}"
+
+
+# what psql/litecli users type: help, exit, quit, \q, with or without ';'
+_SHELL_WORDS = {"help": ".help", "\\?": ".help", "\\h": ".help", "exit": ".quit", "quit": ".quit", "\\q": ".quit"}
+
+
+def shell_word(text: str) -> str | None:
+    """The dot-command a psql-style word stands for (`help describe;` -> `.help describe`), or None."""
+    words = text.strip().rstrip(";").split(None, 1)
+    if not words or "\n" in text.strip() or words[0].lower() not in _SHELL_WORDS:
+        return None
+    command = _SHELL_WORDS[words[0].lower()]
+    if len(words) > 1 and command != ".help":
+        return None  # "exit now" is not the exit command
+    return " ".join([command, *words[1:]])
 
 
 def _register_toggle(attr: str, help: str) -> None:

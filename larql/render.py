@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import textwrap
 from typing import IO, Any
 
 from rich.console import Console
@@ -31,9 +33,36 @@ def render(result: Result, console: Console, timing: bool = False) -> None:
             table.add_row(*(_cell(v) for v in row))
         console.print(table)
     for note in result.notes:
-        console.print(f"  {note}", style="dim", markup=False, highlight=False)
+        print_wrapped(console, note, indent="  ", style="dim")
     if timing:
         console.print(f"  ({result.elapsed_ms:.1f} ms)", style="dim")
+
+
+# where a note may break: after ", " or "; ", or before " (", never inside "model: gemma3-270m"
+_BREAKS = re.compile(r"(?<=[,;]) | (?=\()")
+
+
+def wrap_line(text: str, width: int, indent: str = "") -> list[str]:
+    """`text` in lines of at most `width` columns, broken between its parts ("key: value", a
+    parenthesis) rather than inside one; a part longer than a line breaks at its spaces.
+    Continuation lines are indented two more columns."""
+    room = max(20, width - len(indent) - 2)  # what a continuation line holds (the first: 2 more)
+    parts: list[str] = []
+    for part in _BREAKS.split(text):
+        parts += [part] if len(part) <= room else textwrap.wrap(part, room, break_long_words=False, break_on_hyphens=False) or [part]
+    lines: list[str] = []
+    for part in parts:
+        if lines and len(lines[-1]) + 1 + len(part) <= room + (2 if len(lines) == 1 else 0):
+            lines[-1] += " " + part
+        else:
+            lines.append(part)
+    return [indent + ("  " if i else "") + line for i, line in enumerate(lines)]
+
+
+def print_wrapped(console: Console, text: str, indent: str = "", style: str = "") -> None:
+    """Print plain text (no markup) wrapped by `wrap_line` at the console's width."""
+    for line in wrap_line(text, console.width, indent):
+        console.print(Text(line, style=style), soft_wrap=True)
 
 
 def render_json(result: Result, out: IO[str]) -> None:

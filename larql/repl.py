@@ -4,16 +4,15 @@ same executor and renderer as `larql lql`."""
 
 from __future__ import annotations
 
-import os
 import re
+import threading
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 from prompt_toolkit import PromptSession
 from prompt_toolkit.completion import Completer, Completion
 from prompt_toolkit.document import Document
-from prompt_toolkit.history import FileHistory, InMemoryHistory
+from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 from prompt_toolkit.key_binding import KeyBindings
 from prompt_toolkit.lexers import Lexer
 from prompt_toolkit.styles import Style
@@ -25,8 +24,11 @@ from larql.lql.executor import run_statement
 from larql.lql.parser import _lark, parse
 from larql.lql.planner import plan
 from larql.lql.session import Session
-from larql.meta_commands import META, ReplState
-from larql.render import render, render_json
+from larql.lql.unparse import unparse
+from larql.meta_commands import META, ReplState, shell_word
+from larql.progress import StatementProgress
+from larql.render import print_wrapped, render, render_json
+from larql.repl_config import history_path, load_settings, settings_path
 
 STYLE = Style.from_dict({"keyword": "bold ansiblue", "string": "ansigreen", "number": "ansimagenta",
                          "comment": "italic ansibrightblack"})
@@ -64,19 +66,42 @@ class LqlLexer(Lexer):
         return line
 
 
+class _Background:
+    """A value computed on a daemon thread; get() waits for it (None if computing it failed)."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._done, self._value = threading.Event(), None
+        threading.Thread(target=self._run, args=(fn,), daemon=True).start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self._value = fn()
+        finally:
+            self._done.set()
+
+    def get(self) -> Any:
+        self._done.wait()
+        return self._value
+
+
 class LqlCompleter(Completer):
     def __init__(self, session: Session) -> None:
         self.session = session
-        self._entities: tuple[Any, Callable[[str], list[str]]] | None = None
+        self._entities: tuple[Any, _Background] | None = None
+
+    def prewarm(self) -> None:
+        """Build the entity index of the vindex in use in the background (about a second for a
+        262k vocabulary), so that the first Tab inside quotes does not wait for it."""
+        v = self.session.vindex
+        if v is not None and (self._entities is None or self._entities[0] is not v):
+            self._entities = (v, _Background(lambda: vocabulary_lookup(v.tokenizer.tok.get_vocab())))
 
     def entities(self, partial: str) -> Iterable[str]:
-        v = self.session.vindex
-        if v is None:
+        self.prewarm()
+        if self._entities is None:
             return []
-        if self._entities is None or self._entities[0] is not v:
-            texts = v.tokenizer.tok.decode_batch([[i] for i in range(v.vocab_size)], skip_special_tokens=False)
-            self._entities = (v, vocabulary_lookup(texts))
-        return self._entities[1](partial)
+        lookup = self._entities[1].get()
+        return lookup(partial) if lookup is not None else []
 
     def get_completions(self, document: Document, complete_event: Any) -> Iterable[Completion]:
         for s in complete(document.text_before_cursor, self.entities):
@@ -84,9 +109,10 @@ class LqlCompleter(Completer):
 
 
 def statement_complete(text: str) -> bool:
-    """Enter submits a dot-command, an empty line, or text ending in ';' outside quotes and comments."""
+    """Enter submits a dot-command, a psql-style word (help, exit, quit, \\q), an empty line, or text
+    ending in ';' outside quotes and comments."""
     stripped = text.strip()
-    if not stripped or stripped.startswith("."):
+    if not stripped or stripped.startswith(".") or shell_word(stripped) is not None:
         return True
     lines = [ln for ln in stripped.splitlines() if not ln.strip().startswith("--")]
     tail = "\n".join(lines).rstrip()
@@ -107,27 +133,39 @@ def _bindings() -> KeyBindings:
     return kb
 
 
-def history_path() -> Path:
-    return Path(os.environ.get("LARQL_HISTORY", Path.home() / ".larql_history"))
+def _history(persistent: bool) -> History:
+    """The history file (repl_config.history_path), or an in-memory one when it cannot be kept."""
+    if persistent:
+        path = history_path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return FileHistory(str(path))
+        except OSError:  # a read-only home: the session still works, it just forgets
+            pass
+    return InMemoryHistory()
 
 
 def run_repl(vindex: str | None = None, input: Any = None, output: Any = None, console: Console | None = None,
-             persistent_history: bool = True) -> int:
+             persistent_history: bool = True, json_output: bool = False) -> int:
     """The read-eval-print loop. `input`/`output`/`console` let tests drive it through a pipe."""
     session = Session()
-    state = ReplState()
+    state = ReplState(**load_settings(settings_path()))
+    state.json = state.json or json_output
     console = console or Console()
     if vindex:
         from larql.edit.view import edit_vindex
 
         session.vindex = edit_vindex(vindex)
-        console.print(f"Using: {session.describe_backend()}", markup=False, highlight=False)
-    history = FileHistory(str(history_path())) if persistent_history else InMemoryHistory()
+        print_wrapped(console, f"Using: {session.describe_backend()}")
+    bars = StatementProgress(enabled=output is None)  # a test's pipe input has no terminal to draw on
+    session.progress = bars.report
+    completer = LqlCompleter(session)
     prompt: PromptSession[str] = PromptSession(
-        message="lql> ", multiline=True, prompt_continuation="...> ", key_bindings=_bindings(), history=history,
-        lexer=LqlLexer(), completer=LqlCompleter(session), style=STYLE, input=input, output=output,
-        complete_while_typing=False)
+        message="lql> ", multiline=True, prompt_continuation="...> ", key_bindings=_bindings(),
+        history=_history(persistent_history), lexer=LqlLexer(), completer=completer, style=STYLE, input=input,
+        output=output, complete_while_typing=False)
     while not state.done:
+        completer.prewarm()  # at the start, and after a USE / EXTRACT / .use changed the vindex
         try:
             text = prompt.prompt()
         except KeyboardInterrupt:  # Ctrl-C at the prompt clears the line
@@ -137,8 +175,9 @@ def run_repl(vindex: str | None = None, input: Any = None, output: Any = None, c
         if not text.strip():
             continue
         try:
-            if text.strip().startswith("."):
-                message = META.run(text, state, session)
+            meta = shell_word(text) or (text if text.strip().startswith(".") else None)
+            if meta is not None:
+                message = META.run(meta, state, session)
                 if message:
                     console.print(message, markup=False, highlight=False)
                 continue
@@ -147,7 +186,9 @@ def run_repl(vindex: str | None = None, input: Any = None, output: Any = None, c
                 if state.plan:
                     console.print(plan(stmt, session).to_text(), markup=False, highlight=False)
                     continue
-                for result in run_statement(stmt, session):
+                with bars.statement(unparse(stmt)):
+                    results = run_statement(stmt, session)
+                for result in results:
                     if state.json:
                         render_json(result, console.file)
                     else:

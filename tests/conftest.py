@@ -21,6 +21,16 @@ LOGITS_PROMPT = 1
 REAL_MODELS = ("gemma3-270m", "smollm2-135m")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Keep the REPL's history and settings, in this process and every subprocess the tests start,
+    away from the user's real files (~/.local/state/larql, ~/.config/larql, $LARQL_HISTORY)."""
+    import tempfile
+
+    home = Path(tempfile.mkdtemp(prefix="larql-test-home-"))
+    os.environ.update({"LARQL_HISTORY": str(home / "history"), "LARQL_CONFIG": str(home / "repl.toml"),
+                       "XDG_STATE_HOME": str(home / "state"), "XDG_CONFIG_HOME": str(home / "config")})
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden files from current output")
 

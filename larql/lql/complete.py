@@ -7,11 +7,13 @@ entity tokens from the vindex vocabulary elsewhere. No terminal is involved, so 
 
 from __future__ import annotations
 
+import bisect
 import glob
+import heapq
 import os
 import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from lark.exceptions import LarkError
 
@@ -95,12 +97,45 @@ def complete(text: str, entities: Callable[[str], Iterable[str]] | None = None,
     return [Suggestion(k, len(word), "keyword") for k in accepted if k.startswith(word.upper())][:limit]
 
 
-def vocabulary_lookup(token_texts: list[str]) -> Callable[[str], list[str]]:
-    """An entity source over a vocabulary: whole-word tokens that start with the typed prefix."""
-    words = sorted({t.strip() for t in token_texts if t[:1] in (" ", "▁") and t.strip().isalpha() and len(t.strip()) > 2})
+# how a tokenizer marks a token that starts a word: SentencePiece, GPT-2 byte-level BPE, plain
+_WORD_MARKERS = ("\u2581", "\u0120", " ")
 
-    def lookup(partial: str) -> list[str]:
+
+def entity_rank(word: str, token_id: int, ids: Mapping[str, int]) -> tuple[int, int]:
+    """How likely a whole-word token is an entity, as a sort key (smaller first).
+
+    Tier 0: capitalised, and its lower-case spelling is rarer (a larger id, or no token at all):
+    " France" (7001) over " france" (61034). Tier 1: capitalised but more common in lower case,
+    i.e. a sentence-initial word: " The" (669) under " the" (506). Tier 2: lower case. Within a
+    tier, smaller ids first: SentencePiece and BPE vocabularies number tokens roughly by frequency.
+    """
+    if not word[:1].isupper():
+        return (2, token_id)
+    lower = min((ids[m + word.lower()] for m in _WORD_MARKERS if m + word.lower() in ids), default=None)
+    return (0 if lower is None or lower > token_id else 1, token_id)
+
+
+def vocabulary_lookup(ids: Mapping[str, int]) -> Callable[[str], list[str]]:
+    """An entity source over a vocabulary (token piece -> id): the whole-word tokens that start with
+    the typed prefix (any case), most entity-like first (`entity_rank`).
+
+    Built once (about a second for gemma3-270m's 262,144 pieces); each lookup is a bisect into the
+    words sorted by lower case plus a partial sort of the matches, a few ms even for one letter.
+    """
+    entries: dict[str, tuple[int, int]] = {}
+    for piece, token_id in ids.items():
+        if piece[:1] in _WORD_MARKERS:
+            word = piece[1:]
+            if len(word) >= 2 and word.isalpha():
+                rank = entity_rank(word, token_id, ids)
+                entries[word] = min(entries.get(word, rank), rank)
+    order = sorted(entries, key=lambda w: (w.lower(), w))
+    keys = [w.lower() for w in order]
+    ranks = [entries[w] for w in order]
+
+    def lookup(partial: str, limit: int = 50) -> list[str]:
         p = partial.lower()
-        return [w for w in words if w.lower().startswith(p)]
+        lo, hi = bisect.bisect_left(keys, p), bisect.bisect_left(keys, p + "\U0010ffff")
+        return [order[i] for i in heapq.nsmallest(limit, range(lo, hi), key=ranks.__getitem__)]
 
     return lookup

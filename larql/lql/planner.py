@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from larql.edit.methods import DEFAULT_METHOD, N_NEIGHBOURS, N_PREFIXES, default_layer
 from larql.errors import LqlSemanticError
 from larql.lql import ast
+from larql.lql.clauses import refusal
 from larql.lql.unparse import unparse
 
 if TYPE_CHECKING:
@@ -41,6 +42,24 @@ NOT_YET = {
     ast.ShowCompactStatusStmt: "SHOW COMPACT STATUS",
 }
 NEEDS_NOTHING = (ast.UseStmt, ast.ExtractStmt, ast.ShowModelsStmt)
+# the defaults of `larql extract` and of EXTRACT MODEL ... INTO: one set, read by both
+EXTRACT_DEFAULTS: dict[str, str | int] = {"level": "browse", "dtype": "f16", "quant": "source", "top_k": 10}
+
+# SELECT's columns per source, and the other names LARQL accepts for some of them (column -> row key)
+SELECT_COLUMNS = {"edges": ("layer", "feature", "token", "also", "relation", "score"),
+                  "features": ("layer", "feature", "token", "also", "relation", "score"),
+                  "entities": ("token", "count", "max_score")}
+COLUMN_ALIASES = {"edges": {"target": "token", "top_token": "token", "confidence": "score", "c_score": "score"},
+                  "entities": {"score": "max_score"}}
+COLUMN_ALIASES["features"] = COLUMN_ALIASES["edges"]
+
+
+def select_column(source: str, name: str) -> str | None:
+    """The column `name` means in SELECT ... FROM `source` (an alias resolved), or None."""
+    name = name.lower()
+    if name in SELECT_COLUMNS[source]:
+        return name
+    return COLUMN_ALIASES.get(source, {}).get(name)
 
 
 def _error(session: Session, stmt: ast.Statement, message: str, hint: str = "") -> LqlSemanticError:
@@ -102,6 +121,9 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
     if name is not None:
         raise _error(session, stmt, f"{name} is not implemented yet",
                      "browse, inference, INSERT / DELETE / UPDATE and the patch statements work now")
+    refused = refusal(stmt)
+    if refused is not None:
+        raise _error(session, stmt, refused.message, refused.hint)
     if isinstance(stmt, ast.DiffStmt) and stmt.relation is not None:
         raise _error(session, stmt, "DIFF ... RELATION is not supported: differences are per feature, not per relation",
                      'filter by layer: DIFF "a.vindex" "b.vindex" LAYER 12')
@@ -141,8 +163,12 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
     elif isinstance(stmt, (ast.WalkStmt, ast.ExplainWalkStmt)):
         _check_range(session, stmt, stmt.layers)
         steps = [Step("tokenize", repr(stmt.prompt)), Step("last_token_embedding", "scaled"),
-                 Step("gate_knn", f"layers {_layers_text(stmt.layers)}, top {stmt.top or 10}")]
+                 Step("gate_knn", f"layers {_layers_text(stmt.layers)}, top {stmt.top or walk_top(stmt)} per layer")]
     elif isinstance(stmt, ast.SelectStmt):
+        for name in stmt.fields:
+            if select_column(stmt.source, name) is None:
+                raise _error(session, stmt, f'unknown column "{name}"; columns are '
+                             + ", ".join(SELECT_COLUMNS[stmt.source]), "SELECT * shows them all")
         if stmt.nearest is not None:
             _check_layer(session, stmt, stmt.nearest.layer)
             steps = [Step("entity_embedding", repr(stmt.nearest.entity)),
@@ -215,6 +241,13 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
     else:  # pragma: no cover - every statement type is handled above
         raise _error(session, stmt, f"cannot plan {type(stmt).__name__}")
     return Plan(stmt, tuple(steps))
+
+
+def walk_top(stmt: ast.WalkStmt | ast.ExplainWalkStmt) -> int:
+    """Features per layer WALK shows without TOP (EXPLAIN WALK: 10 VERBOSE, else 5)."""
+    if isinstance(stmt, ast.ExplainWalkStmt):
+        return 10 if stmt.verbose else 5
+    return 3
 
 
 def model_format(stmt: ast.CompileStmt) -> str:

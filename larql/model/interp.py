@@ -129,6 +129,28 @@ def layer_attribution(m: Model, cache: Mapping[str, F32], token: int, position: 
     return attribution(m, np.stack([a for a, _ in deltas]), np.stack([f for _, f in deltas]), token)
 
 
+def logit_attribution(m: Model, cache: Mapping[str, F32], token: int, position: int = -1) -> tuple[float, F32]:
+    """`token`'s logit split into the embedding's term and each layer's attention and FFN terms
+    `(n_layers, 2)`, read through the final norm, so that they add up to the logit the model
+    reports (before a final softcap, where a model has one).
+
+    The final RMS norm divides the last residual h by rms(h) and multiplies by its weight g, so
+    logit = u . (g * h / rms(h)) with u the token's unembedding row. h is the embedding plus every
+    layer's two writes, and with rms(h) held at its value for this input the map is linear: each
+    write c contributes u . (g * c) / rms(h). Needs a cache holding "hook_embed" and
+    residual_hook_names(every layer).
+    """
+    n = m.config.n_layers
+    final = np.asarray(cache[f"blocks.{n - 1}.hook_resid_post"][position], dtype=np.float64)
+    inv_rms = 1.0 / np.sqrt(np.mean(final * final) + m.config.norm_eps)
+    u = np.asarray(m.weights.output.row(token), dtype=np.float64) * np.asarray(m.weights.output_norm, np.float64)
+    read = u * inv_rms  # what one unit of residual along each dimension adds to the logit
+    deltas = [layer_deltas(cache, i, position) for i in range(n)]
+    parts = np.array([[float(np.asarray(a, np.float64) @ read), float(np.asarray(f, np.float64) @ read)]
+                      for a, f in deltas])
+    return float(np.asarray(cache["hook_embed"][position], np.float64) @ read), parts
+
+
 def embedding_neighbours(m: Model, vector: F32, k: int = 10) -> list[tuple[int, float]]:
     """The k tokens whose (unscaled) embeddings have the highest cosine with `vector`."""
     emb = m.weights.token_embd

@@ -19,10 +19,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ServeError(f"larql serve needs {e.name}: pip install 'larql[serve]'") from e
     from larql.serve.server import serve
 
-    if args.threads:
-        import numba
-
-        numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
     limits = Limits(max_body_bytes=args.max_body, max_statements=args.max_statements, max_tokens=args.max_tokens,
                     timeout_s=args.timeout)
     token = args.token or os.environ.get("LARQL_TOKEN") or None
@@ -48,7 +44,6 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     sv.add_argument("--max-tokens", type=int, default=d.max_tokens, help="tokens one completion may generate")
     sv.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds one request may take")
     sv.add_argument("--workers", type=int, default=4, help="threads running statements and generation")
-    sv.add_argument("--threads", type=int, default=None, help="numba threads per kernel (default: all cores)")
     sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     sv.set_defaults(func=cmd_serve)
 

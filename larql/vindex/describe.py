@@ -12,6 +12,7 @@ its first token: they are what the model knows when asked, labelled as such.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
@@ -150,7 +151,8 @@ def feature_edges(v: Vindex, entity: str, layers: list[int], relations_only: boo
 
 def describe(v: Vindex, entity: str, band: str | None = None, at_layer: int | None = None,
              relations_only: bool = False, mode: str = "brief", model: Model | None = None,
-             probes: bool = True, contrastive: bool = True) -> DescribeResult:
+             probes: bool = True, contrastive: bool = True,
+             progress: Callable[[str, int, int], None] | None = None) -> DescribeResult:
     """DESCRIBE "entity" [band] [AT LAYER n] [RELATIONS ONLY] [BRIEF|VERBOSE|RAW].
 
     `v` is a store or an editable view (anything with its browsing methods: down_meta, gate_knn,
@@ -185,5 +187,5 @@ def describe(v: Vindex, entity: str, band: str | None = None, at_layer: int | No
     if probes and model is not None:
         from larql.vindex.probes import probe_edges
 
-        result.probes = probe_edges(model, entity)
+        result.probes = probe_edges(model, entity, progress=progress)
     return result

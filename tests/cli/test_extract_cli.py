@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
 from tests.cli.conftest import larql
 
 
@@ -20,8 +19,20 @@ def test_extract_verify_and_run_from_vindex(tiny_gguf: Path, tmp_path: Path) -> 
     direct = json.loads(larql("run", str(tiny_gguf), "abc", "--max-tokens", "5", "--json").stdout)
     via_vindex = json.loads(larql("run", str(out), "abc", "--max-tokens", "5", "--json").stdout)
     assert via_vindex["ids"] == direct["ids"]
-    again = larql("extract", str(tiny_gguf), "-o", str(out), "--quiet")
-    assert again.returncode == 1 and "already exists; choose another path or pass --force" in again.stderr
+    # one code path with EXTRACT MODEL ... INTO: the same extraction is reused, a different one refused
+    index = (out / "index.json").read_text()
+    again = larql("extract", str(tiny_gguf), "-o", str(out), "--level", "inference", "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["reused"] is True
+    lql = larql("lql", f'EXTRACT MODEL "{tiny_gguf}" INTO "{out}" WITH INFERENCE')
+    assert lql.returncode == 0 and "already holds this model at level inference: using it" in lql.stdout
+    assert (out / "index.json").read_text() == index
+    other = larql("extract", str(tiny_gguf), "-o", str(out), "--quiet")  # browse, the shared default level
+    assert other.returncode == 1 and "already holds a different vindex" in other.stderr and "--force" in other.stderr
+    lql = larql("lql", f'EXTRACT MODEL "{tiny_gguf}" INTO "{out}"')
+    assert lql.returncode == 1 and "already holds a different vindex" in lql.stderr
+    forced = larql("extract", str(tiny_gguf), "-o", str(out), "--force", "--json")
+    assert forced.returncode == 0 and json.loads(forced.stdout)["reused"] is False
+    assert json.loads((out / "index.json").read_text())["extract_level"] == "browse"
 
 
 def test_verify_reports_corruption_and_repairs(tiny_gguf: Path, tmp_path: Path) -> None:

@@ -32,7 +32,9 @@ def test_describe_surfaces_known_facts_as_probe_edges(gemma_vindex: Path) -> Non
         card = describe(v, fact["entity"], model=model)
         hits += any(e.source == "probe" and e.label == fact["relation"] and e.target.lower().startswith(fact["target"].lower())
                     for e in card.edges)
-    assert hits >= len(sample) - 1, f"{hits}/{len(sample)}"
+    assert hits >= 8, f"{hits}/{len(sample)}"  # at MIN_PROB 0.7 (bench_probe_threshold.py: 76% of all facts)
+    for made_up in ("Vrellandia", "Quelmaria", "Thalia Brennuck"):  # names the model cannot know: no probe edge
+        assert describe(v, made_up, model=model).probes == [], made_up
     france = describe(v, "France", model=model)
     capital = [e for e in france.probes if e.label == "capital"]
     assert capital and capital[0].target == "Paris" and capital[0].score > 0.5

@@ -58,8 +58,6 @@ def insert(stmt: ast.InsertStmt, session: Session, result: Result) -> None:
     if r.p_after < goal:
         result.notes.append(f"the goal p >= {goal} was not reached at layer {r.layer}; a later layer "
                             f"(AT LAYER n) usually reaches it")
-    if stmt.alpha is not None:
-        result.notes.append("ALPHA is not used: the down vector's scale is searched to reach CONFIDENCE")
     _recording_note(v, result)
 
 
@@ -81,9 +79,6 @@ def _insert_facts(stmt: ast.InsertStmt, session: Session, result: Result, method
     except LarqlError as e:
         raise _fail(session, stmt, str(e)) from e
     insert_result(r, result)
-    if method != "feature" and (stmt.confidence is not None or stmt.alpha is not None):
-        result.notes.append("CONFIDENCE and ALPHA apply to METHOD FEATURE; a weight edit optimises until every target "
-                            "token is the top-1 on its prompts")
     _recording_note(v, result)
 
 

@@ -15,7 +15,7 @@ from larql.model.generate import log_softmax
 from larql.model.interp import (
     first_target_token,
     kl,
-    layer_attribution,
+    logit_attribution,
     layer_deltas,
     logit_lens,
     rank_of,
@@ -88,21 +88,26 @@ def trace(stmt: ast.TraceStmt, session: Session, result: Result) -> None:
     target = first_target_token(m, stmt.for_token) if stmt.for_token is not None else None
 
     rows: list[list[Any]] = []
+    totals: list[float] = []
     for pos in positions:
         tag = [pos] if stmt.positions == "all" else []
         stages = [("emb", cache["hook_embed"][pos], None, None)]
         for layer in layers:
             attn, ffn = layer_deltas(cache, layer, pos)
             stages.append((f"L{layer}", cache[f"blocks.{layer}.hook_resid_post"][pos], attn, ffn))
-        if target is not None:  # each layer's attention and FFN writes, unembedded onto the target
-            split = iter(layer_attribution(m, cache, target, pos, layers))
+        if target is not None:  # each write read through the final norm onto the target's logit
+            emb_term, parts = logit_attribution(m, cache, target, pos)
+            running = emb_term + np.concatenate([[0.0], np.cumsum(parts.sum(axis=1))])  # after emb, L0, L1, ...
+            totals.append(float(running[-1]))
         for label, resid, attn, ffn in stages:
             logp = logit_lens(m, resid)
             if target is not None:
-                a, f = (0.0, 0.0) if attn is None else (float(x) for x in next(split))
-                who = "" if attn is None else ("attn" if abs(a) > abs(f) else "ffn")
-                rows.append(tag + [label, rank_of(logp, target), round(float(np.exp(logp[target])), 4), round(a, 3),
-                                   round(f, 3), who])
+                layer = -1 if attn is None else int(label[1:])
+                a, f = (None, None) if attn is None else (float(parts[layer, 0]), float(parts[layer, 1]))
+                who = "" if a is None else ("attn" if abs(a) > abs(f) else "ffn")  # type: ignore[arg-type]
+                rows.append(tag + [label, rank_of(logp, target), round(float(np.exp(logp[target])), 4),
+                                   "" if a is None else round(a, 4), "" if f is None else round(f, 4),
+                                   round(float(running[layer + 1]), 4), who])
             elif stmt.decompose:
                 if attn is None:
                     continue
@@ -117,7 +122,11 @@ def trace(stmt: ast.TraceStmt, session: Session, result: Result) -> None:
     pos_col = ["pos"] if stmt.positions == "all" else []
     if target is not None:
         result.title = f"TRACE {stmt.prompt!r} FOR {m.tokenizer.token_text(target)!r}"
-        result.columns = pos_col + ["layer", "rank", "prob", "attn_logit", "ffn_logit", "who"]
+        result.columns = pos_col + ["layer", "rank", "prob", "attn_logit", "ffn_logit", "logit_so_far", "who"]
+        result.notes.append(f"attn_logit / ffn_logit: each layer's write read through the final norm onto "
+                            f"{m.tokenizer.token_text(target)!r}; the embedding and every layer's terms add up to "
+                            f"the logit, {totals[-1]:.4f} at the last position (INFER's)"
+                            + (f", before the final softcap of {cfg.final_softcap:g}" if cfg.final_softcap else ""))
     elif stmt.decompose:
         result.title = f"TRACE {stmt.prompt!r} DECOMPOSE"
         result.columns = pos_col + ["layer", "|attn_delta|", "|ffn_delta|", "|residual|", "attn%"]

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from larql.edit.view import edit_vindex
+from larql.errors import VindexError
 from larql.lql import ast
+from larql.lql.planner import EXTRACT_DEFAULTS
 from larql.lql.result import Result
 from larql.lql.session import Session
 from larql.vindex.extract import extract
@@ -33,35 +36,50 @@ def use(stmt: ast.UseStmt, session: Session, result: Result) -> None:
     result.notes.append(f"Using: {session.describe_backend()}")
 
 
-def _reusable(stmt: ast.ExtractStmt) -> bool:
-    """An existing vindex at the target that was extracted from the same source at the same level."""
+def _same_extraction(target: Path, src: str | Path, options: dict[str, Any]) -> bool | None:
+    """Whether the vindex at `target` was extracted from `src` with `options` (None: no vindex there)."""
     from larql.errors import LarqlError
     from larql.model.load import resolve
     from larql.vindex.extract import _sha256_path
 
-    target = Path(stmt.into)
     if not (target / "index.json").is_file():
-        return False
+        return None
     try:
-        v = open_vindex(target)
-        _, source = resolve(stmt.model)
-        return v.index["extract_level"] == stmt.level and v.index["source"]["sha256"] == _sha256_path(source)[0]
-    except LarqlError:
+        i = open_vindex(target).index
+        _, source = resolve(src)
+        return (i["extract_level"], i["dtype"], i["quant"], i["down_top_k"]) == (
+            options["level"], options["dtype"], options["quant"], options["top_k"]) \
+            and i["source"]["sha256"] == _sha256_path(source)[0]
+    except LarqlError:  # damaged, or from a source that is gone: not the same
         return False
+
+
+def extract_vindex(src: str | Path, into: str | Path, *, force: bool = False, progress: Any = None,
+                   **options: Any) -> tuple[Path, bool]:
+    """Extract `src` into `into`, the one path `larql extract` and EXTRACT MODEL ... INTO share.
+
+    A vindex already at `into` from the same source with the same options is reused (re-running a
+    script should not redo a minute of work); `force` extracts again over it, or over any other one.
+    Returns (the vindex path, whether it was reused).
+    """
+    opts = {**EXTRACT_DEFAULTS, **options}
+    same = _same_extraction(Path(into), src, opts)
+    if same and not force:
+        return Path(into), True
+    if same is False and not force:
+        raise VindexError(f"{into} already holds a different vindex (another source or other options: level, dtype, "
+                          f"quant, top-k); choose another path, remove it, or pass --force to `larql extract`")
+    return extract(src, into, overwrite=force, progress=progress, **opts), False
 
 
 def extract_stmt(stmt: ast.ExtractStmt, session: Session, result: Result) -> None:
-    if _reusable(stmt):  # re-running a script should not redo a minute of work, nor fail
-        session.vindex = edit_vindex(stmt.into)
+    path, reused = extract_vindex(stmt.model, stmt.into, level=stmt.level, progress=session.progress)
+    session.vindex = edit_vindex(path)
+    if reused:
         result.notes.append(f"{stmt.into} already holds this model at level {stmt.level}: using it "
                             f"(remove it to extract again)")
-        result.notes.append(f"Using: {session.describe_backend()}")
-        return
-    path = extract(stmt.model, stmt.into, level=stmt.level, progress=session.progress)
-    session.vindex = edit_vindex(path)
-    if stmt.components or stmt.layers:
-        result.notes.append("COMPONENTS and LAYERS are accepted but every component and layer is extracted")
-    result.notes.append(f"Extraction complete: {path}")
+    else:
+        result.notes.append(f"Extraction complete: {path}")
     result.notes.append(f"Using: {session.describe_backend()}")
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from larql.edit.view import EditableVindex
 from larql.errors import LqlSemanticError
 from larql.lql import ast
+from larql.lql.planner import SELECT_COLUMNS, select_column, walk_top
 from larql.lql.result import Result
 from larql.lql.session import Session
 from larql.vindex import browse
@@ -25,7 +26,7 @@ def describe(stmt: ast.DescribeStmt, session: Session, result: Result) -> None:
     mode = stmt.mode or "brief"
     model = session.model if session.model is not None else v.model() if v.has_model_weights else None
     card = describe_entity(v, stmt.entity, band=stmt.band, at_layer=stmt.at_layer,
-                           relations_only=stmt.relations_only, mode=mode, model=model)
+                           relations_only=stmt.relations_only, mode=mode, model=model, progress=session.progress)
     result.title = stmt.entity
     if not card.found:
         result.notes.append("(not found)")
@@ -54,23 +55,22 @@ def _walk_layers(r: ast.Range | str | None) -> tuple[int, int] | None:
 
 def walk(stmt: ast.WalkStmt, session: Session, result: Result) -> None:
     v = _v(session)
-    w = browse.walk(v, stmt.prompt, top=stmt.top or 10, layers=_walk_layers(stmt.layers))
-    shown = 5 if stmt.compare else 3
+    w = browse.walk(v, stmt.prompt, top=stmt.top or walk_top(stmt), layers=_walk_layers(stmt.layers))
     result.title = f"Feature scan for {stmt.prompt!r} (token {w.token!r}, {len(w.layers)} layers)"
     result.columns = ["layer", "feature", "gate", "top", "down"]
     for layer, hits in w.by_layer().items():
-        for h in hits[:shown]:
+        for h in hits:
             result.rows.append([layer, h.feature, round(h.score, 2), h.top_token, ", ".join(h.down_tokens)])
     result.notes.append("a feature scan of the last token's embedding, not inference: no attention runs")
 
 
 def explain_walk(stmt: ast.ExplainWalkStmt, session: Session, result: Result) -> None:
     v = _v(session)
-    per_layer, n_down = (10, 5) if stmt.verbose else (5, 3)
+    n_down = 5 if stmt.verbose else 3
     layers = (stmt.layers.start, stmt.layers.end) if stmt.layers else None
     if stmt.band is not None and stmt.band != "all" and layers is None:
         layers = tuple(v.index["layer_bands"][stmt.band])  # type: ignore[assignment]
-    w = browse.walk(v, stmt.prompt, top=stmt.top or per_layer, layers=layers, n_down=n_down)
+    w = browse.walk(v, stmt.prompt, top=stmt.top or walk_top(stmt), layers=layers, n_down=n_down)
     result.title = f"EXPLAIN WALK {stmt.prompt!r} (token {w.token!r})"
     result.columns = ["layer", "feature", "top", "gate", "down", "relation"]
     for layer, hits in w.by_layer().items():
@@ -138,18 +138,12 @@ def select(stmt: ast.SelectStmt, session: Session, result: Result) -> None:
         hits = list(browse.iter_features(v, None if layer is None else [layer]))
     rows = [{"layer": h.layer, "feature": h.feature, "token": h.top_token, "also": ", ".join(h.down_tokens[:3]),
              "relation": v.feature_label(h.layer, h.feature) or "", "score": round(h.score, 4)} for h in hits]
-    if stmt.nearest is None:
-        rows = _filter(rows, stmt.where, EDGE_FIELDS, stmt, session)
-        if stmt.order is not None:
-            key = EDGE_FIELDS.get(stmt.order.field)
-            if key is None:
-                raise LqlSemanticError(f"cannot ORDER BY {stmt.order.field!r}", session.source, stmt.span.line,
-                                       stmt.span.column, "order by score, confidence, layer, feature or token")
-            rows.sort(key=lambda r: r[key], reverse=stmt.order.descending)
-        elif stmt.source == "edges":
-            rows.sort(key=lambda r: r["score"], reverse=True)
-    result.columns = ["layer", "feature", "token", "also", "relation", "score"]
-    result.rows = [[r[c] for c in result.columns] for r in rows[:limit]]
+    rows = _filter(rows, stmt.where, EDGE_FIELDS, stmt, session)
+    if stmt.order is not None:
+        _order(rows, stmt, session, EDGE_FIELDS)
+    elif stmt.source == "edges" and stmt.nearest is None:  # NEAREST keeps the KNN order
+        rows.sort(key=lambda r: r["score"], reverse=True)
+    _project(stmt, result, rows[:limit])
     if len(rows) > limit:
         result.notes.append(f"{len(rows)} rows, {limit} shown (LIMIT)")
 
@@ -160,9 +154,28 @@ def _select_entities(stmt: ast.SelectStmt, session: Session, result: Result, lim
     entities = browse.select_entities(v, layer=layer, limit=10**9)  # type: ignore[arg-type]
     rows = [{"token": e.token, "count": e.count, "score": round(e.max_score, 4)} for e in entities]
     where = tuple(c for c in stmt.where if c.field != "layer")
-    rows = _filter(rows, where, {"token": "token", "count": "count", "score": "score"}, stmt, session)
-    result.columns = ["token", "count", "max_score"]
-    result.rows = [[r["token"], r["count"], r["score"]] for r in rows[:limit]]
+    fields = {"token": "token", "count": "count", "score": "score", "max_score": "score"}
+    rows = _filter(rows, where, fields, stmt, session)
+    if stmt.order is not None:
+        _order(rows, stmt, session, fields)
+    _project(stmt, result, [{"token": r["token"], "count": r["count"], "max_score": r["score"]} for r in rows[:limit]])
+
+
+def _order(rows: list[dict[str, Any]], stmt: ast.SelectStmt, session: Session, fields: dict[str, str]) -> None:
+    assert stmt.order is not None
+    key = fields.get(stmt.order.field)
+    if key is None:
+        raise LqlSemanticError(f"cannot ORDER BY {stmt.order.field!r}", session.source, stmt.span.line,
+                               stmt.span.column, "order by " + ", ".join(sorted(fields)))
+    rows.sort(key=lambda r: r[key], reverse=stmt.order.descending)
+
+
+def _project(stmt: ast.SelectStmt, result: Result, rows: list[dict[str, Any]]) -> None:
+    """The columns SELECT named (the planner checked them), headed as they were written; * is all."""
+    names = list(stmt.fields) or list(SELECT_COLUMNS[stmt.source])
+    keys = [select_column(stmt.source, n) for n in names]
+    result.columns = names
+    result.rows = [[r[k] for k in keys] for r in rows]
 
 
 # ---- SHOW ---------------------------------------------------------------------------------------
@@ -183,13 +196,14 @@ def show_features(stmt: ast.ShowFeaturesStmt, session: Session, result: Result) 
     v = _v(session)
     rows = [{"feature": h.feature, "token": h.top_token, "score": round(h.score, 4), "down": ", ".join(h.down_tokens),
              "relation": v.feature_label(h.layer, h.feature) or ""} for h in browse.iter_features(v, [stmt.layer])]
-    for cond in stmt.where:  # LARQL: token is a substring match; a score predicate is a minimum
-        if cond.field in ("token", "target", "entity"):
-            rows = [r for r in rows if str(cond.value).lower() in r["token"].lower()]
-        elif cond.field in ("confidence", "c_score", "score"):
-            rows = [r for r in rows if r["score"] >= float(cond.value)]  # type: ignore[arg-type]
-        elif cond.field == "relation":
-            rows = [r for r in rows if str(cond.value).lower() in r["relation"].lower()]
+    for cond in stmt.where:  # LARQL: token = "x" (and relation) is a substring match
+        key = {"token": "token", "target": "token", "entity": "token", "relation": "relation",
+               "confidence": "score", "c_score": "score", "score": "score"}.get(cond.field)
+        if key in ("token", "relation") and cond.op in ("=", "!="):
+            needle = str(cond.value).lower()
+            rows = [r for r in rows if (needle in r[key].lower()) == (cond.op == "=")]
+        elif key is not None:
+            rows = [r for r in rows if _match(cond, r[key], stmt, session)]
         else:
             raise LqlSemanticError(f"SHOW FEATURES cannot filter on {cond.field!r}", session.source, stmt.span.line,
                                    stmt.span.column, "filter on token, relation or confidence")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import gguf
 import pytest
 
 from larql.errors import LqlSemanticError
@@ -13,23 +12,7 @@ from larql.lql.parser import parse
 from larql.lql.planner import plan
 from larql.lql.session import Session
 from larql.vindex import browse
-from larql.vindex.extract import extract
 from larql.vindex.store import open_vindex
-from tests.synthetic import TinySpec, hf_weights, tiny_vindex, write_gguf
-
-
-@pytest.fixture(scope="module")
-def vx(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("lqlx")
-    spec = TinySpec("gemma3", n_layers=4, ffn=96)
-    write_gguf(root / "m.gguf", spec, hf_weights(spec, seed=2), gguf.GGMLQuantizationType.Q8_0)
-    return extract(root / "m.gguf", root / "t.vindex", level="browse")
-
-
-@pytest.fixture(scope="module")
-def vxi(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The same tiny model at the inference level (what INSERT and CROWN need)."""
-    return tiny_vindex(tmp_path_factory.mktemp("lqlxi"), TinySpec("gemma3", n_layers=4, ffn=96), seed=2, dtype="f16")
 
 
 def run(vx: Path, text: str):  # type: ignore[no-untyped-def]
@@ -90,7 +73,7 @@ def test_layer_out_of_range_and_plans(vx: Path) -> None:
         'PLAN WALK "The capital of France is" TOP 3 LAYERS 1-2\n'
         "  1. tokenize  'The capital of France is'\n"
         "  2. last_token_embedding  scaled\n"
-        "  3. gate_knn  layers 1-2, top 3")
+        "  3. gate_knn  layers 1-2, top 3 per layer")
 
 
 def test_plans_are_golden(vx: Path, vxi: Path, update_golden: bool) -> None:

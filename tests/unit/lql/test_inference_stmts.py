@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 import larql
+from larql.edit.overlay import FeatureOverride
 from larql.errors import LqlSemanticError
 from larql.lql.executor import execute
 from larql.lql.session import Session
 from larql.model.generate import log_softmax
 from larql.vindex.extract import extract
-from larql.edit.overlay import FeatureOverride
 from tests.synthetic import TinySpec, hf_weights, write_gguf
 
 
@@ -67,8 +67,32 @@ def test_trace_rows_agree_with_infer(src: dict) -> None:
     assert [r[0] for r in default.rows] == ["emb", "L0", "L1", "L2", "L3"]
     assert default.rows[-1][1] == infer.rows[0][1] and default.rows[-1][2] == pytest.approx(infer.rows[0][2], abs=1e-4)
     assert [r[0] for r in target.rows] == ["emb", "L1", "L2", "L3"] and target.rows[-1][1] >= 1
-    assert all(r[5] in ("attn", "ffn") for r in target.rows[1:])
+    assert all(r[6] in ("attn", "ffn") for r in target.rows[1:])
     assert all(r[4].endswith("%") for r in decompose.rows) and len(decompose.rows) == 4
+
+
+def test_trace_attributions_include_the_final_norm_and_add_up_to_the_logit(src: dict) -> None:
+    from larql.lql.ops.inference import first_target_token
+    from larql.model import interp
+
+    m = larql.load(src["inference"])
+    ids = m.tokenize("hello there")
+    for word in ("a", "there", "x"):
+        _, trace = execute(f'USE "{src["inference"]}"; TRACE "hello there" FOR "{word}"')
+        token = first_target_token(m, word)
+        logit = float(m.next_logits(ids)[token])
+        # the table: emb, then each layer's two terms; logit_so_far ends at the model's logit
+        emb = trace.rows[0][5]
+        layers = sum(r[3] + r[4] for r in trace.rows[1:])
+        assert emb + layers == pytest.approx(logit, abs=5e-4)  # 4-decimal rounding, 2 per layer
+        assert trace.rows[-1][5] == pytest.approx(logit, abs=1e-4) and f"{logit:.4f}" in trace.notes[0]
+        # unrounded, from the same cache: within 1e-4
+        _, cache = m.run_with_cache(ids, names=["hook_embed"] + interp.residual_hook_names(range(m.config.n_layers)))
+        e, parts = interp.logit_attribution(m, cache, token)
+        assert e + parts.sum() == pytest.approx(logit, abs=1e-4)
+        # without the final norm (the old reading) the terms do not add up: the norm matters
+        raw = interp.layer_attribution(m, cache, token).sum()
+        assert abs(raw - logit) > 1e-2
 
 
 def test_inference_needs_weights(src: dict) -> None:
@@ -86,7 +110,7 @@ def test_extract_then_rerun_reuses_the_vindex(src: dict, tmp_path: Path) -> None
     second = execute(script)
     assert "already holds this model at level inference: using it" in second[0].notes[0]
     assert second[1].rows == first[1].rows and (tmp_path / "e.vindex" / "index.json").read_text() == before
-    with pytest.raises(LqlSemanticError, match="already exists; choose another path or pass --force"):
+    with pytest.raises(LqlSemanticError, match="already holds a different vindex .* choose another path, remove it"):
         execute(f'EXTRACT MODEL "{src["gguf"]}" INTO "{tmp_path / "e.vindex"}"')  # another level: refuse
 
 

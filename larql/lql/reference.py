@@ -1,0 +1,116 @@
+"""The statement reference behind the REPL's `.help` and `help`: each statement's syntax (as
+grammar/lql.lark accepts it), one example and what it does.
+
+A test checks that every statement kind of the grammar has an entry here and that each example
+parses to that kind, so this cannot drift from the grammar unnoticed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StatementHelp:
+    name: str  # the leading keywords, as `.help NAME` takes them
+    syntax: str  # [optional] {one | other} ... repeats
+    example: str
+    summary: str
+    implemented: bool = True
+
+
+STATEMENTS: tuple[StatementHelp, ...] = (
+    StatementHelp("USE", 'USE "path.vindex" | USE MODEL "alias|file.gguf|hf-dir" [AUTO_EXTRACT]',
+                  'USE "g.vindex";', "open a vindex (or load a model) for the statements after it"),
+    StatementHelp("EXTRACT", 'EXTRACT MODEL "src" INTO "dir.vindex" [WITH {INFERENCE | ALL}]',
+                  'EXTRACT MODEL "gemma3-270m" INTO "g.vindex" WITH INFERENCE;',
+                  "decompile a model into a vindex (the same code path and defaults as `larql extract`)"),
+    StatementHelp("STATS", 'STATS ["dir.vindex"]', "STATS;", "what a vindex holds: model, layers, sizes"),
+    StatementHelp("SHOW MODELS", "SHOW MODELS", "SHOW MODELS;", "the vindex directories in the current directory"),
+    StatementHelp("DESCRIBE", 'DESCRIBE "entity" [ALL LAYERS | SYNTAX | KNOWLEDGE | OUTPUT] [AT LAYER n] '
+                  "[RELATIONS ONLY] [VERBOSE | BRIEF | RAW]", 'DESCRIBE "France";',
+                  "an entity's edges: probe edges through the model, feature edges by layer band"),
+    StatementHelp("WALK", 'WALK "prompt" [TOP n] [LAYERS a-b | LAYERS ALL] [MODE {HYBRID | PURE | DENSE}] [COMPARE]',
+                  'WALK "The capital of France is" TOP 5;',
+                  "a per-layer feature scan of the prompt's last token (TOP features per layer)"),
+    StatementHelp("EXPLAIN WALK", 'EXPLAIN WALK "prompt" [LAYERS a-b] [VERBOSE] [TOP n] [band] [RELATIONS ONLY]',
+                  'EXPLAIN WALK "The capital of France is" LAYERS 10-12;', "WALK with each feature's relation label"),
+    StatementHelp("SELECT", "SELECT {* | col, ...} FROM {EDGES | FEATURES | ENTITIES} "
+                  '[NEAREST TO "entity" AT LAYER n] [WHERE cond [AND cond ...]] [ORDER BY col [ASC | DESC]] '
+                  "[LIMIT n]", 'SELECT layer, feature, token FROM EDGES WHERE token = "Paris" LIMIT 5;',
+                  "rows of the vindex; conditions: = != < > <= >= LIKE IN"),
+    StatementHelp("INFER", 'INFER "prompt" [TOP n] [COMPARE]', 'INFER "The capital of France is" TOP 3;',
+                  "the model's next-token distribution (COMPARE: walk FFN vs dense FFN)"),
+    StatementHelp("EXPLAIN INFER", 'EXPLAIN INFER "prompt" [LAYERS a-b] [VERBOSE] [TOP n] [WITH ATTENTION]',
+                  'EXPLAIN INFER "The capital of France is" TOP 3 WITH ATTENTION;',
+                  "the features that fired per layer, the attended tokens, the logit lens"),
+    StatementHelp("TRACE", 'TRACE "prompt" [FOR "token"] [DECOMPOSE] [LAYERS a-b] [POSITIONS {LAST | ALL}] '
+                  '[SAVE "file.trace"]', 'TRACE "The capital of France is" FOR "Paris";',
+                  "each layer's attention and MLP contribution to a token's logit"),
+    StatementHelp("CROWN", 'CROWN "prompt" FOR "token" [SUBJECT "subject"]',
+                  'CROWN "The capital of France is" FOR "Paris" SUBJECT "France";',
+                  "which layer's MLP carries the fact (ablation per layer)"),
+    StatementHelp("INSERT", 'INSERT INTO EDGES (entity, relation, target [, prompt]) VALUES ("...", ...) [, (...)] '
+                  "[AT LAYER n | LAYERS a-b] [CONFIDENCE x] [METHOD {ROME | MEMIT | FEATURE}]",
+                  'INSERT INTO EDGES (entity, relation, target) VALUES ("France", "capital", "Rome");',
+                  "teach the model a fact (measured on prompts the edit never saw)"),
+    StatementHelp("DELETE", "DELETE FROM EDGES WHERE cond [AND cond ...]",
+                  "DELETE FROM EDGES WHERE layer = 3 AND feature = 17;", "silence features"),
+    StatementHelp("UPDATE", "UPDATE EDGES SET col = value [, ...] WHERE cond [AND cond ...]",
+                  'UPDATE EDGES SET token = "Rome" WHERE layer = 3 AND feature = 17;',
+                  "rewrite what a feature is said to write (metadata only)"),
+    StatementHelp("BEGIN PATCH", 'BEGIN PATCH "file.vlp"', 'BEGIN PATCH "edits.vlp";',
+                  "record the following edits into a patch"),
+    StatementHelp("SAVE PATCH", "SAVE PATCH", "SAVE PATCH;", "write the patch being recorded"),
+    StatementHelp("APPLY PATCH", 'APPLY PATCH "file.vlp"', 'APPLY PATCH "edits.vlp";', "apply a saved patch"),
+    StatementHelp("REMOVE PATCH", 'REMOVE PATCH "file.vlp"', 'REMOVE PATCH "edits.vlp";',
+                  "take an applied patch off again (bit for bit)"),
+    StatementHelp("SHOW PATCHES", "SHOW PATCHES", "SHOW PATCHES;", "the applied patches and their edits"),
+    StatementHelp("COMPILE", 'COMPILE {CURRENT | "src.vindex"} INTO {VINDEX "dir" [ON CONFLICT {LAST_WINS | '
+                  'HIGHEST_CONFIDENCE | FAIL}] | MODEL "out" [FORMAT {GGUF | SAFETENSORS}]}',
+                  'COMPILE CURRENT INTO MODEL "edited.gguf" FORMAT GGUF;', "bake the applied edits into files"),
+    StatementHelp("SHOW LAYERS", "SHOW LAYERS [[RANGE] a-b]", "SHOW LAYERS 0-3;",
+                  "each layer's band and most common output token"),
+    StatementHelp("SHOW FEATURES", "SHOW FEATURES layer [WHERE cond [AND cond ...]] [LIMIT n]",
+                  'SHOW FEATURES 12 WHERE token = "Paris" LIMIT 5;', "one layer's features"),
+    StatementHelp("SHOW ENTITIES", "SHOW ENTITIES [[AT LAYER] n] [LIMIT n]", "SHOW ENTITIES AT LAYER 12 LIMIT 10;",
+                  "the tokens most features write"),
+    StatementHelp("SHOW RELATIONS", "SHOW RELATIONS [AT LAYER n] [WITH EXAMPLES] [VERBOSE | BRIEF | RAW]",
+                  "SHOW RELATIONS WITH EXAMPLES;", "the relation clusters of the features"),
+    StatementHelp("DIFF", 'DIFF {CURRENT | "a.vindex"} {CURRENT | "b.vindex"} [LAYER n] [RELATION "r"] [LIMIT n] '
+                  '[INTO PATCH "file.vlp"]', 'DIFF "a.vindex" CURRENT LIMIT 20;',
+                  "per-feature differences between two vindexes (INTO PATCH: a patch that turns a into b)"),
+    StatementHelp("MERGE", 'MERGE "src.vindex" [INTO "dir"] [ON CONFLICT {KEEP_SOURCE | KEEP_TARGET | '
+                  'HIGHEST_CONFIDENCE}]', 'MERGE "other.vindex";', "(not implemented yet)", False),
+    StatementHelp("REBALANCE", "REBALANCE [UNTIL CONVERGED] [MAX n] [FLOOR x] [CEILING x]", "REBALANCE;",
+                  "(not implemented yet)", False),
+    StatementHelp("COMPACT", "COMPACT MINOR | COMPACT MAJOR [FULL | ALL] [WITH LAMBDA = x]", "COMPACT MINOR;",
+                  "(not implemented yet)", False),
+    StatementHelp("SHOW COMPACT STATUS", "SHOW COMPACT STATUS", "SHOW COMPACT STATUS;", "(not implemented yet)",
+                  False),
+)
+
+
+def lookup(name: str) -> list[StatementHelp]:
+    """The entries `.help NAME` shows: an exact name, else every entry that starts with it
+    (`.help show` lists the SHOW statements)."""
+    key = " ".join(name.upper().replace(";", " ").split())
+    exact = [s for s in STATEMENTS if s.name == key]
+    return exact or [s for s in STATEMENTS if s.name.startswith(key)]
+
+
+def overview() -> str:
+    """Every statement with one example, the runnable ones first."""
+    width = max(len(s.name) for s in STATEMENTS)
+    lines = ["Statements (end each with ';'; `.help NAME` shows one statement's syntax):"]
+    lines += [f"  {s.name:<{width}}  {s.example}" for s in STATEMENTS if s.implemented]
+    lines.append("  not implemented yet: " + ", ".join(s.name for s in STATEMENTS if not s.implemented))
+    return "\n".join(lines)
+
+
+def detail(name: str) -> str | None:
+    """`.help NAME`: syntax, what it does and an example for each matching statement, or None."""
+    found = lookup(name)
+    if not found:
+        return None
+    return "\n\n".join(f"{s.name}: {s.summary}\n  syntax:  {s.syntax}\n  example: {s.example}" for s in found)

@@ -1,0 +1,40 @@
+"""larql.threads: the thread-pool environment the CLI sets before numpy loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from larql.threads import available_cores, configure
+
+
+def test_explicit_count_sets_every_pool_and_a_passive_wait() -> None:
+    env: dict[str, str] = {"OMP_WAIT_POLICY": "ACTIVE", "OPENBLAS_NUM_THREADS": "7"}
+    assert configure(1, env=env) == 1
+    assert env["NUMBA_NUM_THREADS"] == env["OMP_NUM_THREADS"] == env["OPENBLAS_NUM_THREADS"] == "1"
+    assert env["OMP_WAIT_POLICY"] == "ACTIVE"  # a wait policy the user chose stays
+
+
+def test_default_keeps_what_the_user_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LARQL_THREADS", raising=False)
+    env = {"NUMBA_NUM_THREADS": "1"}
+    configure(env=env)
+    assert env["NUMBA_NUM_THREADS"] == "1" and env["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert env["OMP_NUM_THREADS"] == str(available_cores())
+    assert env["OPENBLAS_NUM_THREADS"] in ("1", str(available_cores()))  # one when the machine is busy
+
+
+def test_env_var_reaches_numba(monkeypatch: pytest.MonkeyPatch) -> None:
+    code = ("import json, os; from larql.threads import configure; configure(); import numba; "
+            "print(json.dumps([numba.get_num_threads(), os.environ['OMP_WAIT_POLICY']]))")
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_THREADS") and k != "OMP_WAIT_POLICY"}
+    r = subprocess.run([sys.executable, "-c", code], env={**env, "LARQL_THREADS": "1"}, capture_output=True,
+                       text=True, timeout=120)
+    assert json.loads(r.stdout) == [1, "PASSIVE"], r.stderr
+    monkeypatch.setenv("LARQL_THREADS", "two")
+    with pytest.raises(ValueError, match="LARQL_THREADS='two' is not a positive whole number"):
+        configure(env={})
