@@ -286,22 +286,31 @@ class Tail:
     def prepare(self, ctxs: Sequence[TailContext], full_resid: Sequence[F32]) -> None:
         """Fill each context's prefix keys/values for the layers above `first`, from the residual
         entering `first`'s MLP at ALL its positions (`full_resid[c]`, `(T, hidden)`), with nothing
-        injected. Runs the tail once over whole sequences."""
-        for c, resid in zip(ctxs, full_resid):
-            full = TailContext(c.ids, 0, resid, np.zeros(0, np.int64), [])
-            x = resid
-            sv = _Saved()
-            x = x + self._post_ffn(self.layers[self.first], self._mlp(self.layers[self.first], x, sv))
+        injected. Runs the tail once over every whole sequence, all contexts' rows in each matmul
+        (one (sum T, hidden) GEMM per weight, not one small one per context)."""
+        if not ctxs:
+            return
+        cfg = self.cfg
+        empty = np.zeros((0, cfg.n_kv_heads, cfg.head_dim), np.float32)
+        fulls = [TailContext(c.ids, 0, r, np.zeros(0, np.int64), []) for c, r in zip(ctxs, full_resid)]
+        bounds = np.cumsum([0] + [len(c.ids) for c in ctxs])
+        positions = np.concatenate([np.arange(len(c.ids)) for c in ctxs])
+        x = np.concatenate(full_resid).astype(np.float32)  # (sum T, hidden)
+        dl = self.layers[self.first]
+        x = x + self._post_ffn(dl, self._mlp(dl, x, _Saved()))
+        for c in ctxs:
             c.prefix_kv = []
-            for slot, i in enumerate(range(self.first + 1, self.cfg.n_layers)):
-                dl = self.layers[i]
-                h, _, _ = _rms(x, dl.attn_norm, self.cfg.norm_eps)
-                _, k, v, _ = self._qkv(i, dl, h, np.arange(len(c.ids)))
-                c.prefix_kv.append((k[: c.start].copy(), v[: c.start].copy()))
-                full.prefix_kv = [(k[:0], v[:0])] * (slot + 1)
-                a = self._attention(i, dl, x, [full], slot, _Saved())
-                x = x + a
-                x = x + self._post_ffn(dl, self._mlp(dl, x, _Saved()))
+        for slot, i in enumerate(range(self.first + 1, cfg.n_layers)):
+            dl = self.layers[i]
+            h, _, _ = _rms(x, dl.attn_norm, cfg.norm_eps)
+            _, k, v, _ = self._qkv(i, dl, h, positions)  # (sum T, n_kv, d)
+            for j, c in enumerate(ctxs):
+                own = slice(bounds[j], bounds[j] + c.start)  # this context's positions before its subject
+                c.prefix_kv.append((k[own].copy(), v[own].copy()))
+            for f in fulls:
+                f.prefix_kv.append((empty, empty))
+            x = x + self._attention(i, dl, x, fulls, slot, _Saved())
+            x = x + self._post_ffn(dl, self._mlp(dl, x, _Saved()))
 
     def _post_ffn(self, dl: DenseLayer, m: F32, sv: _Saved | None = None) -> F32:
         if dl.post_ffn_norm is None:

@@ -75,3 +75,22 @@ def test_backward_matches_finite_differences(deep_tiny: larql.Model) -> None:
             minus[layer][j] -= 1e-2
             num[j] = (loss(plus) - loss(minus)) / 2e-2
         assert np.linalg.norm(num - grads[layer]) <= 5e-3 * np.linalg.norm(num), layer
+
+
+def test_tail_over_several_contexts_is_the_model_on_each(deep_tiny: larql.Model) -> None:
+    """Contexts of different lengths and subject positions share each matmul (prepare and forward
+    stack their rows); every context must still see only its own tokens."""
+    name = "blocks.1.hook_resid_mid"
+    seqs, starts = [IDS, IDS[:6][::-1].copy(), np.array([7, 8, 250, 31, 2, 60, 61])], [4, 2, 5]
+    resids = [deep_tiny.run_with_cache(s, names=[name])[1][name] for s in seqs]
+    ctxs = [TailContext(s, st, r[st:]) for s, st, r in zip(seqs, starts, resids)]
+    tail = Tail(deep_tiny.config, deep_tiny.weights, 1)
+    tail.prepare(ctxs, resids)
+    y, _ = tail.forward(ctxs, {})
+    emb = deep_tiny.weights.output.dequantize()
+    row = 0
+    for s, st in zip(seqs, starts):
+        real = deep_tiny.forward(s)[st:]
+        got = y[row: row + len(s) - st] @ emb.T
+        assert np.abs(got - real).max() <= 1e-5 * np.abs(real).max()
+        row += len(s) - st
