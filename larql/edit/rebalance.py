@@ -29,6 +29,14 @@ from larql.edit.feature_insert import (
     installed,
     relation_prompt,
 )
+from larql.edit.methods import (
+    REBALANCE_CEILING,
+    REBALANCE_CONVERGED_MAX,
+    REBALANCE_FLOOR,
+    REBALANCE_GROW,
+    REBALANCE_MAX,
+    REBALANCE_SHRINK,
+)
 from larql.edit.overlay import MetaOverride
 from larql.edit.patch import PatchOp
 from larql.edit.view import EditableVindex
@@ -36,9 +44,9 @@ from larql.errors import EditError, VindexError
 from larql.model.generate import log_softmax
 from larql.model.interp import first_target_token
 
-DEFAULT_MAX, CONVERGED_MAX = 16, 64
-DEFAULT_FLOOR, DEFAULT_CEILING = 0.30, 0.95  # INSERT aims at p >= 0.9: the band holds what it installs
-GROW, SHRINK = 1.15, 0.85
+DEFAULT_MAX, CONVERGED_MAX = REBALANCE_MAX, REBALANCE_CONVERGED_MAX
+DEFAULT_FLOOR, DEFAULT_CEILING = REBALANCE_FLOOR, REBALANCE_CEILING
+GROW, SHRINK = REBALANCE_GROW, REBALANCE_SHRINK
 
 
 @dataclass(frozen=True)
