@@ -8,6 +8,7 @@ vindex, a statement not implemented yet) are raised here, before anything runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from larql.edit.methods import (
@@ -267,7 +268,10 @@ def maintenance_steps(stmt: ast.Statement) -> list[Step]:
                    {"LAST_WINS": "the incoming edit wins (a fact's old feature is deleted)",
                     "KEEP_CURRENT": "the session's edit stays, the incoming one is skipped",
                     "HIGHEST_CONFIDENCE": "the higher c_score wins, a tie keeps the current one"}[policy])
-        return [Step("load_source", f"{stmt.source}: a .vlp's operations, or a vindex's (DIFF of the base in use vs it)"),
+        vindex = (Path(stmt.source) / "index.json").is_file() or stmt.source.rstrip("/").endswith(".vindex")
+        load = ("a vindex: its edits are the DIFF of the base in use vs it" if vindex
+                else "a patch file: its operations, checked against the vindex in use")
+        return [Step("load_source", f"{stmt.source}: {load}"),
                 Step("replay_incoming", "on an empty overlay: one state per slot it touches"),
                 Step("find_conflicts", "slots both sides edit differently; (entity, relation) with another target"),
                 Step("resolve", f"on conflict {policy}: {resolve}"),
