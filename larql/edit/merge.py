@@ -13,7 +13,9 @@ Conflicts:
 - fact: the incoming side inserts (entity, relation) -> target and the session already holds that
   entity and relation with another target, at another slot or in a weight edit.
 An incoming slot in exactly the session's state, or a weight edit the stack already holds, is
-skipped as already present (merging a patch twice changes nothing).
+skipped as already present (merging a patch twice changes nothing). Two *different* facts inserted
+in one slot (two sessions each took the layer's least-used feature) are no conflict: the incoming
+fact moves to the next least-used feature that neither side edits.
 
 Policies (ON CONFLICT):
 - LAST_WINS (the default; LARQL's KEEP_SOURCE): the incoming edit wins; for a fact conflict the
@@ -29,6 +31,7 @@ incoming side wins, and then both weight edits stay (the note says so).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,6 +73,7 @@ class MergeReport:
     skipped: int = 0  # operations dropped (losers of a conflict)
     present: int = 0  # operations already in the session
     conflicts: list[Conflict] = field(default_factory=list)
+    moved: list[tuple[int, int, int, str, str]] = field(default_factory=list)  # layer, from, to, current, incoming
     notes: list[str] = field(default_factory=list)
 
 
@@ -163,11 +167,12 @@ def merge(v: EditableVindex, source: str | Path, policy: str = "last_wins") -> M
     stack = v.patches
     current_ops = [o for p in stack.applied for o in p.ops] + stack.pending
     ov = v.overlay
+    cur_facts = {k: f for k, f in _facts(current_ops).items() if _edited(_state(ov, *k))}
+    ops, report.moved = _relocate(v, ops, cur_facts)
     scratch = PatchOverlay(ov.num_layers, ov.num_features, ov.hidden)
     for op in ops:
         if isinstance(op, PatchOp):
             op.apply(scratch)
-    cur_facts = {k: f for k, f in _facts(current_ops).items() if _edited(_state(ov, *k))}
     in_facts = _facts(ops)
     by_fact = {_key(op.entity, op.relation): (slot, op) for slot, op in cur_facts.items()}
     weight_facts = {_key(f.get("subject"), f.get("relation")): (op.layer, f.get("target", ""))
@@ -239,6 +244,46 @@ def merge(v: EditableVindex, source: str | Path, policy: str = "last_wins") -> M
     stack.record_all(keep)
     report.recorded = len(keep)
     return report
+
+
+def _relocate(v: EditableVindex, ops: list[PatchOp | WeightOp], cur_facts: dict[tuple[int, int], PatchOp]
+              ) -> tuple[list[PatchOp | WeightOp], list[tuple[int, int, int, str, str]]]:
+    """Two different facts installed in one slot (each session picked the layer's least-used
+    feature): the incoming fact's operations move to the next least-used feature nobody edits."""
+    in_facts = _facts(ops)
+    clash = sorted(slot for slot, op in in_facts.items() if slot in cur_facts
+                   and _key(op.entity, op.relation) != _key(cur_facts[slot].entity, cur_facts[slot].relation))
+    if not clash:
+        return ops, []
+    taken = {(op.layer, op.feature) for op in ops if isinstance(op, PatchOp)}
+    ov = v.overlay
+    where: dict[tuple[int, int], int] = {}
+    for layer, feature in clash:
+        busy = set(ov.layer(layer)) | set(ov.meta(layer)) | ov.deleted(layer) | \
+            {f for l, f in taken if l == layer} | {new for (l, _), new in where.items() if l == layer}
+        free = next((f for f in _least_used(v, layer) if f not in busy), None)
+        if free is None:
+            raise EditError(f"MERGE: layer {layer} has no free feature left for "
+                            f"{in_facts[(layer, feature)].entity}; DELETE some inserted facts first")
+        where[(layer, feature)] = free
+    moved = [(l, f, where[(l, f)], _label(cur_facts[(l, f)], v, _state(ov, l, f)),
+              f"{in_facts[(l, f)].entity} -[{in_facts[(l, f)].relation}]-> {in_facts[(l, f)].target}") for l, f in clash]
+    out = [dataclasses.replace(op, feature=where[(op.layer, op.feature)])
+           if isinstance(op, PatchOp) and (op.layer, op.feature) in where else op for op in ops]
+    return out, moved
+
+
+def _least_used(v: EditableVindex, layer: int) -> list[int]:
+    """The layer's features, least used first: INSERT's measure (mean |activation| on the decoy
+    prompts x |down column|) with model weights, else the lowest down_meta score."""
+    if not v.has_model_weights:
+        return [int(f) for f in np.argsort(np.abs(v.store.down_meta(layer)[1][:, 0]), kind="stable")]
+    from larql.edit.feature_insert import DECOY_PROMPTS, _ffn_inputs
+
+    model = v.model()
+    _, acts = _ffn_inputs(model, list(DECOY_PROMPTS), layer, last_only=True)
+    down = model.weights.layers[layer].down.dequantize()
+    return [int(f) for f in np.argsort(np.abs(acts).mean(axis=0) * np.linalg.norm(down, axis=0), kind="stable")]
 
 
 def _winner(policy: str, current: float, incoming: float) -> str:

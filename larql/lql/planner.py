@@ -272,6 +272,7 @@ def maintenance_steps(stmt: ast.Statement) -> list[Step]:
         load = ("a vindex: its edits are the DIFF of the base in use vs it" if vindex
                 else "a patch file: its operations, checked against the vindex in use")
         return [Step("load_source", f"{stmt.source}: {load}"),
+                Step("move_facts", "an incoming fact in a slot holding another fact -> the next least-used feature"),
                 Step("replay_incoming", "on an empty overlay: one state per slot it touches"),
                 Step("find_conflicts", "slots both sides edit differently; (entity, relation) with another target"),
                 Step("resolve", f"on conflict {policy}: {resolve}"),

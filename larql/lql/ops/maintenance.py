@@ -25,6 +25,12 @@ def merge_stmt(stmt: ast.MergeStmt, session: Session, result: Result) -> None:
     result.columns = ["layer", "feature", "conflict", "current", "incoming", "winner"]
     result.rows = [[c.layer, c.feature if c.feature >= 0 else "weight edit", c.kind, c.current, c.incoming, c.winner]
                    for c in r.conflicts]
+    result.rows += [[layer, f"{old} -> {new}", "moved", current, incoming, "both"]
+                    for layer, old, new, current, incoming in r.moved]
+    if r.moved:
+        layers = sorted({m[0] for m in r.moved})
+        result.notes.append(f"{len(r.moved)} incoming fact(s) moved to a free feature (another fact held the slot); "
+                            f"REBALANCE AT LAYER {layers[0]} tunes the facts there against each other")
     result.notes.append(f"{r.incoming} incoming operation(s): {r.recorded} recorded, {r.skipped} skipped (lost a "
                         f"conflict), {r.present} already present")
     result.notes += r.notes

@@ -70,6 +70,19 @@ def test_merge_a_patch_adds_its_fact(vxi: Path, blue: tuple[Path, np.ndarray, in
     assert np.array_equal(logits(s), before)
 
 
+def test_merge_moves_another_fact_out_of_a_shared_slot(vxi: Path, blue: tuple[Path, np.ndarray, int]) -> None:
+    path, _, tid = blue
+    s = session(vxi, insert("omega", "red"))  # a fresh session takes the same least-used feature as a.vlp
+    mine = s.vindex.patches.pending[-1]
+    (res,) = execute(f'MERGE "{path}" ON CONFLICT FAIL', s)  # not a conflict: nothing fails
+    ((layer, moved, kind, current, incoming, winner),) = res.rows
+    assert (layer, kind, winner) == (2, "moved", "both") and "omega -[colour]-> red" in current
+    assert incoming == "zeta -[colour]-> blue" and moved.startswith(f"{mine.feature} -> ")
+    new = int(moved.split(" -> ")[1])
+    assert new != mine.feature and {mine.feature, new} <= set(s.vindex.overlay.layer(2))
+    assert logp(s, ZETA, tid) - logp(session(vxi), ZETA, tid) > 5.0 and "REBALANCE AT LAYER 2" in res.notes[0]
+
+
 def green(vxi: Path, path: Path, c: float) -> Session:
     """A session holding another edit of a.vlp's slot: zeta -[colour]-> green, claiming c_score `c`
     (on the tiny byte-level vocabulary every INSERT target starts with the same token, so INSERT
