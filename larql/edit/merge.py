@@ -240,7 +240,7 @@ def merge(v: EditableVindex, source: str | Path, policy: str = "last_wins") -> M
         more = f" and {len(report.conflicts) - 3} more" if len(report.conflicts) > 3 else ""
         raise EditError(f"MERGE {source}: {len(report.conflicts)} conflict(s): {shown}{more}; nothing was merged "
                         f"(ON CONFLICT LAST_WINS, KEEP_CURRENT or HIGHEST_CONFIDENCE resolves them)")
-    keep = extra + keep
+    keep = [*extra, *keep]
     stack.record_all(keep)
     report.recorded = len(keep)
     return report

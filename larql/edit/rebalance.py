@@ -117,18 +117,23 @@ def _rebalance_layer(v: EditableVindex, L: int, limit: int, floor: float,
     before = probs()
     hs = [_ffn_inputs(model, [p], L, last_only=False)[0] for p in prompts]
     snap = overlay.snapshot([(L, op.feature) for op in facts])
-    downs = [overlay[(L, op.feature)].down for op in facts]
-    if any(d is None for d in downs):
-        raise VindexError(f"REBALANCE: a fact at layer {L} has no down vector in the overlay")
+    downs = []
+    for op in facts:
+        d = overlay[(L, op.feature)].down
+        if d is None:
+            raise VindexError(f"REBALANCE: the fact at L{L} F{op.feature} has no down vector in the overlay")
+        downs.append(d)
     down_cols = model.weights.layers[L].down.dequantize()
     cap = MAX_SCALE * float(np.median(np.linalg.norm(down_cols, axis=0)))
     gates = []
     try:
+        neutral = [d for d in DECOY_PROMPTS if d not in prompts]
+        h_neutral, _ = _ffn_inputs(model, neutral, L, last_only=True)  # captured once per layer
         for i, op in enumerate(facts):  # 1. every gate against the decoys and every other prompt
-            decoys = list(DECOY_PROMPTS) + [relation_prompt(e, op.relation or "") for e in DECOY_ENTITIES
-                                            if e.lower() != (op.entity or "").lower()]
-            decoys = [d for d in decoys if d not in prompts]
-            h_decoys, _ = _ffn_inputs(model, decoys, L, last_only=True)
+            templated = [d for e in DECOY_ENTITIES if e.lower() != (op.entity or "").lower()
+                         and (d := relation_prompt(e, op.relation or "")) not in prompts]
+            h_decoys = np.concatenate([h_neutral, _ffn_inputs(model, templated, L, last_only=True)[0]]) \
+                if templated else h_neutral
             rest = [h[-1:] for j, h in enumerate(hs) if j != i]
             try:
                 g, u = _selective(hs[i], np.concatenate([h_decoys] + rest), h_decoys.mean(axis=0))

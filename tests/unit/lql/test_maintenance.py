@@ -97,7 +97,7 @@ def green(vxi: Path, path: Path, c: float) -> Session:
 
 
 def test_merge_conflicts_per_policy(vxi: Path, blue: tuple[Path, np.ndarray, int]) -> None:
-    path, want, tid = blue
+    path, want, _ = blue
     g = green(vxi, path, 0.99)
     pending, before = list(g.vindex.patches.pending), logits(g)
     with pytest.raises(LqlSemanticError) as e:
@@ -125,7 +125,7 @@ def test_merge_conflicts_per_policy(vxi: Path, blue: tuple[Path, np.ndarray, int
 
 
 def test_merge_a_fact_at_another_slot_deletes_the_loser(vxi: Path, blue: tuple[Path, np.ndarray, int]) -> None:
-    path, _, tid = blue
+    path, _, _ = blue
     s = session(vxi, insert("zeta", "green", layer=1))  # the same fact, another layer: a fact conflict
     (res,) = execute(f'MERGE "{path}"', s)
     assert [r[2] for r in res.rows] == ["fact"] and res.rows[0][0] == 1 and res.rows[0][5] == "incoming"
