@@ -2,7 +2,7 @@
 
 A plan's `to_text()` is deterministic (golden-tested) and is what `larql lql --plan` prints.
 Semantic errors (no vindex in use, a layer out of range, model weights needed on a browse-only
-vindex, a statement not implemented yet) are raised here, before anything runs.
+vindex, a refused clause) are raised here, before anything runs.
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ class Plan:
         return "\n".join(lines)
 
 
-NOT_YET: dict[type, str] = {}
 NEEDS_NOTHING = (ast.UseStmt, ast.ExtractStmt, ast.ShowModelsStmt)
 # the defaults of `larql extract` and of EXTRACT MODEL ... INTO: one set, read by both
 EXTRACT_DEFAULTS: dict[str, str | int] = {"level": "browse", "dtype": "f16", "quant": "source", "top_k": 10}
@@ -126,10 +125,6 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
     """Check `stmt` against the session and list its steps."""
     if isinstance(stmt, ast.PipeStmt):
         return Plan(stmt, tuple(Step("run", unparse(s)) for s in stmt.stages))
-    name = NOT_YET.get(type(stmt))
-    if name is not None:
-        raise _error(session, stmt, f"{name} is not implemented yet",
-                     "browse, inference, INSERT / DELETE / UPDATE and the patch statements work now")
     refused = refusal(stmt)
     if refused is not None:
         raise _error(session, stmt, refused.message, refused.hint)

@@ -213,3 +213,16 @@ def test_rebalance_reports_and_records(vxi: Path) -> None:
 def test_rebalance_needs_weights(vx: Path) -> None:
     with pytest.raises(LqlSemanticError, match="REBALANCE needs model weights"):
         execute(f'USE "{vx}"; REBALANCE')
+
+
+def test_compact_on_a_browse_vindex_keeps_describe(vx: Path, tmp_path: Path) -> None:
+    s = Session()
+    execute(f'USE "{vx}"; BEGIN PATCH "{tmp_path / "d.vlp"}"; DELETE FROM EDGES WHERE layer = 1 AND feature = 4; '
+            "SAVE PATCH; UPDATE EDGES SET confidence = 0.25 WHERE layer = 2 AND feature = 7; "
+            "UPDATE EDGES SET confidence = 0.5 WHERE layer = 2 AND feature = 7", s)
+    look = 'DESCRIBE "hello" VERBOSE; WALK "hello" TOP 4; SELECT * FROM EDGES WHERE layer IN (1, 2) LIMIT 500'
+    before = [r.rows for r in execute(look, s)]
+    (res,) = execute("COMPACT MAJOR", s)
+    assert res.rows[1][1:] == [3, 2] and res.rows[0][1:] == [2, 1]
+    assert [r.rows for r in execute(look, s)] == before
+    assert s.vindex.feature_meta(2, 7).scores[0] == pytest.approx(0.5) and 4 in s.vindex.overlay.deleted(1)
