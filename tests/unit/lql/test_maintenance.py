@@ -206,6 +206,13 @@ def test_rebalance_reports_and_records(vxi: Path) -> None:
         if p_before > 1e-12:
             assert factor < 1.0  # above the ceiling: the down vector shrank
         assert m.tokenizer is not None and target
+    from larql.edit.feature_insert import _ffn_inputs  # each gate is silent on the other fact's prompt
+
+    h = {r[0].split(" ")[0]: _ffn_inputs(m, [f"The colour of {r[0].split(' ')[0]} is"], 2, True)[0][0] for r in res.rows}
+    for fact, layer, feature, *_ in res.rows:
+        gate = s.vindex.overlay[(layer, feature)].gate
+        own, other = (float(gate @ x) for x in (h[fact.split(" ")[0]], *(v for k, v in h.items() if k != fact.split(" ")[0])))
+        assert own > 1.0 and other <= 1e-3 * own
     (none,) = execute("REBALANCE AT LAYER 0", s)
     assert none.rows == [] and "no feature inserts" in none.notes[0]
 
