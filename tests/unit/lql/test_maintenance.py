@@ -233,3 +233,18 @@ def test_compact_on_a_browse_vindex_keeps_describe(vx: Path, tmp_path: Path) -> 
     assert res.rows[1][1:] == [3, 2] and res.rows[0][1:] == [2, 1]
     assert [r.rows for r in execute(look, s)] == before
     assert s.vindex.feature_meta(2, 7).scores[0] == pytest.approx(0.5) and 4 in s.vindex.overlay.deleted(1)
+
+
+def test_merge_a_fact_a_weight_edit_holds(vxi: Path, blue: tuple[Path, np.ndarray, int]) -> None:
+    path, _, _ = blue
+    s = session(vxi)
+    rng = np.random.default_rng(6)
+    w = rng.standard_normal((96, 1)).astype(np.float32)
+    fact = {"subject": "zeta", "relation": "colour", "prompt": ZETA, "target": "green"}
+    s.vindex.patches.record(WeightOp(1, 0.1 * rng.standard_normal((64, 1)).astype(np.float32), w, w, (fact,)))
+    with pytest.raises(LqlSemanticError, match=r"L1 weight edit: current zeta -\[colour\]-> green \(weight edit\)"):
+        execute(f'MERGE "{path}" ON CONFLICT FAIL', s)
+    (kept,) = execute(f'MERGE "{path}" ON CONFLICT KEEP_CURRENT', s)
+    assert kept.rows[0][1:3] == ["weight edit", "fact"] and kept.rows[0][5] == "current" and len(s.vindex.patches.pending) == 1
+    (hc,) = execute(f'MERGE "{path}" ON CONFLICT HIGHEST_CONFIDENCE', s)  # a weight edit claims no c_score
+    assert hc.rows[0][5] == "incoming" and any("weight edit teaching 'green' stays" in n for n in hc.notes)
