@@ -18,3 +18,8 @@ N_NEIGHBOURS = 32
 
 def default_layer(model_name: str, n_layers: int) -> int:
     return CROWN_LAYERS.get(model_name, max(1, n_layers // 6))
+
+# REBALANCE's loop (edit/rebalance.py; LARQL's factors and MAX, a band that holds INSERT's p >= 0.9 goal)
+REBALANCE_MAX, REBALANCE_CONVERGED_MAX = 16, 64
+REBALANCE_FLOOR, REBALANCE_CEILING = 0.30, 0.95
+REBALANCE_GROW, REBALANCE_SHRINK = 1.15, 0.85

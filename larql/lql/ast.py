@@ -240,7 +240,7 @@ class UpdateStmt(Statement):
 class MergeStmt(Statement):
     source: str
     into: str | None = None
-    on_conflict: str | None = None  # keep_source | keep_target | highest_confidence
+    on_conflict: str | None = None  # last_wins | keep_current | highest_confidence | fail
     span: Span = _span()
 
 
@@ -250,6 +250,7 @@ class RebalanceStmt(Statement):
     max_iters: int | None = None
     floor: float | None = None
     ceiling: float | None = None
+    layer: int | None = None  # AT LAYER n; None: every layer holding feature inserts
     span: Span = _span()
 
 

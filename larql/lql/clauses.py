@@ -57,6 +57,19 @@ REFUSALS: dict[type, tuple[Refusal, ...]] = {
                 "until every target token is the top-1 on its prompts",
                 "drop CONFIDENCE, or insert one fact with METHOD FEATURE"),
     ),
+    ast.MergeStmt: (
+        Refusal(lambda s: s.into is not None,  # type: ignore[attr-defined]
+                "MERGE ... INTO is not supported: MERGE adds to the edits of the vindex in use (vindex files are "
+                "never written)", 'USE "target.vindex"; MERGE "src"; then COMPILE CURRENT INTO VINDEX "out.vindex"'),
+    ),
+    ast.CompactStmt: (
+        Refusal(lambda s: s.full,  # type: ignore[attr-defined]
+                "COMPACT MAJOR FULL is not supported: COMPACT MAJOR already folds every applied patch and edit",
+                "drop FULL / ALL"),
+        Refusal(lambda s: s.lambda_ is not None,  # type: ignore[attr-defined]
+                "COMPACT ... WITH LAMBDA is not supported: larql's COMPACT folds the patch stack exactly, there is "
+                "no ridge solve to regularise", "drop WITH LAMBDA"),
+    ),
     ast.ShowRelationsStmt: (
         Refusal(lambda s: s.mode == "raw",  # type: ignore[attr-defined]
                 "SHOW RELATIONS ... RAW is not supported: relations are cluster labels, there is no raw form",

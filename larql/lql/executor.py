@@ -9,7 +9,7 @@ from pathlib import Path
 
 from larql.errors import LarqlError, LqlError, LqlSemanticError
 from larql.lql import ast
-from larql.lql.ops import editing, inference, lifecycle, query
+from larql.lql.ops import editing, inference, lifecycle, maintenance, query
 from larql.lql.parser import parse
 from larql.lql.planner import plan
 from larql.lql.result import Result
@@ -27,6 +27,8 @@ HANDLERS: dict[type, Callable[..., None]] = {
     ast.UpdateStmt: editing.update, ast.BeginPatchStmt: editing.begin_patch, ast.SavePatchStmt: editing.save_patch,
     ast.ApplyPatchStmt: editing.apply_patch, ast.RemovePatchStmt: editing.remove_patch,
     ast.ShowPatchesStmt: editing.show_patches, ast.CompileStmt: editing.compile_stmt, ast.DiffStmt: lifecycle.diff_stmt,
+    ast.MergeStmt: maintenance.merge_stmt, ast.RebalanceStmt: maintenance.rebalance_stmt,
+    ast.CompactStmt: maintenance.compact_stmt, ast.ShowCompactStatusStmt: maintenance.show_compact_status,
 }
 
 

@@ -2,15 +2,27 @@
 
 A plan's `to_text()` is deterministic (golden-tested) and is what `larql lql --plan` prints.
 Semantic errors (no vindex in use, a layer out of range, model weights needed on a browse-only
-vindex, a statement not implemented yet) are raised here, before anything runs.
+vindex, a refused clause) are raised here, before anything runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from larql.edit.methods import DEFAULT_METHOD, N_NEIGHBOURS, N_PREFIXES, default_layer
+from larql.edit.methods import (
+    DEFAULT_METHOD,
+    N_NEIGHBOURS,
+    N_PREFIXES,
+    REBALANCE_CEILING,
+    REBALANCE_CONVERGED_MAX,
+    REBALANCE_FLOOR,
+    REBALANCE_GROW,
+    REBALANCE_MAX,
+    REBALANCE_SHRINK,
+    default_layer,
+)
 from larql.errors import LqlSemanticError
 from larql.lql import ast
 from larql.lql.clauses import refusal
@@ -37,10 +49,6 @@ class Plan:
         return "\n".join(lines)
 
 
-NOT_YET = {
-    ast.MergeStmt: "MERGE", ast.RebalanceStmt: "REBALANCE", ast.CompactStmt: "COMPACT",
-    ast.ShowCompactStatusStmt: "SHOW COMPACT STATUS",
-}
 NEEDS_NOTHING = (ast.UseStmt, ast.ExtractStmt, ast.ShowModelsStmt)
 # the defaults of `larql extract` and of EXTRACT MODEL ... INTO: one set, read by both
 EXTRACT_DEFAULTS: dict[str, str | int] = {"level": "browse", "dtype": "f16", "quant": "source", "top_k": 10}
@@ -117,10 +125,6 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
     """Check `stmt` against the session and list its steps."""
     if isinstance(stmt, ast.PipeStmt):
         return Plan(stmt, tuple(Step("run", unparse(s)) for s in stmt.stages))
-    name = NOT_YET.get(type(stmt))
-    if name is not None:
-        raise _error(session, stmt, f"{name} is not implemented yet",
-                     "browse, inference, INSERT / DELETE / UPDATE and the patch statements work now")
     refused = refusal(stmt)
     if refused is not None:
         raise _error(session, stmt, refused.message, refused.hint)
@@ -130,6 +134,9 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
     if isinstance(stmt, ast.InsertStmt) and session.vindex is not None and not session.vindex.has_model_weights:
         raise _error(session, stmt, "INSERT needs model weights, and the vindex in use is browse-level",
                      "extract it WITH INFERENCE: the fact is installed by running the model")
+    if isinstance(stmt, ast.RebalanceStmt) and session.vindex is not None and not session.vindex.has_model_weights:
+        raise _error(session, stmt, "REBALANCE needs model weights, and the vindex in use is browse-level",
+                     "extract it WITH INFERENCE: each fact's probability is measured by running the model")
     inference = isinstance(stmt, (ast.InferStmt, ast.TraceStmt, ast.ExplainInferStmt, ast.CrownStmt))
     if inference and session.model is None and session.vindex is not None and not session.vindex.has_model_weights:
         label = {"InferStmt": "INFER", "TraceStmt": "TRACE", "ExplainInferStmt": "EXPLAIN INFER",
@@ -233,6 +240,10 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
                  Step("compare_dense", "tensors outside the FFN (a patch cannot carry them)")]
         if stmt.into_patch:
             steps.append(Step("write_patch", f"{stmt.into_patch}: applied to {a}, gives {b}"))
+    elif isinstance(stmt, (ast.MergeStmt, ast.RebalanceStmt, ast.CompactStmt, ast.ShowCompactStatusStmt)):
+        if isinstance(stmt, ast.RebalanceStmt):
+            _check_layer(session, stmt, stmt.layer)
+        steps = maintenance_steps(stmt)
     elif isinstance(stmt, (ast.BeginPatchStmt, ast.SavePatchStmt, ast.ApplyPatchStmt, ast.RemovePatchStmt,
                            ast.ShowPatchesStmt)):
         name = {"BeginPatchStmt": "begin_patch", "SavePatchStmt": "save_patch", "ApplyPatchStmt": "apply_patch",
@@ -241,6 +252,47 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
     else:  # pragma: no cover - every statement type is handled above
         raise _error(session, stmt, f"cannot plan {type(stmt).__name__}")
     return Plan(stmt, tuple(steps))
+
+
+def maintenance_steps(stmt: ast.Statement) -> list[Step]:
+    """MERGE, REBALANCE, COMPACT and SHOW COMPACT STATUS: the steps edit/merge.py, rebalance.py and
+    compact.py take, with the defaults they use."""
+    if isinstance(stmt, ast.MergeStmt):
+        policy = (stmt.on_conflict or "last_wins").upper()
+        resolve = ("refuse on any conflict, nothing recorded" if policy == "FAIL" else
+                   {"LAST_WINS": "the incoming edit wins (a fact's old feature is deleted)",
+                    "KEEP_CURRENT": "the session's edit stays, the incoming one is skipped",
+                    "HIGHEST_CONFIDENCE": "the higher c_score wins, a tie keeps the current one"}[policy])
+        vindex = (Path(stmt.source) / "index.json").is_file() or stmt.source.rstrip("/").endswith(".vindex")
+        load = ("a vindex: its edits are the DIFF of the base in use vs it" if vindex
+                else "a patch file: its operations, checked against the vindex in use")
+        return [Step("load_source", f"{stmt.source}: {load}"),
+                Step("move_facts", "an incoming fact in a slot holding another fact -> the next least-used feature"),
+                Step("replay_incoming", "on an empty overlay: one state per slot it touches"),
+                Step("find_conflicts", "slots both sides edit differently; (entity, relation) with another target"),
+                Step("resolve", f"on conflict {policy}: {resolve}"),
+                Step("record", "patch overlay, unsaved edits (all or nothing; edits already present skipped)")]
+    if isinstance(stmt, ast.RebalanceStmt):
+        limit = stmt.max_iters or (REBALANCE_CONVERGED_MAX if stmt.until_converged else REBALANCE_MAX)
+        floor = REBALANCE_FLOOR if stmt.floor is None else stmt.floor
+        ceiling = REBALANCE_CEILING if stmt.ceiling is None else stmt.ceiling
+        where = f"layer {stmt.layer}" if stmt.layer is not None else "every layer holding some"
+        return [Step("find_installs", f"feature inserts (INSERT ... METHOD FEATURE) at {where}"),
+                Step("probe", "p(target | its prompt) per fact, before"),
+                Step("retune_gates", "each fact's gate/up orthogonal to the decoys and the other facts' prompts"),
+                Step("scale_down", f"x{REBALANCE_GROW} below FLOOR {_fmt(floor)}, x{REBALANCE_SHRINK} above CEILING {_fmt(ceiling)}, "
+                                   f"at most {limit} iteration(s)"),
+                Step("record", "patch overlay, one update per fact (gate, up, down, c_score)")]
+    if isinstance(stmt, ast.CompactStmt):
+        what = "the unsaved edits" if stmt.level == "minor" else "the applied patches and the unsaved edits"
+        return [Step("fold", f"{what}: one operation per edited slot, one weight edit per layer"),
+                Step("replay", "the overlay from the folded stack (every answer unchanged)")]
+    return [Step("measure_stack", "applied patches and unsaved edits: operations, bytes"),
+            Step("plan_compact", "what COMPACT MINOR and COMPACT MAJOR would leave (nothing changes)")]
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
 
 
 def walk_top(stmt: ast.WalkStmt | ast.ExplainWalkStmt) -> int:

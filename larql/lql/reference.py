@@ -80,14 +80,15 @@ STATEMENTS: tuple[StatementHelp, ...] = (
     StatementHelp("DIFF", 'DIFF {CURRENT | "a.vindex"} {CURRENT | "b.vindex"} [LAYER n] [RELATION "r"] [LIMIT n] '
                   '[INTO PATCH "file.vlp"]', 'DIFF "a.vindex" CURRENT LIMIT 20;',
                   "per-feature differences between two vindexes (INTO PATCH: a patch that turns a into b)"),
-    StatementHelp("MERGE", 'MERGE "src.vindex" [INTO "dir"] [ON CONFLICT {KEEP_SOURCE | KEEP_TARGET | '
-                  'HIGHEST_CONFIDENCE}]', 'MERGE "other.vindex";', "(not implemented yet)", False),
-    StatementHelp("REBALANCE", "REBALANCE [UNTIL CONVERGED] [MAX n] [FLOOR x] [CEILING x]", "REBALANCE;",
-                  "(not implemented yet)", False),
-    StatementHelp("COMPACT", "COMPACT MINOR | COMPACT MAJOR [FULL | ALL] [WITH LAMBDA = x]", "COMPACT MINOR;",
-                  "(not implemented yet)", False),
-    StatementHelp("SHOW COMPACT STATUS", "SHOW COMPACT STATUS", "SHOW COMPACT STATUS;", "(not implemented yet)",
-                  False),
+    StatementHelp("MERGE", 'MERGE {"src.vindex" | "file.vlp"} [ON CONFLICT {LAST_WINS | KEEP_CURRENT | '
+                  'HIGHEST_CONFIDENCE | FAIL}]', 'MERGE "theirs.vlp" ON CONFLICT KEEP_CURRENT;',
+                  "add a patch's or another vindex's edits to the edits in use, reporting each conflict"),
+    StatementHelp("REBALANCE", "REBALANCE [AT LAYER n] [UNTIL CONVERGED] [MAX n] [FLOOR x] [CEILING x]",
+                  "REBALANCE AT LAYER 12;", "re-tune the facts INSERT installed at a layer against each other"),
+    StatementHelp("COMPACT", "COMPACT [MINOR | MAJOR]", "COMPACT;",
+                  "fold the patch stack into fewer operations (every answer unchanged)"),
+    StatementHelp("SHOW COMPACT STATUS", "SHOW COMPACT STATUS", "SHOW COMPACT STATUS;",
+                  "what COMPACT MINOR / MAJOR would fold: patches, operations, bytes"),
 )
 
 
@@ -104,7 +105,9 @@ def overview() -> str:
     width = max(len(s.name) for s in STATEMENTS)
     lines = ["Statements (end each with ';'; `.help NAME` shows one statement's syntax):"]
     lines += [f"  {s.name:<{width}}  {s.example}" for s in STATEMENTS if s.implemented]
-    lines.append("  not implemented yet: " + ", ".join(s.name for s in STATEMENTS if not s.implemented))
+    missing = [s.name for s in STATEMENTS if not s.implemented]
+    if missing:
+        lines.append("  not implemented yet: " + ", ".join(missing))
     return "\n".join(lines)
 
 

@@ -536,7 +536,8 @@ class ToAst(Transformer):  # type: ignore[type-arg]
 
     @v_args(meta=True)
     def merge_conflict(self, meta: Meta, children: list[Any]) -> Opt:
-        return Opt("on_conflict", _kw(children, "KEEP_SOURCE", "KEEP_TARGET", "HIGHEST_CONFIDENCE"), meta)
+        policy = _kw(children, "LAST_WINS", "KEEP_CURRENT", "HIGHEST_CONFIDENCE", "FAIL", "KEEP_SOURCE", "KEEP_TARGET")
+        return Opt("on_conflict", {"keep_source": "last_wins", "keep_target": "keep_current"}.get(policy, policy), meta)
 
     @v_args(meta=True)
     def merge(self, meta: Meta, children: list[Any]) -> ast.MergeStmt:
@@ -563,7 +564,7 @@ class ToAst(Transformer):  # type: ignore[type-arg]
     def rebalance(self, meta: Meta, children: list[Any]) -> ast.RebalanceStmt:
         o = self._options(children, "REBALANCE")
         return ast.RebalanceStmt(o.get("until_converged", False), o.get("max_iters"), o.get("floor"),
-                                 o.get("ceiling"), span=_span(meta))
+                                 o.get("ceiling"), o.get("at_layer"), span=_span(meta))
 
     @v_args(meta=True)
     def compact_minor(self, meta: Meta, children: list[Any]) -> ast.CompactStmt:

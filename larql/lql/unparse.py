@@ -135,7 +135,8 @@ def _merge(s: ast.MergeStmt) -> str:
 
 
 def _rebalance(s: ast.RebalanceStmt) -> str:
-    return _join("REBALANCE", "UNTIL CONVERGED" if s.until_converged else None,
+    return _join("REBALANCE", s.layer is not None and f"AT LAYER {s.layer}" or None,
+                 "UNTIL CONVERGED" if s.until_converged else None,
                  s.max_iters is not None and f"MAX {s.max_iters}" or None,
                  s.floor is not None and f"FLOOR {_num(s.floor)}" or None,
                  s.ceiling is not None and f"CEILING {_num(s.ceiling)}" or None)

@@ -61,7 +61,7 @@ def test_help_lists_every_statement_with_an_example() -> None:
         out = drive(typed)
         assert 'DESCRIBE             DESCRIBE "France";' in out
         assert "WALK                 WALK \"The capital of France is\" TOP 5;" in out
-        assert "not implemented yet: MERGE, REBALANCE, COMPACT, SHOW COMPACT STATUS" in out
+        assert "not implemented yet" not in out and "MERGE                MERGE" in out
         assert ".timing [on|off]" in out
     out = drive(".help DESCRIBE\rhelp walk;\r.help nothing\r")
     assert 'syntax:  DESCRIBE "entity" [ALL LAYERS | SYNTAX | KNOWLEDGE | OUTPUT] [AT LAYER n]' in out

@@ -168,6 +168,9 @@ EXECUTOR_SEEDS = [
     'BEGIN PATCH "p.vlp"', "SAVE PATCH", 'APPLY PATCH "p.vlp"', 'REMOVE PATCH "p.vlp"',
     'BEGIN PATCH "p.vlp"; DELETE FROM EDGES WHERE layer = 0 AND feature = 1; SAVE PATCH; APPLY PATCH "p.vlp"',
     'WALK "a" |> INFER "b" TOP 2', 'MERGE "{vx}"', 'DIFF CURRENT "{vx}"', 'CROWN "hello" FOR "x" SUBJECT "hello"',
+    'DELETE FROM EDGES WHERE layer = 1 AND feature = 4; COMPACT MINOR; SHOW COMPACT STATUS; COMPACT',
+    'BEGIN PATCH "m.vlp"; UPDATE EDGES SET confidence = 0.2 WHERE layer = 0 AND feature = 1; SAVE PATCH; MERGE "m.vlp" ON CONFLICT FAIL',
+    'REBALANCE AT LAYER 1 MAX 2',
 ]
 # too slow for a fuzz loop (a real model, an extraction, an optimisation) or writing big files
 SLOW_STATEMENTS = ("ExtractStmt", "InsertStmt", "CompileStmt")

@@ -55,7 +55,7 @@ def test_semantic_errors_are_located() -> None:
     with pytest.raises(LqlSemanticError) as e:
         execute('STATS;\nDESCRIBE "France"')
     assert e.value.message == "no vindex in use" and e.value.line == 1
-    with pytest.raises(LqlSemanticError, match="MERGE is not implemented yet"):
+    with pytest.raises(LqlSemanticError, match="no vindex in use"):
         execute('MERGE "other.vindex"')
     with pytest.raises(LqlSemanticError, match="no vindex in use"):
         execute('COMPILE CURRENT INTO MODEL "out/" FORMAT SAFETENSORS')
@@ -88,13 +88,17 @@ def test_plans_are_golden(vx: Path, vxi: Path, update_golden: bool) -> None:
              'APPLY PATCH "p.vlp"', 'REMOVE PATCH "p.vlp"', "SHOW PATCHES",
              'COMPILE CURRENT INTO VINDEX "o.vindex" ON CONFLICT FAIL', 'COMPILE "a.vindex" INTO MODEL "o.gguf" FORMAT GGUF',
              'COMPILE CURRENT INTO MODEL "out/" FORMAT SAFETENSORS', 'COMPILE CURRENT INTO MODEL "o.gguf"',
-             'DIFF "a.vindex" CURRENT LAYER 2 LIMIT 5 INTO PATCH "d.vlp"']
+             'DIFF "a.vindex" CURRENT LAYER 2 LIMIT 5 INTO PATCH "d.vlp"', 'MERGE "theirs.vlp"',
+             'MERGE "b.vindex" ON CONFLICT FAIL', 'MERGE "b.vlp" ON CONFLICT KEEP_SOURCE',
+             'MERGE "b.vlp" ON CONFLICT KEEP_TARGET', 'MERGE "b.vlp" ON CONFLICT HIGHEST_CONFIDENCE',
+             "COMPACT MINOR", "COMPACT", "SHOW COMPACT STATUS"]
     weights = ['INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B")',
              'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B"), ("C", "capital", "D") '
              'METHOD MEMIT AT LAYER 1',
              'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B") METHOD MEMIT LAYERS 0-1',
              'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B") METHOD FEATURE CONFIDENCE 0.8',
-             'CROWN "The capital of France is" FOR "Paris" SUBJECT "France"']
+             'CROWN "The capital of France is" FOR "Paris" SUBJECT "France"', "REBALANCE",
+             "REBALANCE AT LAYER 2 UNTIL CONVERGED FLOOR 0.5 CEILING 0.99", "REBALANCE MAX 3"]
     with_weights = Session(vindex=open_vindex(vxi))
     got = "\n".join([plan(parse(t)[0], session).to_text() for t in texts]
                     + [plan(parse(t)[0], with_weights).to_text() for t in weights]) + "\n"

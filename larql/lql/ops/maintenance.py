@@ -1,0 +1,92 @@
+"""MERGE, REBALANCE, COMPACT and SHOW COMPACT STATUS: statements that work on the patch stack of the
+vindex in use as a whole (edit/merge.py, edit/rebalance.py, edit/compact.py)."""
+
+from __future__ import annotations
+
+from larql.edit.view import EditableVindex
+from larql.lql import ast
+from larql.lql.ops.editing import _recording_note
+from larql.lql.result import Result
+from larql.lql.session import Session
+
+
+def _v(session: Session) -> EditableVindex:
+    assert session.vindex is not None  # the planner checked
+    return session.vindex
+
+
+def merge_stmt(stmt: ast.MergeStmt, session: Session, result: Result) -> None:
+    from larql.edit.merge import merge
+
+    v = _v(session)
+    r = merge(v, stmt.source, stmt.on_conflict or "last_wins")
+    result.title = (f"Merged {r.kind} {stmt.source} -> {v.path} (patch overlay): {r.recorded} operation(s) recorded, "
+                    f"{len(r.conflicts)} conflict(s) (ON CONFLICT {r.policy.upper()})")
+    result.columns = ["layer", "feature", "conflict", "current", "incoming", "winner"]
+    result.rows = [[c.layer, c.feature if c.feature >= 0 else "weight edit", c.kind, c.current, c.incoming, c.winner]
+                   for c in r.conflicts]
+    result.rows += [[layer, f"{old} -> {new}", "moved", current, incoming, "both"]
+                    for layer, old, new, current, incoming in r.moved]
+    if r.moved:
+        layers = sorted({m[0] for m in r.moved})
+        result.notes.append(f"{len(r.moved)} incoming fact(s) moved to a free feature (another fact held the slot); "
+                            f"REBALANCE AT LAYER {layers[0]} tunes the facts there against each other")
+    result.notes.append(f"{r.incoming} incoming operation(s): {r.recorded} recorded, {r.skipped} skipped (lost a "
+                        f"conflict), {r.present} already present")
+    result.notes += r.notes
+    _recording_note(v, result)
+
+
+def rebalance_stmt(stmt: ast.RebalanceStmt, session: Session, result: Result) -> None:
+    from larql.edit.rebalance import rebalance
+
+    v = _v(session)
+    r = rebalance(v, stmt.layer, stmt.max_iters, stmt.floor, stmt.ceiling, stmt.until_converged)
+    where = f"layer {stmt.layer}" if stmt.layer is not None else \
+        ("layers " + ", ".join(map(str, r.layers)) if r.layers else "no layer")
+    result.title = f"Rebalanced {len(r.facts)} fact(s) at {where} (patch overlay, {r.ops} update(s))"
+    result.columns = ["fact", "layer", "feature", "p(target) before", "after", "down x"]
+    result.rows = [[f.label, f.layer, f.feature, _sig(f.p_before), _sig(f.p_after), _sig(f.down_factor)]
+                   for f in r.facts]
+    if not r.facts:
+        result.notes.append("no feature inserts to rebalance (INSERT ... METHOD FEATURE installs them; weight edits "
+                            "have none)")
+    else:
+        result.notes.append(f"{r.iterations} iteration(s); " + ("every fact in the band" if r.converged else
+                            "not converged: some fact is outside the band (MAX n, or UNTIL CONVERGED, loops longer)"))
+    _recording_note(v, result)
+
+
+def _sig(x: float) -> float:
+    return float(f"{x:.4g}")
+
+
+def compact_stmt(stmt: ast.CompactStmt, session: Session, result: Result) -> None:
+    from larql.edit.compact import compact
+
+    v = _v(session)
+    r = compact(v.patches, stmt.level)
+    result.title = f"Compacted ({stmt.level}): {r.before.ops} -> {r.after.ops} operation(s)"
+    result.columns = ["measure", "before", "after"]
+    result.rows = [["patches (the unsaved edits count as one)", r.before.patches, r.after.patches],
+                   ["operations", r.before.ops, r.after.ops],
+                   ["bytes carried", r.before.bytes, r.after.bytes]]
+    result.notes.append(f"{r.slots} slot(s) set by one operation each, {r.weight_layers} layer(s) with one joined "
+                        "weight edit; the overlay, and every answer, is unchanged")
+    if stmt.level == "major":
+        result.notes.append('the folded stack is unsaved: BEGIN PATCH "all.vlp"; SAVE PATCH writes it as one file')
+
+
+def show_compact_status(stmt: ast.ShowCompactStatusStmt, session: Session, result: Result) -> None:
+    from larql.edit.compact import plan_compact, stack_size
+
+    stack = _v(session).patches
+    now = stack_size(stack.applied, stack.pending)
+    result.title = "Compact status"
+    result.columns = ["stack", "patches", "operations", "bytes"]
+    result.rows = [["now", now.patches, now.ops, now.bytes]]
+    for level in ("minor", "major"):
+        s = stack_size(*plan_compact(stack, level))
+        result.rows.append([f"after COMPACT {level.upper()}", s.patches, s.ops, s.bytes])
+    result.notes.append(f"{len(stack.applied)} applied patch(es), {len(stack.pending)} unsaved edit(s); "
+                        "MINOR folds the unsaved edits, MAJOR everything into one")
