@@ -86,10 +86,21 @@ def readme_dir(gemma_vindex: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     return d
 
 
+SERVED = "http://127.0.0.1:8081"  # the README's `larql serve smollm2-135m --port 8081`
+
+
 def test_python_blocks_run_as_written(readme_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from larql.serve.server import ServerThread
+    from larql.serve.sessions import open_served
+
     monkeypatch.chdir(readme_dir)
     namespace: dict[str, object] = {"__name__": "readme"}
     for line, body in blocks("python"):
+        if SERVED in body:  # the OpenAI client block talks to the server the bash block above starts
+            with ServerThread(open_served("smollm2-135m")) as url:  # a real one, on a free loopback port
+                code = compile("\n" * (line - 1) + body.replace(SERVED, url), str(README), "exec")
+                exec(code, namespace)  # noqa: S102
+            continue
         code = compile("\n" * (line - 1) + body, str(README), "exec")  # tracebacks name the README's line
         exec(code, namespace)  # noqa: S102 - running the README is the point
 
