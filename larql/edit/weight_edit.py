@@ -27,7 +27,7 @@ from larql.edit.capture import capture
 from larql.edit.facts import Fact, model_prefixes, subject_position
 from larql.edit.methods import N_PREFIXES
 from larql.edit.rome import KeyMetric, LowRankDelta, solve_update
-from larql.edit.value import ValueResult, optimise_value
+from larql.edit.value import ValueResult, optimise_values
 from larql.errors import EditError
 from larql.model.grad import DenseLayer
 from larql.model.model import Model
@@ -47,6 +47,7 @@ DECOY_SUBJECTS = ("Sweden", "Peru", "Greece", "Vietnam", "Argentina", "Austria",
                   "football")
 MAX_DECOY_PROMPTS = 64
 NEIGHBOUR_BUDGET = 512  # neighbour prompts held per solve, shared by its facts (ffn has 2048 dims)
+VALUE_BATCH = 32  # subjects optimised side by side
 OLD_OBJECT_TEMPLATES = ("{} is a", "{} is the", "I live in {}")
 
 
@@ -176,10 +177,13 @@ def plan_weight_edit(model: Model, facts: Sequence[Fact], layers: Sequence[int],
     def ffn_layers(layer: int) -> DenseLayer:
         return dense(layer, edits)
 
-    values = []
-    for i, group in enumerate(groups):
-        say(f"value {i + 1}/{len(groups)}: {group[0].subject}")
-        values.append(optimise_value(model, group, layers, prefixes, ffn_layers))
+    # every subject's value in one batched optimisation (one tail pass per step for all of them),
+    # in slices that bound the memory of the stacked activations and candidate logits
+    values: list[ValueResult] = []
+    for i in range(0, len(groups), VALUE_BATCH):
+        part = groups[i: i + VALUE_BATCH]
+        say(f"values {i + 1}-{i + len(part)}/{len(groups)}: {part[0][0].subject}...")
+        values += optimise_values(model, part, layers, prefixes, ffn_layers)
     t_value = time.perf_counter()
     decoy, n_decoys = decoy_keys(model, facts, layers, decoys, neighbours=neighbours)
     deltas, keys = [], {}

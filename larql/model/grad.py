@@ -112,11 +112,19 @@ class TailContext:
     start: int  # first position the injected vectors reach (the subject's last token)
     resid: F32  # (T - start, hidden)
     inject_rows: I64 = field(default_factory=lambda: np.zeros(1, np.int64))  # rows of the suffix that get delta
+    group: int = 0  # which row of a `(G, hidden)` delta this context receives (several edits in one pass)
     prefix_kv: list[tuple[F32, F32]] = field(default_factory=list)  # per tail layer above the first: (K, V) `(start, n_kv, d)`
 
     @property
     def n(self) -> int:
         return len(self.ids) - self.start
+
+
+def _inject(ctxs: Sequence[TailContext], offsets: I64) -> tuple[I64, I64]:
+    """The stacked rows that receive a delta, and the group of each."""
+    rows = np.concatenate([off + c.inject_rows for off, c in zip(offsets, ctxs)]).astype(np.int64)
+    groups = np.concatenate([np.full(len(c.inject_rows), c.group, np.int64) for c in ctxs])
+    return rows, groups
 
 
 @dataclass
@@ -322,11 +330,12 @@ class Tail:
 
     def forward(self, ctxs: Sequence[TailContext], deltas: dict[int, F32]) -> tuple[F32, list[_Saved]]:
         """The final-normed residual `(N, hidden)` at every suffix row (contexts stacked in order),
-        with `deltas[layer]` `(hidden,)` added to that layer's MLP output at each context's inject rows."""
+        with `deltas[layer]` added to that layer's MLP output at each context's inject rows: `(hidden,)`
+        for every context alike, or `(G, hidden)` with row `ctx.group` for each context."""
         cfg = self.cfg
         x = np.concatenate([c.resid for c in ctxs]).astype(np.float32)  # (N, hidden)
         offsets = np.cumsum([0] + [c.n for c in ctxs])[:-1]
-        rows = np.concatenate([off + c.inject_rows for off, c in zip(offsets, ctxs)]).astype(np.int64)
+        rows, row_group = _inject(ctxs, offsets)
         saves = []
         for slot, i in enumerate(range(self.first, cfg.n_layers)):
             dl, sv = self.layers[i], _Saved()
@@ -336,7 +345,7 @@ class Tail:
             m = self._mlp(dl, x, sv)
             if i in deltas:
                 m = m.copy()
-                m[rows] += deltas[i]
+                m[rows] += deltas[i] if deltas[i].ndim == 1 else deltas[i][row_group]
             x = x + self._post_ffn(dl, m, sv)
             saves.append(sv)
         y, n, inv = _rms(x, self.w.output_norm, cfg.norm_eps)
@@ -348,7 +357,7 @@ class Tail:
         """d loss / d deltas[layer] for every injected layer, from d loss / d (final-normed rows) `dy`."""
         cfg = self.cfg
         offsets = np.cumsum([0] + [c.n for c in ctxs])[:-1]
-        rows = np.concatenate([off + c.inject_rows for off, c in zip(offsets, ctxs)]).astype(np.int64)
+        rows, row_group = _inject(ctxs, offsets)
         fin = saves[-1].mlp
         dx = _rms_back(dy, self.w.output_norm, fin["n"], fin["inv"])  # type: ignore[arg-type]
         grads: dict[int, F32] = {}
@@ -359,7 +368,12 @@ class Tail:
             if dl.post_ffn_norm is not None:
                 dm = _rms_back(dx, dl.post_ffn_norm, sv.mlp["pn"], sv.mlp["pinv"])  # type: ignore[arg-type]
             if i in deltas:
-                grads[i] = dm[rows].sum(axis=0)
+                if deltas[i].ndim == 1:
+                    grads[i] = dm[rows].sum(axis=0)
+                else:  # each group's rows sum into its own gradient
+                    g = np.zeros_like(deltas[i])
+                    np.add.at(g, row_group, dm[rows])
+                    grads[i] = g
             if i == self.first:
                 break  # the residual entering the first MLP is a constant
             dx = dx + self._mlp_back(dl, dm, sv)

@@ -94,3 +94,22 @@ def test_tail_over_several_contexts_is_the_model_on_each(deep_tiny: larql.Model)
         got = y[row: row + len(s) - st] @ emb.T
         assert np.abs(got - real).max() <= 1e-5 * np.abs(real).max()
         row += len(s) - st
+
+
+def test_values_of_several_subjects_in_one_pass_equal_each_alone(deep_tiny: larql.Model) -> None:
+    """optimise_values batches subjects through one tail (a (G, hidden) delta, each context adding its
+    group's row); each subject's value, key and step count must be what it gets optimised alone."""
+    from larql.edit.facts import Fact
+    from larql.edit.value import optimise_value, optimise_values
+
+    groups = [[Fact("ab", "xx ab yy", "qq", "r")], [Fact("cd", "zz cd ww", "rs", "r"), Fact("cd", "cd is", "t", "s")],
+              [Fact("ef", "ef of", "uv", "r")]]
+    together = optimise_values(deep_tiny, groups, [1, 2], ["pp ", "oo "], max_steps=8)
+    for facts, got in zip(groups, together):
+        alone = optimise_value(deep_tiny, facts, [1, 2], ["pp ", "oo "], max_steps=8)
+        assert got.steps == alone.steps and got.top1 == alone.top1
+        assert abs(got.nll_after - alone.nll_after) <= 1e-4 * max(1.0, abs(alone.nll_after))
+        for layer in (1, 2):
+            np.testing.assert_allclose(got.keys[layer], alone.keys[layer], rtol=1e-6, atol=1e-6)
+            scale = float(np.abs(alone.deltas[layer]).max())
+            assert np.abs(got.deltas[layer] - alone.deltas[layer]).max() <= 1e-3 * scale
