@@ -2,7 +2,9 @@
 `larql serve` started as a command on a loopback port over the tiny inference vindex. It types
 statements, sees the answers, and screenshots the TRACE chart.
 
-Set LARQL_CONSOLE_SCREENSHOT=docs/console.png to keep a screenshot of the page (the README's)."""
+As a script it takes the README's picture of a running server:
+    python -m tests.serve.test_console_browser http://127.0.0.1:8080 docs/console.png 'TRACE "..." FOR "..."'
+"""
 
 from __future__ import annotations
 
@@ -140,10 +142,6 @@ def test_trace_for_is_a_chart_of_rank_and_probability(page: Any, server: str, tm
     orange = ((img[..., 0] > 200) & (img[..., 1] > 60) & (img[..., 1] < 130) & (img[..., 2] < 60)).sum()  # #ea580c
     assert blue > 300 and orange > 300, (blue, orange)  # both lines drawn, not a blank box
     assert len({tuple(p) for p in img.reshape(-1, 3)[::7]}) > 20
-    shot = os.environ.get("LARQL_CONSOLE_SCREENSHOT")
-    if shot:  # the README's picture: a DESCRIBE-free page with a table and the chart
-        run(page, 'INFER "hello" TOP 3; TRACE "hello" FOR "x"')
-        page.screenshot(path=shot, full_page=True)
 
 
 def test_logit_lens_is_a_heatmap(page: Any) -> None:
@@ -166,3 +164,19 @@ def test_describe_is_a_card_and_text_stays_text(page: Any, browse: str) -> None:
 
 def test_no_script_or_console_errors(page: Any) -> None:
     assert page.problems == [], page.problems
+
+
+def screenshot(url: str, out: str, text: str) -> None:
+    """Open the console at `url`, run `text` and save the page as a PNG."""
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM)
+        pg = browser.new_page(viewport={"width": 900, "height": 600})
+        pg.goto(url + "/")
+        pg.locator("#info", has_text="layers").wait_for()
+        run(pg, text)
+        pg.screenshot(path=out, full_page=True)
+        browser.close()
+
+
+if __name__ == "__main__":
+    screenshot(*sys.argv[1:4])

@@ -147,8 +147,8 @@
       chart.append(svg("rect", { class: "cell", x: L + xi * cw, y: T + yi * ch, width: cw - 1, height: ch - 1,
         fill: viridis(p) }, svg("title", {}, `${row[iLayer]}, position ${row[iPos]}: ${JSON.stringify(tok)} ${cellText(p)}`)));
       if (tok) {
-        chart.append(svg("text", { class: "cell-label", x: L + xi * cw + cw / 2, y: T + yi * ch + ch / 2 + 4,
-          "text-anchor": "middle", fill: p > 0.6 ? "#111" : "#fff" }, JSON.stringify(tok).slice(1, -1).slice(0, 8)));
+        chart.append(svg("text", { x: L + xi * cw + cw / 2, y: T + yi * ch + ch / 2 + 4,
+          "text-anchor": "middle", class: `cell-label ${p > 0.6 ? "on-light" : "on-dark"}` }, JSON.stringify(tok).slice(1, -1).slice(0, 8)));
       }
     }
     stages.forEach((s, k) => chart.append(svg("text", { x: L - 6, y: T + (stages.length - 1 - k) * ch + ch / 2 + 4,
