@@ -15,6 +15,7 @@ thread or a test. A result is a Result or the dict `larql lql --json` / `POST /v
 from __future__ import annotations
 
 import io
+import warnings
 from typing import Any
 
 from larql.errors import LarqlError
@@ -113,5 +114,7 @@ def lens(result: Result | dict[str, Any], figsize: tuple[float, float] | None = 
 def png(fig: Any, dpi: int = 100) -> bytes:
     """A figure as PNG bytes."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
+    with warnings.catch_warnings():  # a token may be in any script; a glyph the font lacks draws as a box
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from font", category=UserWarning)
+        fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
