@@ -15,7 +15,7 @@ def test_page_and_files_come_from_this_server_only(browse: str) -> None:
     r = httpx.get(f"{browse}/")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     assert "default-src 'self'" in r.headers["content-security-policy"]
-    assert re.findall(r'(?:src|href)="([^"]+)"', r.text) == ["/console/console.css", "/console/console.js"]
+    assert re.findall(r'(?:src|href)="([^"]+)"', r.text) == ["data:,", "/console/console.css", "/console/console.js"]
     for name, kind in (("console.js", "javascript"), ("console.css", "text/css")):
         f = httpx.get(f"{browse}/console/{name}")
         assert f.status_code == 200 and kind in f.headers["content-type"] and f.text == (STATIC / name).read_text()
