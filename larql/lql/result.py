@@ -29,7 +29,7 @@ class Result:
     def to_pandas(self) -> Any:
         """The rows as a pandas DataFrame with the result's columns (values as they are, unrounded)."""
         try:
-            import pandas as pd
+            import pandas as pd  # type: ignore[import-untyped,unused-ignore]
         except ImportError:
             raise LarqlError("to_pandas() needs pandas, which is not installed; pip install pandas") from None
         return pd.DataFrame(self.rows, columns=self.columns)

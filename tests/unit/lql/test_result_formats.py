@@ -14,7 +14,7 @@ import pytest
 
 from larql import plot
 from larql.errors import LarqlError
-from larql.formats import to_csv, to_html, to_markdown
+from larql.formats import to_csv, to_markdown
 from larql.lql.executor import execute
 from larql.lql.result import Result
 
