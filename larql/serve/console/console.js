@@ -80,7 +80,7 @@
       const last = Math.max(...rows.map((row) => row[iPos]));
       rows = rows.filter((row) => row[iPos] === last);
     }
-    const W = 640, H = 260, L = 56, R = 56, T = 18, B = 40;
+    const W = 640, H = 276, L = 56, R = 56, T = 34, B = 40;
     const n = rows.length, pw = W - L - R, ph = H - T - B;
     const x = (i) => L + (n === 1 ? pw / 2 : (i * pw) / (n - 1));
     const maxRank = Math.max(2, ...rows.map((row) => row[iRank]));
@@ -111,6 +111,11 @@
       svg("text", { class: "prob-label", x: W - 10, y: T + ph / 2, transform: `rotate(90 ${W - 10} ${T + ph / 2})`,
         "text-anchor": "middle" }, "probability"));
     chart.append(grid);
+    chart.append(svg("g", { class: "legend" }, // above the plot, where no point can hide it
+      svg("line", { class: "rank", x1: L, x2: L + 22, y1: 12, y2: 12 }),
+      svg("text", { x: L + 28, y: 16 }, "rank of the target (log scale, 1 = top)"),
+      svg("line", { class: "prob", x1: L + 270, x2: L + 292, y1: 12, y2: 12 }),
+      svg("text", { x: L + 298, y: 16 }, "probability")));
     const line = (cls, y, idx) => svg("polyline", { class: cls,
       points: rows.map((row, i) => `${x(i).toFixed(1)},${y(row[idx]).toFixed(1)}`).join(" ") });
     chart.append(line("rank", yRank, iRank), line("prob", yProb, iProb));
