@@ -157,8 +157,12 @@ def cmd_lql(args: argparse.Namespace) -> int:
     from larql.lql.session import Session
     from larql.lql.unparse import unparse
     from larql.progress import StatementProgress
-    from larql.render import render, render_json
+    from larql.render import render_as
 
+    fmt = args.format or ("json" if args.json else "table")
+    if args.json and fmt != "json":
+        sys.stderr.write(f"larql: error: --json and --format {fmt} ask for different outputs; give one\n")
+        return 2
     if (args.file is None) == (args.statements is None):
         sys.stderr.write("larql: error: give LQL statements or -f FILE (one of them)\n")
         return 2
@@ -170,13 +174,15 @@ def cmd_lql(args: argparse.Namespace) -> int:
             return 1
     else:
         text = args.statements
-    console = Console(file=sys.stdout, width=args.width, no_color=args.json)
-    bars = StatementProgress(enabled=not (args.json or args.quiet or args.plan))
+    plain = fmt != "table"  # machine-readable: no colour, no progress bars
+    console = Console(file=sys.stdout, width=args.width, no_color=plain)
+    bars = StatementProgress(enabled=not (plain or args.quiet or args.plan))
     session = Session(source=text, progress=bars.report)
     if args.vindex:
         from larql.edit.view import edit_vindex
 
         session.vindex = edit_vindex(args.vindex)
+    first = True  # nothing written yet (csv / markdown separate results with a blank line)
     for stmt in parse(text):
         if args.plan:
             print(plan(stmt, session).to_text())
@@ -188,10 +194,8 @@ def cmd_lql(args: argparse.Namespace) -> int:
         with bars.statement(unparse(stmt)):  # erased before the results print
             results = run_statement(stmt, session)
         for result in results:
-            if args.json:
-                render_json(result, sys.stdout)
-            else:
-                render(result, console, timing=args.timing)
+            if render_as(fmt, result, console, sys.stdout, first=first, timing=args.timing):
+                first = False
     return 0
 
 
@@ -240,6 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     lq.add_argument("--plan", action="store_true", help="print each statement's plan instead of running it")
     lq.add_argument("--timing", action="store_true", help="print each statement's time")
     lq.add_argument("--width", type=int, default=None, help="table width (default: the terminal's)")
+    lq.add_argument("--format", choices=["table", "json", "csv", "markdown"], default=None,
+                    help="table (default), json (one object a result, as --json), csv (header and rows of each "
+                         "result, values in full), markdown (title, pipe table, notes)")
     lq.set_defaults(func=cmd_lql)
 
     rp = sub.add_parser("repl", help="an interactive LQL shell (statements end with ';', .help for commands)")

@@ -11,14 +11,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from larql.formats import cell_text, to_csv, to_markdown
 from larql.lql.result import Result
+
+FORMATS = ("table", "json", "csv", "markdown")
 
 
 def _cell(v: Any) -> Text:
     """Plain text, never markup: tokens such as "[/INST]" or "[capital]" must print as they are."""
-    if isinstance(v, float):
-        return Text(f"{v:.4g}" if abs(v) < 1e4 else f"{v:.1f}")
-    return Text(str(v))
+    return Text(cell_text(v))
 
 
 def render(result: Result, console: Console, timing: bool = False) -> None:
@@ -67,3 +68,18 @@ def print_wrapped(console: Console, text: str, indent: str = "", style: str = ""
 
 def render_json(result: Result, out: IO[str]) -> None:
     out.write(json.dumps(result.to_json(), ensure_ascii=False, default=str) + "\n")
+
+
+def render_as(fmt: str, result: Result, console: Console, out: IO[str], first: bool, timing: bool = False) -> bool:
+    """One result in `larql lql --format FMT`: a rich table, a JSON line, or a CSV / Markdown block
+    (blocks after the first start with a blank line). Returns whether it wrote anything."""
+    if fmt == "table":
+        render(result, console, timing=timing)
+    elif fmt == "json":
+        render_json(result, out)
+    else:
+        text = to_csv(result) if fmt == "csv" else to_markdown(result)
+        if not text:
+            return False
+        out.write(("" if first else "\n") + text)
+    return True

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from larql.errors import LarqlError
+
 
 @dataclass
 class Result:
@@ -17,6 +19,20 @@ class Result:
 
     def dicts(self) -> list[dict[str, Any]]:
         return [dict(zip(self.columns, row)) for row in self.rows]
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows a result as an HTML table (larql/formats.py renders it, escaped)."""
+        from larql.formats import to_html
+
+        return to_html(self, self.statement)
+
+    def to_pandas(self) -> Any:
+        """The rows as a pandas DataFrame with the result's columns (values as they are, unrounded)."""
+        try:
+            import pandas as pd  # type: ignore[import-untyped,unused-ignore]
+        except ImportError:
+            raise LarqlError("to_pandas() needs pandas, which is not installed; pip install pandas") from None
+        return pd.DataFrame(self.rows, columns=self.columns)
 
     def to_json(self) -> dict[str, Any]:
         return {"statement": self.statement, "title": self.title, "columns": self.columns, "rows": self.rows,

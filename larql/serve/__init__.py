@@ -7,6 +7,8 @@
     DELETE /v1/session                  drop this client's session (its edits)
     POST /v1/completions, /v1/chat/completions   OpenAI-compatible ("stream": true for SSE)
     WS   /v1/stream                     token frames, a done frame; {"type": "cancel"} stops
+    GET  /                              the browser console (larql/serve/console.py)
+    GET  /v1/lql/keywords, POST /v1/lql/complete   the console editor's completion
 
 Read-only unless started with --allow-edits; then a client's first write opens a session (header
 X-Larql-Session, cookie larql_session) whose overlay holds its edits only. With --token, writes

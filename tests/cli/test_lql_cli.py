@@ -57,3 +57,22 @@ def test_editing_errors_exit_nonzero(vx: Path, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text())["operations"] == [{"op": "delete", "layer": 0, "feature": 1,
                                                           "reason": "DELETE 1 slot(s)"}]
+
+
+def test_formats_csv_markdown_and_json_as_the_json_option(vx: Path) -> None:
+    text = f'USE "{vx}"; SHOW LAYERS; SELECT * FROM EDGES LIMIT 3'
+    r = larql("lql", "--format", "csv", text)
+    assert r.returncode == 0, r.stderr
+    blocks = r.stdout.split("\n\n")  # USE has no columns: two CSV blocks
+    assert len(blocks) == 2 and blocks[0].splitlines()[0] == "layer,band,features,top_token,top_token_count"
+    assert len(blocks[1].splitlines()) == 4
+    r = larql("lql", "--format", "markdown", text)
+    assert r.returncode == 0 and r.stdout.startswith("- Using:") and "| layer | band |" in r.stdout
+    def untimed(out: str) -> list[dict]:
+        return [{k: v for k, v in json.loads(line).items() if k != "elapsed_ms"} for line in out.splitlines()]
+
+    as_json = larql("lql", "--format", "json", text)
+    assert as_json.returncode == 0 and untimed(as_json.stdout) == untimed(larql("lql", "--json", text).stdout)
+    assert untimed(larql("--json", "lql", "--format", "json", text).stdout) == untimed(as_json.stdout)
+    r = larql("lql", "--json", "--format", "csv", text)
+    assert r.returncode == 2 and "--json and --format csv" in r.stderr and r.stdout == ""
