@@ -22,8 +22,9 @@ class Tabular(Protocol):
 
 
 def cell_text(v: Any) -> str:
-    """What a cell shows on screen: 4 significant digits for a float (one decimal past 10,000),
-    anything else as str. The value itself is never rounded."""
+    """What a cell shows on screen: 4 significant digits for a float, so a small probability reads
+    3.2e-06 rather than 0.0000 (one decimal past 10,000); anything else as str. The value itself is
+    never rounded: handlers store full floats, and JSON and CSV carry them whole."""
     if isinstance(v, float):
         return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.1f}"
     return str(v)

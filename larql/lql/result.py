@@ -1,4 +1,5 @@
-"""Result: what a statement returns — a value; rendering (rich tables, JSON) is separate."""
+"""Result: what a statement returns — a value, its floats at full precision; rendering (rich tables,
+HTML, Markdown: larql/formats.cell_text) decides the digits shown, and JSON carries them whole."""
 
 from __future__ import annotations
 
@@ -36,4 +37,4 @@ class Result:
 
     def to_json(self) -> dict[str, Any]:
         return {"statement": self.statement, "title": self.title, "columns": self.columns, "rows": self.rows,
-                "notes": self.notes, "elapsed_ms": round(self.elapsed_ms, 3)}
+                "notes": self.notes, "elapsed_ms": self.elapsed_ms}

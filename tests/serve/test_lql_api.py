@@ -58,6 +58,8 @@ def test_inference_statements_match_local(infer: str, infer_vx: Path) -> None:
     got = _same(r.json()["results"])
     assert got == _local(infer_vx, text)
     assert got[0]["columns"] == ["rank", "token", "prob", "logit"] and len(got[0]["rows"]) == 3
+    # unrounded: the tiny model's p(" x") is far below 5e-5 at every stage, and not 0
+    assert all(0.0 < row[2] < 5e-5 for row in got[1]["rows"]) and got[1]["columns"][2] == "prob"
 
 
 def test_errors_carry_the_cli_message_and_caret(browse: str, browse_vx: Path) -> None:

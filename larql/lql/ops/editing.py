@@ -48,12 +48,12 @@ def insert(stmt: ast.InsertStmt, session: Session, result: Result) -> None:
     result.title = f"Inserted {r.entity} -[{r.relation}]-> {r.target} at L{r.layer} F{r.feature} (patch overlay)"
     result.columns = ["measure", "before", "after"]
     result.rows = [
-        [f"p({r.target_token.strip()!s} | {r.prompt!r})", float(f"{r.p_before:.3g}"), float(f"{r.p_after:.3g}")],
+        [f"p({r.target_token.strip()!s} | {r.prompt!r})", r.p_before, r.p_after],
         ["rank of the target", r.rank_before, r.rank_after],
-        *([[f"p({r.target_token.strip()!s} | the few-shot form)", float(f"{r.p_paraphrase_before:.3g}"),
-            float(f"{r.p_paraphrase_after:.3g}")]] if r.paraphrase and r.p_paraphrase_after is not None else []),
+        *([[f"p({r.target_token.strip()!s} | the few-shot form)", r.p_paraphrase_before,
+            r.p_paraphrase_after]] if r.paraphrase and r.p_paraphrase_after is not None else []),
         [f"neighbours keeping their top-1 (of {r.locality_total})", r.locality_total, r.locality_top1],
-        ["neighbours' mean KL(before || after)", 0.0, round(r.locality_kl, 5)],
+        ["neighbours' mean KL(before || after)", 0.0, r.locality_kl],
     ]
     if r.p_after < goal:
         result.notes.append(f"the goal p >= {goal} was not reached at layer {r.layer}; a later layer "
@@ -237,7 +237,7 @@ def compile_stmt(stmt: ast.CompileStmt, session: Session, result: Result) -> Non
     result.rows = [["edited features baked", report.edited_features],
                    ["layers with rewritten FFN weights", ", ".join(map(str, report.layers_rewritten)) or "none"],
                    ["features written by several patches", len(report.conflicts)],
-                   ["size (MB)", round(report.size_bytes / 1e6, 1)]]
+                   ["size (MB)", report.size_bytes / 1e6]]
     runs = {"vindex": f'USE "{report.path}"', "gguf": f'larql run {report.path} "..." (or llama.cpp)',
             "safetensors": f'larql run {report.path} "..." (or transformers\' from_pretrained)'}[fmt]
     result.notes.append(f"{runs} runs the edited model with no patch applied")

@@ -46,7 +46,7 @@ def infer(stmt: ast.InferStmt, session: Session, result: Result) -> None:
     result.title = f"Predictions for {stmt.prompt!r}"
     if not stmt.compare:
         result.columns = ["rank", "token", "prob", "logit"]
-        result.rows = [[r + 1, text(int(t)), round(float(np.exp(logp[t])), 4), round(float(logits[t]), 3)]
+        result.rows = [[r + 1, text(int(t)), float(np.exp(logp[t])), float(logits[t])]
                        for r, t in enumerate(top)]
         return
     edits = m.edits
@@ -56,7 +56,7 @@ def infer(stmt: ast.InferStmt, session: Session, result: Result) -> None:
     dense_logp = log_softmax(dense_logits)
     dense_top = top_tokens(dense_logits, top_n)
     result.columns = ["rank", "walk token", "walk prob", "dense token", "dense prob"]
-    result.rows = [[r + 1, text(int(t)), round(float(np.exp(logp[t])), 4), text(int(d)), round(float(np.exp(dense_logp[d])), 4)]
+    result.rows = [[r + 1, text(int(t)), float(np.exp(logp[t])), text(int(d)), float(np.exp(dense_logp[d]))]
                    for r, (t, d) in enumerate(zip(top, dense_top))]
     n_edited = len(edits) if isinstance(edits, Sized) else 0
     result.notes.append(f"walk FFN over {n_edited} edited feature(s) vs dense FFN: top-1 "
@@ -105,20 +105,20 @@ def trace(stmt: ast.TraceStmt, session: Session, result: Result) -> None:
                 layer = -1 if attn is None else int(label[1:])
                 a, f = (None, None) if attn is None else (float(parts[layer, 0]), float(parts[layer, 1]))
                 who = "" if a is None else ("attn" if abs(a) > abs(f) else "ffn")  # type: ignore[arg-type]
-                rows.append(tag + [label, rank_of(logp, target), round(float(np.exp(logp[target])), 4),
-                                   "" if a is None else round(a, 4), "" if f is None else round(f, 4),
-                                   round(float(running[layer + 1]), 4), who])
+                rows.append(tag + [label, rank_of(logp, target), float(np.exp(logp[target])),
+                                   "" if a is None else a, "" if f is None else f,
+                                   float(running[layer + 1]), who])
             elif stmt.decompose:
                 if attn is None:
                     continue
                 na, nf = float(np.linalg.norm(attn)), float(np.linalg.norm(ffn))
-                rows.append(tag + [label, round(na, 2), round(nf, 2), round(float(np.linalg.norm(resid)), 2),
+                rows.append(tag + [label, na, nf, float(np.linalg.norm(resid)),
                                    f"{100 * na / (na + nf):.0f}%"])
             else:
                 top = int(np.argmax(logp))
-                na = "" if attn is None else round(float(np.linalg.norm(attn)), 2)
-                nf = "" if ffn is None else round(float(np.linalg.norm(ffn)), 2)
-                rows.append(tag + [label, m.tokenizer.token_text(top), round(float(np.exp(logp[top])), 4), na, nf])
+                na = "" if attn is None else float(np.linalg.norm(attn))
+                nf = "" if ffn is None else float(np.linalg.norm(ffn))
+                rows.append(tag + [label, m.tokenizer.token_text(top), float(np.exp(logp[top])), na, nf])
     pos_col = ["pos"] if stmt.positions == "all" else []
     if target is not None:
         result.title = f"TRACE {stmt.prompt!r} FOR {m.tokenizer.token_text(target)!r}"
@@ -183,7 +183,7 @@ def explain_infer(stmt: ast.ExplainInferStmt, session: Session, result: Result) 
                 top, down = meta.tokens[0].strip(), ", ".join(t.strip() for t in meta.tokens[1:4 if not stmt.verbose else 6])
             else:
                 top, down = "", ""
-            result.rows.append([layer, int(f), round(float(act[f]), 3), top, down, label or ""] + extra)
+            result.rows.append([layer, int(f), float(act[f]), top, down, label or ""] + extra)
             extra = ["", ""] if stmt.with_attention else []
             shown += 1
             if shown >= per_layer:

@@ -115,7 +115,7 @@ def show_models(stmt: ast.ShowModelsStmt, session: Session, result: Result) -> N
             result.rows.append(["?", str(d), "", f"unreadable: {e}", ""])
             continue
         size = sum(e["size"] for e in v.index["files"].values()) / 1e6
-        result.rows.append([v.index["model"], str(d), v.num_layers, v.index["extract_level"], round(size, 1)])
+        result.rows.append([v.index["model"], str(d), v.num_layers, v.index["extract_level"], size])
     if not result.rows:
         result.notes.append("no vindex directories here")
 

@@ -46,7 +46,7 @@ def rebalance_stmt(stmt: ast.RebalanceStmt, session: Session, result: Result) ->
         ("layers " + ", ".join(map(str, r.layers)) if r.layers else "no layer")
     result.title = f"Rebalanced {len(r.facts)} fact(s) at {where} (patch overlay, {r.ops} update(s))"
     result.columns = ["fact", "layer", "feature", "p(target) before", "after", "down x"]
-    result.rows = [[f.label, f.layer, f.feature, _sig(f.p_before), _sig(f.p_after), _sig(f.down_factor)]
+    result.rows = [[f.label, f.layer, f.feature, f.p_before, f.p_after, f.down_factor]
                    for f in r.facts]
     if not r.facts:
         result.notes.append("no feature inserts to rebalance (INSERT ... METHOD FEATURE installs them; weight edits "
@@ -55,10 +55,6 @@ def rebalance_stmt(stmt: ast.RebalanceStmt, session: Session, result: Result) ->
         result.notes.append(f"{r.iterations} iteration(s); " + ("every fact in the band" if r.converged else
                             "not converged: some fact is outside the band (MAX n, or UNTIL CONVERGED, loops longer)"))
     _recording_note(v, result)
-
-
-def _sig(x: float) -> float:
-    return float(f"{x:.4g}")
 
 
 def compact_stmt(stmt: ast.CompactStmt, session: Session, result: Result) -> None:

@@ -35,7 +35,7 @@ def describe(stmt: ast.DescribeStmt, session: Session, result: Result) -> None:
                         f"max gate {card.max_gate:.1f})")
     result.columns = ["section", "relation", "target", "score", "layers"] + (["also"] if mode == "verbose" else [])
     for e in card.probes:
-        row: list[Any] = ["probe", e.label, e.target, round(e.score, 3), "model"]
+        row: list[Any] = ["probe", e.label, e.target, e.score, "model"]
         result.rows.append(row + ([""] if mode == "verbose" else []))
     for band, edges in card.bands.items():
         lo, hi = card.layer_bands[band]
@@ -43,7 +43,7 @@ def describe(stmt: ast.DescribeStmt, session: Session, result: Result) -> None:
             # cluster labels only in VERBOSE (as LARQL's BRIEF shows only probe-confirmed labels)
             label = (e.label or "") if mode == "verbose" else ""
             layers = f"L{e.layer}" if mode != "verbose" else f"L{min(e.layers)}-{max(e.layers)} {e.hits}x"
-            row = [f"{band} L{lo}-{hi}", label, e.target, round(e.score, 1), layers]
+            row = [f"{band} L{lo}-{hi}", label, e.target, e.score, layers]
             result.rows.append(row + ([", ".join(e.also)] if mode == "verbose" else []))
     if not result.rows:
         result.notes.append("(no edges found)")
@@ -60,7 +60,7 @@ def walk(stmt: ast.WalkStmt, session: Session, result: Result) -> None:
     result.columns = ["layer", "feature", "gate", "top", "down"]
     for layer, hits in w.by_layer().items():
         for h in hits:
-            result.rows.append([layer, h.feature, round(h.score, 2), h.top_token, ", ".join(h.down_tokens)])
+            result.rows.append([layer, h.feature, h.score, h.top_token, ", ".join(h.down_tokens)])
     result.notes.append("a feature scan of the last token's embedding, not inference: no attention runs")
 
 
@@ -78,7 +78,7 @@ def explain_walk(stmt: ast.ExplainWalkStmt, session: Session, result: Result) ->
             label = v.feature_label(layer, h.feature)
             if stmt.relations_only and not label:
                 continue
-            result.rows.append([layer, h.feature, h.top_token, round(h.score, 2), ", ".join(h.down_tokens), label or ""])
+            result.rows.append([layer, h.feature, h.top_token, h.score, ", ".join(h.down_tokens), label or ""])
 
 
 # ---- SELECT -------------------------------------------------------------------------------------
@@ -137,7 +137,7 @@ def select(stmt: ast.SelectStmt, session: Session, result: Result) -> None:
         layer = next((c.value for c in stmt.where if c.field == "layer" and c.op == "=" and isinstance(c.value, int)), None)
         hits = list(browse.iter_features(v, None if layer is None else [layer]))
     rows = [{"layer": h.layer, "feature": h.feature, "token": h.top_token, "also": ", ".join(h.down_tokens[:3]),
-             "relation": v.feature_label(h.layer, h.feature) or "", "score": round(h.score, 4)} for h in hits]
+             "relation": v.feature_label(h.layer, h.feature) or "", "score": h.score} for h in hits]
     rows = _filter(rows, stmt.where, EDGE_FIELDS, stmt, session)
     if stmt.order is not None:
         _order(rows, stmt, session, EDGE_FIELDS)
@@ -152,7 +152,7 @@ def _select_entities(stmt: ast.SelectStmt, session: Session, result: Result, lim
     v = _v(session)
     layer = next((c.value for c in stmt.where if c.field == "layer" and c.op == "="), None)
     entities = browse.select_entities(v, layer=layer, limit=10**9)  # type: ignore[arg-type]
-    rows = [{"token": e.token, "count": e.count, "score": round(e.max_score, 4)} for e in entities]
+    rows = [{"token": e.token, "count": e.count, "score": e.max_score} for e in entities]
     where = tuple(c for c in stmt.where if c.field != "layer")
     fields = {"token": "token", "count": "count", "score": "score", "max_score": "score"}
     rows = _filter(rows, where, fields, stmt, session)
@@ -194,7 +194,7 @@ def show_layers(stmt: ast.ShowLayersStmt, session: Session, result: Result) -> N
 
 def show_features(stmt: ast.ShowFeaturesStmt, session: Session, result: Result) -> None:
     v = _v(session)
-    rows = [{"feature": h.feature, "token": h.top_token, "score": round(h.score, 4), "down": ", ".join(h.down_tokens),
+    rows = [{"feature": h.feature, "token": h.top_token, "score": h.score, "down": ", ".join(h.down_tokens),
              "relation": v.feature_label(h.layer, h.feature) or ""} for h in browse.iter_features(v, [stmt.layer])]
     for cond in stmt.where:  # LARQL: token = "x" (and relation) is a substring match
         key = {"token": "token", "target": "token", "entity": "token", "relation": "relation",
@@ -216,7 +216,7 @@ def show_features(stmt: ast.ShowFeaturesStmt, session: Session, result: Result) 
 def show_entities(stmt: ast.ShowEntitiesStmt, session: Session, result: Result) -> None:
     entities = browse.select_entities(_v(session), layer=stmt.layer, limit=stmt.limit or 50)
     result.columns = ["token", "count", "max_score"]
-    result.rows = [[e.token, e.count, round(e.max_score, 4)] for e in entities]
+    result.rows = [[e.token, e.count, e.max_score] for e in entities]
 
 
 def show_relations(stmt: ast.ShowRelationsStmt, session: Session, result: Result) -> None:

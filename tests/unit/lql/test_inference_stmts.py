@@ -33,7 +33,7 @@ def test_infer_matches_the_model(src: dict) -> None:
     logits = m.next_logits(m.tokenize("hello there"))
     top = np.argsort(-logits)[:3]
     assert [r[1] for r in res.rows] == [m.tokenizer.token_text(int(t)) for t in top]
-    assert res.rows[0][2] == pytest.approx(float(np.exp(log_softmax(logits)[top[0]])), abs=1e-4)
+    assert res.rows[0][2] == pytest.approx(float(np.exp(log_softmax(logits)[top[0]])), rel=1e-6)
     _, via_model = execute(f'USE MODEL "{src["gguf"]}"; INFER "hello there" TOP 3')
     assert via_model.rows == res.rows
 
@@ -65,7 +65,7 @@ def test_trace_rows_agree_with_infer(src: dict) -> None:
         f'USE "{src["inference"]}"; INFER "hello there" TOP 1; TRACE "hello there"; '
         'TRACE "hello there" FOR "a" LAYERS 1-3; TRACE "hello there" DECOMPOSE')
     assert [r[0] for r in default.rows] == ["emb", "L0", "L1", "L2", "L3"]
-    assert default.rows[-1][1] == infer.rows[0][1] and default.rows[-1][2] == pytest.approx(infer.rows[0][2], abs=1e-4)
+    assert default.rows[-1][1] == infer.rows[0][1] and default.rows[-1][2] == pytest.approx(infer.rows[0][2], rel=1e-6)
     assert [r[0] for r in target.rows] == ["emb", "L1", "L2", "L3"] and target.rows[-1][1] >= 1
     assert all(r[6] in ("attn", "ffn") for r in target.rows[1:])
     assert all(r[4].endswith("%") for r in decompose.rows) and len(decompose.rows) == 4
@@ -84,7 +84,7 @@ def test_trace_attributions_include_the_final_norm_and_add_up_to_the_logit(src: 
         # the table: emb, then each layer's two terms; logit_so_far ends at the model's logit
         emb = trace.rows[0][5]
         layers = sum(r[3] + r[4] for r in trace.rows[1:])
-        assert emb + layers == pytest.approx(logit, abs=5e-4)  # 4-decimal rounding, 2 per layer
+        assert emb + layers == pytest.approx(trace.rows[-1][5], abs=1e-9)  # the values, unrounded
         assert trace.rows[-1][5] == pytest.approx(logit, abs=1e-4) and f"{logit:.4f}" in trace.notes[0]
         # unrounded, from the same cache: within 1e-4
         _, cache = m.run_with_cache(ids, names=["hook_embed"] + interp.residual_hook_names(range(m.config.n_layers)))
@@ -123,7 +123,7 @@ def test_explain_infer_lists_the_strongest_features(src: dict) -> None:
     act = cache["blocks.2.mlp.hook_post"][-1]
     expected = np.argsort(-np.abs(act), kind="stable")[:4]
     assert [r[1] for r in res.rows[4:]] == list(expected)
-    assert res.rows[4][2] == pytest.approx(float(act[expected[0]]), abs=1e-3)
+    assert res.rows[4][2] == pytest.approx(float(act[expected[0]]), rel=1e-6)
     assert res.rows[0][6] and res.rows[1][6] == ""  # attention shown once per layer
 
 

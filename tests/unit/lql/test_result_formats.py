@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
 import pytest
+from rich.console import Console
 
 from larql import plot
 from larql.errors import LarqlError
-from larql.formats import to_csv, to_markdown
+from larql.formats import cell_text, to_csv, to_markdown
 from larql.lql.executor import execute
 from larql.lql.result import Result
+from larql.render import render, render_json
 
 
 class _Cells(HTMLParser):
@@ -82,6 +85,27 @@ def test_to_pandas_has_the_rows_unrounded(traced: dict[str, Result]) -> None:
     df = r.to_pandas()
     assert isinstance(df, pd.DataFrame) and list(df.columns) == r.columns
     assert df.values.tolist() == r.rows and df["rank"].tolist() == [1, 2, 3]
+
+
+def test_a_tiny_probability_reaches_json_whole_and_reads_in_the_table(traced: dict[str, Result]) -> None:
+    """Handlers do not round: a probability below 5e-5 (once stored as 0.0) is in the JSON as it was
+    computed, and the table shows it to 4 significant digits (5.77e-08), never as 0."""
+    trace, infer = traced["for"], traced["infer"]
+    probs = [row[trace.columns.index("prob")] for row in trace.rows] + [infer.rows[1][2]]
+    assert all(isinstance(p, float) and 0.0 < p < 5e-5 for p in probs), probs  # the tiny model's "x", its 2nd guess
+    for r in (trace, infer):
+        buf = io.StringIO()
+        render_json(r, buf)
+        back = json.loads(buf.getvalue())
+        assert back["rows"] == r.rows and back["elapsed_ms"] == r.elapsed_ms  # every float, bit for bit
+    console = Console(record=True, width=160, color_system=None)
+    render(trace, console)
+    render(infer, console)
+    table = console.export_text()
+    for p in probs:
+        shown = cell_text(p)
+        assert "e-" in shown and float(shown) == pytest.approx(p, rel=5e-4) and f" {shown} " in table
+    assert cell_text(3.2e-06) == "3.2e-06" and cell_text(0.1234567) == "0.1235" and cell_text(0.0) == "0"
 
 
 def test_to_pandas_without_pandas_names_the_install(traced: dict[str, Result],
