@@ -88,7 +88,8 @@ def test_plans_are_golden(vx: Path, vxi: Path, update_golden: bool) -> None:
              'APPLY PATCH "p.vlp"', 'REMOVE PATCH "p.vlp"', "SHOW PATCHES",
              'COMPILE CURRENT INTO VINDEX "o.vindex" ON CONFLICT FAIL', 'COMPILE "a.vindex" INTO MODEL "o.gguf" FORMAT GGUF',
              'COMPILE CURRENT INTO MODEL "out/" FORMAT SAFETENSORS', 'COMPILE CURRENT INTO MODEL "o.gguf"',
-             'DIFF "a.vindex" CURRENT LAYER 2 LIMIT 5 INTO PATCH "d.vlp"']
+             'DIFF "a.vindex" CURRENT LAYER 2 LIMIT 5 INTO PATCH "d.vlp"', 'BEGIN PATCH "p.vlp" FORCE',
+             'COMPILE CURRENT INTO VINDEX "o.vindex" FORCE', 'DIFF "a.vindex" CURRENT INTO PATCH "d.vlp" FORCE']
     weights = ['INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B")',
              'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B"), ("C", "capital", "D") '
              'METHOD MEMIT AT LAYER 1',
