@@ -25,6 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import ModelError, UnsupportedError
+from larql.jsonfile import read_json
 from larql.model.config import ModelConfig
 from larql.model.model import Model
 from larql.model.weights import hf_tensor_name, named_tensors
@@ -211,7 +212,9 @@ def source_chat_template(source: Path) -> str | None:
     try:
         if source.is_dir():
             cfg = source / "tokenizer_config.json"
-            return json.loads(cfg.read_text()).get("chat_template") if cfg.is_file() else None
+            doc = read_json(cfg, 16 << 20, 16, "tokenizer config", ModelError) if cfg.is_file() else None
+            template = doc.get("chat_template") if isinstance(doc, dict) else None
+            return template if isinstance(template, str) else None
         if source.suffix == ".gguf" and source.is_file():
             from larql.model.gguf_file import GGUFFile
 
