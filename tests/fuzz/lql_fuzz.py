@@ -168,6 +168,9 @@ EXECUTOR_SEEDS = [
     'BEGIN PATCH "p.vlp"', "SAVE PATCH", 'APPLY PATCH "p.vlp"', 'REMOVE PATCH "p.vlp"',
     'BEGIN PATCH "p.vlp"; DELETE FROM EDGES WHERE layer = 0 AND feature = 1; SAVE PATCH; APPLY PATCH "p.vlp"',
     'WALK "a" |> INFER "b" TOP 2', 'MERGE "{vx}"', 'DIFF CURRENT "{vx}"', 'CROWN "hello" FOR "x" SUBJECT "hello"',
+    'TRACE "hello" POSITIONS ALL SAVE "t.trace" FORCE', 'DIFF CURRENT "{vx}" INTO PATCH "d.vlp" FORCE',
+    'BEGIN PATCH "q.vlp" FORCE; DELETE FROM EDGES WHERE layer = 2 AND feature = 1; SAVE PATCH FORCE',
+    'BEGIN PATCH "{vx}/x.vlp"', 'DIFF CURRENT "{vx}" INTO PATCH "{vx}/../x.vlp"',
 ]
 # too slow for a fuzz loop (a real model, an extraction, an optimisation) or writing big files
 SLOW_STATEMENTS = ("ExtractStmt", "InsertStmt", "CompileStmt")
