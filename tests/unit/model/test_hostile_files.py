@@ -171,3 +171,51 @@ def test_huge_or_special_edit_set_files_are_not_read(tmp_path: Path) -> None:
         load_edit_set("/dev/zero")
     with pytest.raises(EditError, match="no such edit-set file"):
         load_edit_set(tmp_path / "missing.json")
+
+
+# ---- safetensors headers
+
+def _rewrite_header(src: Path, dst: Path, change) -> None:  # type: ignore[no-untyped-def]
+    raw = src.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    new = change(header)
+    blob = new if isinstance(new, bytes) else json.dumps(new).encode()
+    dst.write_bytes(len(blob).to_bytes(8, "little") + blob + raw[8 + n:])
+
+
+def _first(h: dict[str, Any]) -> str:
+    return next(k for k in h if k != "__metadata__")
+
+
+SAFETENSORS_CASES = {
+    "header a list": (lambda h: [1, 2], "not a JSON object"),
+    "nested 10,000 deep": (lambda h: b"[" * 10_000 + b"]" * 10_000, "nested 10000 deep"),
+    "NaN in the header": (lambda h: json.dumps(h).replace('"F32"', "NaN", 1).encode(), "not valid JSON"),
+    "negative offset": (lambda h: {**h, _first(h): {**h[_first(h)], "data_offsets": [-8, 8]}}, "data_offsets"),
+    "offsets past the end": (lambda h: {**h, _first(h): {**h[_first(h)], "data_offsets": [0, 1 << 50]}}, "past the end"),
+    "shape of strings": (lambda h: {**h, _first(h): {**h[_first(h)], "shape": ["64"]}}, "shape must be"),
+    "shape bigger than its bytes": (lambda h: {**h, _first(h): {**h[_first(h)], "shape": [1 << 20, 1 << 10]}},
+                                    "span .* not the"),
+    "unknown dtype": (lambda h: {**h, _first(h): {**h[_first(h)], "dtype": "F99"}}, "unknown dtype"),
+    "entry a string": (lambda h: {**h, _first(h): "x"}, "corrupt safetensors header entry"),
+}
+
+
+@pytest.mark.parametrize("case", list(SAFETENSORS_CASES))
+def test_hostile_safetensors_headers_are_refused(case: str, hf_dir: Path, tmp_path: Path) -> None:
+    change, match = SAFETENSORS_CASES[case]
+    d = tampered(hf_dir, tmp_path)
+    _rewrite_header(hf_dir / "model.safetensors", d / "model.safetensors", change)
+    t0 = time.perf_counter()
+    with pytest.raises(ModelFormatError, match=match):
+        larql.load(d)
+    assert time.perf_counter() - t0 < 2
+
+
+def test_a_huge_safetensors_header_length_is_refused_before_reading(hf_dir: Path, tmp_path: Path) -> None:
+    d = tampered(hf_dir, tmp_path)
+    raw = (hf_dir / "model.safetensors").read_bytes()
+    (d / "model.safetensors").write_bytes((1 << 62).to_bytes(8, "little") + raw[8:])
+    with pytest.raises(ModelFormatError, match="more than the format's"):
+        larql.load(d)
