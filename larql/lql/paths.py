@@ -95,9 +95,17 @@ def _ids(p: Path) -> list[tuple[Path, tuple[int, int]]]:
     return out
 
 
+def _resolve(p: Path) -> Path:
+    """`p` absolute, symbolic links and '..' resolved (a link loop: resolved as far as it goes)."""
+    try:
+        return p.expanduser().resolve()
+    except (RuntimeError, OSError):  # a symbolic link loop (RuntimeError before Python 3.13)
+        return Path(os.path.abspath(p.expanduser()))
+
+
 def relation(target: Path, guard: Path) -> str | None:
     """How writing `target` touches `guard`: "is", "inside" or "contains" it, or None."""
-    t, g = target.expanduser().resolve(), guard.expanduser().resolve()
+    t, g = _resolve(target), _resolve(guard)
     if t == g:
         return "is"
     if g in t.parents:

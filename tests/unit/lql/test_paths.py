@@ -136,3 +136,10 @@ def test_writers_never_clobber_without_overwrite(vx: Path, tmp_path: Path) -> No
     assert target.read_text() == "first" and sorted(os.listdir(tmp_path)) == ["x.vlp"]  # no temp left
     save_patch(Patch("x.vlp", target, []), target, overwrite=True)
     assert '"operations": []' in target.read_text()
+
+
+def test_a_symbolic_link_loop_is_an_error_not_a_crash(vx: Path, tmp_path: Path) -> None:
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(LqlSemanticError):  # the writer cannot create it: one located line
+        execute(f'USE "{vx}"; BEGIN PATCH "{tmp_path}/a/p.vlp"; SAVE PATCH')
