@@ -76,7 +76,7 @@ def cmd_memit(args: argparse.Namespace) -> int:
     records = load_edit_set(args.edits)
     v = edit_vindex(args.vindex)
     if args.save:
-        v.patches.begin(args.save)
+        v.patches.begin(args.save, force=True)  # `larql memit --save` replaces the file, as it always did
     report = insert_facts(v, [r.fact() for r in records], "memit", None if args.layer is None else [args.layer])
     result = Result(f"memit {args.edits}")
     insert_result(report, result)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 import functools
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from larql.edit.overlay import FeatureOverride
 from larql.edit.view import EditableVindex
 from larql.errors import VindexError
 from larql.quant import GGMLType
+from larql.tempfiles import clean_stale, publish, temp_path
 from larql.vindex import layout
 from larql.vindex.weights import VindexWeightSource
 from larql.vindex.writer import VindexWriter
@@ -181,14 +181,15 @@ def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wi
         raise VindexError(f"FORMAT GGUF copies the metadata of the GGUF this vindex was extracted from, and "
                           f"{src} is not that file any more (or was not a GGUF)")
     out = Path(out)
+    clean_stale(out)  # what a killed writer of this file left (a complete old one comes back)
     if out.exists() and not overwrite:
-        raise VindexError(f"{out}: already exists; choose another path")
+        raise VindexError(f"{out}: already exists; choose another path (or replace it: FORCE in LQL)")
     reader = gguf.GGUFReader(src)
     arch = str(reader.fields["general.architecture"].contents())
     edited = edited_layers(v)
     source = VindexWeightSource(v.path)
     manifest = json.loads((v.path / layout.MANIFEST_FILE).read_text())
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    tmp = temp_path(out)
     try:
         writer = gguf.GGUFWriter(tmp, arch)
         for field in reader.fields.values():
@@ -212,7 +213,9 @@ def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wi
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        os.replace(tmp, out)
+        publish(tmp, out, overwrite)
+    except FileExistsError:
+        raise VindexError(f"{out}: already exists; choose another path (or replace it: FORCE in LQL)") from None
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise VindexError(f"{out}: cannot write the GGUF ({e.strerror or e})") from e

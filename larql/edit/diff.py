@@ -162,7 +162,7 @@ def _dense(a: EditableVindex, b: EditableVindex) -> list[FeatureDiff]:
     return out
 
 
-def write_diff_patch(a: EditableVindex, report: DiffReport, path: str | Path) -> Path:
+def write_diff_patch(a: EditableVindex, report: DiffReport, path: str | Path, overwrite: bool = False) -> Path:
     """The patch a -> b (refused when b differs outside the FFN)."""
     if report.dense:
         shown = ", ".join(report.dense[:3]) + (f" and {len(report.dense) - 3} more" if len(report.dense) > 3 else "")
@@ -171,4 +171,4 @@ def write_diff_patch(a: EditableVindex, report: DiffReport, path: str | Path) ->
     patch = Patch(Path(path).name, Path(path), list(report.ops), a.index["model"], index_checksum(a.path),
                   datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                   f"DIFF: {len(report.ops)} feature(s) differ")
-    return save_patch(patch, path)
+    return save_patch(patch, path, overwrite)

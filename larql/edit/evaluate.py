@@ -39,6 +39,7 @@ from numpy.typing import NDArray
 
 from larql.edit.facts import Fact, model_prefixes, target_ids
 from larql.errors import EditError
+from larql.jsonfile import read_json
 from larql.model.attention import KVCache
 from larql.model.interp import kl
 from larql.model.model import Model
@@ -82,15 +83,16 @@ def _edit_set_validator() -> Any:
     return jsonschema.Draft202012Validator(schema)
 
 
+MAX_EDIT_SET_BYTES = 256 << 20  # 100,000 edits (the schema's bound) of typical CounterFact size fit in ~150 MB
+MAX_EDIT_SET_DEPTH = 8  # a set nests 4 deep (document, edits, edit, neighbours / reverse)
+
+
 def load_edit_set(path: str | Path) -> list[EditRecord]:
     """Read and validate an edit-set JSON file (one line of error naming the first violation)."""
     path = Path(path)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise EditError(f"{path}: no such edit-set file") from None
-    except (OSError, ValueError) as e:
-        raise EditError(f"{path}: not an edit-set file (not valid JSON: {e})") from None
+    # bounded before it is read (size) and parsed (nesting), NaN refused: never a RecursionError or
+    # a gigabyte allocation; the schema then bounds every list and string
+    doc = read_json(path, MAX_EDIT_SET_BYTES, MAX_EDIT_SET_DEPTH, "edit-set", EditError)
     errors = sorted(_edit_set_validator().iter_errors(doc), key=lambda e: list(e.absolute_path))
     if errors:
         at = "/".join(str(p) for p in errors[0].absolute_path) or "(top level)"

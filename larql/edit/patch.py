@@ -18,7 +18,6 @@ import datetime
 import hashlib
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -30,6 +29,7 @@ from larql.edit.overlay import FeatureOverride, MetaOverride, PatchOverlay
 from larql.edit.weight_op import WeightOp
 from larql.errors import VindexError
 from larql.jsonfile import read_json
+from larql.tempfiles import clean_stale, publish, temp_path
 from larql.vindex.store import Vindex
 
 PATCH_FORMAT = "larql-patch"
@@ -194,19 +194,25 @@ def index_checksum(vindex_path: Path) -> str:
     return hashlib.sha256((vindex_path / "index.json").read_bytes()).hexdigest()
 
 
-def save_patch(patch: Patch, path: str | Path) -> Path:
-    """Write a patch file atomically (temporary file + rename)."""
+def save_patch(patch: Patch, path: str | Path, overwrite: bool = False) -> Path:
+    """Write a patch file atomically (temporary file + rename); an existing file is replaced only
+    with `overwrite` (never one that appears while this one is written)."""
     path = Path(path)
+    clean_stale(path)
     doc = {"format": PATCH_FORMAT, "version": PATCH_VERSION, "name": path.name, "base_model": patch.base_model,
            "base_checksum": patch.base_checksum, "created_at": patch.created_at, "description": patch.description,
            "tags": [], "operations": [op.to_json() for op in patch.ops]}
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temp_path(path)
     try:
         tmp.write_text(json.dumps(doc, indent=1))
-        os.replace(tmp, path)
+        publish(tmp, path, overwrite)
+    except FileExistsError:
+        raise VindexError(f"{path}: already exists; replace it with FORCE (BEGIN PATCH ... FORCE or SAVE PATCH "
+                          f"FORCE), or choose another path") from None
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise VindexError(f"{path}: cannot write the patch ({e.strerror or e})") from e
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -238,6 +244,7 @@ class PatchStack:
         self.applied: list[Patch] = []
         self.pending: list[PatchOp | WeightOp] = []
         self.recording: Path | None = None
+        self.force = False  # BEGIN PATCH ... FORCE: SAVE PATCH may replace an existing file
 
     def record(self, op: PatchOp | WeightOp) -> None:
         op.apply(self.overlay)  # validates before the op is kept
@@ -260,21 +267,21 @@ class PatchStack:
             del self.pending[-count:]
             self.replay()
 
-    def begin(self, path: str | Path) -> None:
+    def begin(self, path: str | Path, force: bool = False) -> None:
         if self.recording is not None:
             raise VindexError(f"a patch is already being recorded ({self.recording.name}); SAVE PATCH first")
-        self.recording = Path(path)
+        self.recording, self.force = Path(path), force
 
-    def save(self) -> Patch:
+    def save(self, force: bool = False) -> Patch:
         if self.recording is None:
             raise VindexError("no patch is being recorded; start one with BEGIN PATCH \"edits.vlp\" "
                               "(edits made before it are kept in the new patch)")
         v = self.store
         patch = Patch(self.recording.name, self.recording, list(self.pending), v.index["model"],
                       index_checksum(v.path), datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
-        save_patch(patch, self.recording)
+        save_patch(patch, self.recording, overwrite=force or self.force)
         self.applied.append(patch)
-        self.pending, self.recording = [], None
+        self.pending, self.recording, self.force = [], None, False
         return patch
 
     def apply(self, path: str | Path) -> Patch:

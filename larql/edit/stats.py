@@ -25,6 +25,7 @@ from numpy.typing import NDArray
 
 from larql.edit.capture import capture
 from larql.errors import EditError
+from larql.tempfiles import clean_stale, temp_path
 
 if TYPE_CHECKING:
     from larql.model.model import Model
@@ -126,7 +127,8 @@ def _load(path: Path, ffn: int) -> tuple[F64, int] | None:
 
 def _save(path: Path, cov: F64, count: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    clean_stale(path)  # what a killed writer of this cache left
+    tmp = temp_path(path)
     cov32 = np.ascontiguousarray(cov, dtype=np.float32)
     try:
         with open(tmp, "wb") as f:

@@ -74,6 +74,7 @@ class ExtractStmt(Statement):
     components: tuple[str, ...] | None = None
     layers: Range | None = None
     level: str = "browse"  # browse | inference | all
+    force: bool = False  # FORCE: may extract over an existing directory
     span: Span = _span()
 
 
@@ -84,6 +85,7 @@ class CompileStmt(Statement):
     into: str
     format: str | None = None  # safetensors | gguf (INTO MODEL)
     on_conflict: str | None = None  # last_wins | highest_confidence | fail (INTO VINDEX)
+    force: bool = False  # FORCE: may replace an existing output
     span: Span = _span()
 
 
@@ -95,6 +97,7 @@ class DiffStmt(Statement):
     relation: str | None = None
     limit: int | None = None
     into_patch: str | None = None
+    force: bool = False  # INTO PATCH ... FORCE: may replace an existing file
     span: Span = _span()
 
 
@@ -176,6 +179,7 @@ class TraceStmt(Statement):
     layers: Range | None = None
     positions: str | None = None  # last | all
     save: str | None = None
+    force: bool = False  # SAVE ... FORCE: may replace an existing file
     span: Span = _span()
 
 
@@ -265,11 +269,13 @@ class CompactStmt(Statement):
 @dataclass(frozen=True)
 class BeginPatchStmt(Statement):
     path: str
+    force: bool = False  # FORCE: SAVE PATCH may replace an existing file
     span: Span = _span()
 
 
 @dataclass(frozen=True)
 class SavePatchStmt(Statement):
+    force: bool = False  # FORCE: may replace an existing file
     span: Span = _span()
 
 

@@ -26,6 +26,7 @@ from larql.edit.methods import (
 from larql.errors import LqlSemanticError
 from larql.lql import ast
 from larql.lql.clauses import refusal
+from larql.lql.paths import check as check_paths
 from larql.lql.unparse import unparse
 
 if TYPE_CHECKING:
@@ -149,6 +150,7 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
             and not (inference and session.model is not None):
         if session.vindex is None:
             raise _error(session, stmt, "no vindex in use", 'run USE "path/to.vindex" (or EXTRACT ... INTO) first')
+    check_paths(stmt, session)  # never into what it reads, nor over an output without FORCE
     v = session.vindex
     if isinstance(stmt, ast.UseStmt):
         steps = [Step({"vindex": "open_vindex", "model": "load_model", "remote": "connect"}[stmt.kind], stmt.target)]
@@ -251,6 +253,8 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
         steps = [Step(name, getattr(stmt, "path", ""))]
     else:  # pragma: no cover - every statement type is handled above
         raise _error(session, stmt, f"cannot plan {type(stmt).__name__}")
+    if getattr(stmt, "force", False):
+        steps.append(Step("replace_existing", "FORCE: an existing output is replaced (only once the new one is complete)"))
     return Plan(stmt, tuple(steps))
 
 

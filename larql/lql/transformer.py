@@ -127,6 +127,11 @@ def _kw(children: list[Any], *types: str) -> str | None:
     return None
 
 
+def _forced(children: list[Any]) -> bool:
+    """Whether a rule's children end in FORCE (the force_flag clause)."""
+    return any(isinstance(c, Opt) and c.key == "force" for c in children)
+
+
 def _span(meta: Meta) -> ast.Span:
     if getattr(meta, "empty", True):
         return ast.NO_SPAN
@@ -325,7 +330,11 @@ class ToAst(Transformer):  # type: ignore[type-arg]
         model, into = self._paths(children)[:2]
         o = self._options(children, "EXTRACT")
         return ast.ExtractStmt(model, into, o.get("components"), o.get("layers"), o.get("level", "browse"),
-                               span=_span(meta))
+                               o.get("force", False), span=_span(meta))
+
+    @v_args(meta=True)
+    def force_flag(self, meta: Meta, children: list[Any]) -> Opt:
+        return Opt("force", True, meta)
 
     def format_clause(self, children: list[Any]) -> str | None:
         return _kw(children, "SAFETENSORS", "GGUF")
@@ -336,12 +345,14 @@ class ToAst(Transformer):  # type: ignore[type-arg]
     @v_args(meta=True)
     def compile_model(self, meta: Meta, children: list[Any]) -> ast.CompileStmt:
         fmt = next((c for c in children[2:] if isinstance(c, str) and not isinstance(c, Token)), None)
-        return ast.CompileStmt(children[1], "model", self._paths(children[2:])[0], format=fmt, span=_span(meta))
+        return ast.CompileStmt(children[1], "model", self._paths(children[2:])[0], format=fmt,
+                               force=_forced(children), span=_span(meta))
 
     @v_args(meta=True)
     def compile_vindex(self, meta: Meta, children: list[Any]) -> ast.CompileStmt:
         conflict = next((c for c in children[2:] if isinstance(c, str) and not isinstance(c, Token)), None)
-        return ast.CompileStmt(children[1], "vindex", self._paths(children[2:])[0], on_conflict=conflict, span=_span(meta))
+        return ast.CompileStmt(children[1], "vindex", self._paths(children[2:])[0], on_conflict=conflict,
+                               force=_forced(children), span=_span(meta))
 
     @v_args(meta=True)
     def diff_layer(self, meta: Meta, children: list[Any]) -> Opt:
@@ -353,13 +364,14 @@ class ToAst(Transformer):  # type: ignore[type-arg]
 
     @v_args(meta=True)
     def into_patch(self, meta: Meta, children: list[Any]) -> Opt:
-        return Opt("into_patch", self._paths(children)[0], meta)
+        return Opt("into_patch", (self._paths(children)[0], _forced(children)), meta)
 
     @v_args(meta=True)
     def diff(self, meta: Meta, children: list[Any]) -> ast.DiffStmt:
         o = self._options(children, "DIFF")
+        into, force = o.get("into_patch", (None, False))
         return ast.DiffStmt(children[1], children[2], o.get("layer"), o.get("relation"), o.get("limit"),
-                            o.get("into_patch"), span=_span(meta))
+                            into, force, span=_span(meta))
 
     @v_args(meta=True)
     def use_vindex(self, meta: Meta, children: list[Any]) -> ast.UseStmt:
@@ -457,13 +469,14 @@ class ToAst(Transformer):  # type: ignore[type-arg]
 
     @v_args(meta=True)
     def save_clause(self, meta: Meta, children: list[Any]) -> Opt:
-        return Opt("save", self._file_path(children), meta)
+        return Opt("save", (self._file_path(children), _forced(children)), meta)
 
     @v_args(meta=True)
     def trace(self, meta: Meta, children: list[Any]) -> ast.TraceStmt:
         o = self._options(children, "TRACE")
+        save, force = o.get("save", (None, False))
         return ast.TraceStmt(self._strings(children)[0], o.get("for_token"), o.get("decompose", False), o.get("layers"),
-                             o.get("positions"), o.get("save"), span=_span(meta))
+                             o.get("positions"), save, force, span=_span(meta))
 
     # ---- mutation
     @v_args(meta=True)
@@ -585,11 +598,11 @@ class ToAst(Transformer):  # type: ignore[type-arg]
     # ---- patches
     @v_args(meta=True)
     def begin_patch(self, meta: Meta, children: list[Any]) -> ast.BeginPatchStmt:
-        return ast.BeginPatchStmt(self._file_path(children), span=_span(meta))
+        return ast.BeginPatchStmt(self._file_path(children), _forced(children), span=_span(meta))
 
     @v_args(meta=True)
     def save_patch(self, meta: Meta, children: list[Any]) -> ast.SavePatchStmt:
-        return ast.SavePatchStmt(span=_span(meta))
+        return ast.SavePatchStmt(_forced(children), span=_span(meta))
 
     @v_args(meta=True)
     def apply_patch(self, meta: Meta, children: list[Any]) -> ast.ApplyPatchStmt:

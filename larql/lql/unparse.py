@@ -44,24 +44,28 @@ def _join(*parts: str | None) -> str:
     return " ".join(p for p in parts if p)
 
 
+def _force(force: bool) -> str | None:
+    return "FORCE" if force else None
+
+
 def _extract(s: ast.ExtractStmt) -> str:
     return _join(f"EXTRACT MODEL {q(s.model)} INTO {q(s.into)}",
                  s.components and "COMPONENTS " + ", ".join(s.components),
                  s.layers and "LAYERS " + _range(s.layers),
-                 None if s.level == "browse" else "WITH " + s.level.upper())
+                 None if s.level == "browse" else "WITH " + s.level.upper(), _force(s.force))
 
 
 def _compile(s: ast.CompileStmt) -> str:
     head = f"COMPILE {_ref(s.source)} INTO {s.target.upper()} {q(s.into)}"
     if s.target == "model":
-        return _join(head, s.format and "FORMAT " + s.format.upper())
-    return _join(head, s.on_conflict and "ON CONFLICT " + s.on_conflict.upper())
+        return _join(head, s.format and "FORMAT " + s.format.upper(), _force(s.force))
+    return _join(head, s.on_conflict and "ON CONFLICT " + s.on_conflict.upper(), _force(s.force))
 
 
 def _diff(s: ast.DiffStmt) -> str:
     return _join(f"DIFF {_ref(s.a)} {_ref(s.b)}", s.layer is not None and f"LAYER {s.layer}" or None,
                  s.relation and f"RELATION {q(s.relation)}", s.limit is not None and f"LIMIT {s.limit}" or None,
-                 s.into_patch and f"INTO PATCH {q(s.into_patch)}")
+                 s.into_patch and f"INTO PATCH {q(s.into_patch)}", s.into_patch and _force(s.force))
 
 
 def _use(s: ast.UseStmt) -> str:
@@ -108,7 +112,8 @@ def _infer(s: ast.InferStmt) -> str:
 def _trace(s: ast.TraceStmt) -> str:
     return _join(f"TRACE {q(s.prompt)}", s.for_token is not None and f"FOR {q(s.for_token)}" or None,
                  "DECOMPOSE" if s.decompose else None, s.layers and "LAYERS " + _range(s.layers),
-                 s.positions and "POSITIONS " + s.positions.upper(), s.save is not None and f"SAVE {q(s.save)}" or None)
+                 s.positions and "POSITIONS " + s.positions.upper(), s.save is not None and f"SAVE {q(s.save)}" or None,
+                 s.save is not None and _force(s.force) or None)
 
 
 def _num(x: float) -> str:
@@ -169,7 +174,8 @@ UNPARSERS: dict[type, Callable[..., str]] = {
     ast.CrownStmt: lambda s: _join(f"CROWN {q(s.prompt)} FOR {q(s.expected)}", s.subject and f"SUBJECT {q(s.subject)}"),
     ast.DeleteStmt: lambda s: f"DELETE FROM EDGES {_where(s.where)}", ast.UpdateStmt: _update, ast.MergeStmt: _merge,
     ast.RebalanceStmt: _rebalance, ast.CompactStmt: _compact,
-    ast.BeginPatchStmt: lambda s: f"BEGIN PATCH {q(s.path)}", ast.SavePatchStmt: lambda s: "SAVE PATCH",
+    ast.BeginPatchStmt: lambda s: _join(f"BEGIN PATCH {q(s.path)}", _force(s.force)),
+    ast.SavePatchStmt: lambda s: _join("SAVE PATCH", _force(s.force)),
     ast.ApplyPatchStmt: lambda s: f"APPLY PATCH {q(s.path)}", ast.ShowPatchesStmt: lambda s: "SHOW PATCHES",
     ast.RemovePatchStmt: lambda s: f"REMOVE PATCH {q(s.path)}", ast.ShowRelationsStmt: _show_relations,
     ast.ShowLayersStmt: lambda s: _join("SHOW LAYERS", s.range and _range(s.range)),

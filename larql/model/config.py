@@ -10,9 +10,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from larql.errors import ModelFormatError, UnsupportedError
+from larql.jsonfile import read_json
+
+MAX_HF_CONFIG_BYTES = 4 << 20  # a config.json is a few KB; a multimodal one with its processor ~50 KB
+MAX_HF_CONFIG_DEPTH = 16
+# the bounds every config, from GGUF metadata or config.json, must be inside (checked before any
+# allocation sized by them): far above any model larql runs, far below an overflow
+LIMITS = {"n_layers": 4096, "hidden": 1 << 20, "ffn": 1 << 22, "n_heads": 4096, "n_kv_heads": 4096,
+          "head_dim": 1 << 16, "vocab": 1 << 24, "context_length": 1 << 24, "sliding_window": 1 << 24}
+# config.json keys read as integers / as numbers (finite, checked by type before any conversion)
+HF_INTS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+           "vocab_size", "max_position_embeddings", "head_dim", "sliding_window", "sliding_window_pattern")
+HF_NUMBERS = ("rms_norm_eps", "rope_theta", "rope_local_base_freq", "query_pre_attn_scalar",
+              "final_logit_softcapping", "attn_logit_softcapping")
 
 
 @dataclass(frozen=True)
@@ -46,6 +60,35 @@ class ModelConfig:
 
     def layer_window(self, layer: int) -> int:
         return 0 if self.global_layers[layer] else self.sliding_window
+
+
+def read_hf_config(path: Path) -> dict[str, Any]:
+    """An HF config.json, read bounded (size before reading, nesting before parsing, NaN refused)."""
+    hf = read_json(path, MAX_HF_CONFIG_BYTES, MAX_HF_CONFIG_DEPTH, "model config", ModelFormatError)
+    if not isinstance(hf, dict) or not isinstance(hf.get("text_config", {}), dict):
+        raise ModelFormatError(f"{path}: not a model config (config.json must be a JSON object)")
+    return hf
+
+
+def check_config(cfg: ModelConfig, source: str) -> ModelConfig:
+    """Refuse a config with sizes out of LIMITS or non-finite / non-positive scales (a hostile or
+    damaged file), before anything is allocated from it."""
+    for name, limit in LIMITS.items():
+        value = getattr(cfg, name)
+        low = 0 if name in ("vocab", "sliding_window") else 1
+        if not low <= value <= limit:
+            raise ModelFormatError(f"{source}: {name} = {value} is out of range ({low}..{limit:,}): a damaged model file?")
+    if cfg.n_kv_heads > cfg.n_heads or cfg.n_heads % cfg.n_kv_heads:
+        raise ModelFormatError(f"{source}: {cfg.n_heads} attention heads cannot share {cfg.n_kv_heads} key/value heads")
+    for name in ("norm_eps", "rope_base", "rope_base_local", "embed_scale", "attn_scale"):
+        value = getattr(cfg, name)
+        if not (math.isfinite(value) and value > 0):
+            raise ModelFormatError(f"{source}: {name} = {value} must be a finite number above 0")
+    for name in ("final_softcap", "attn_softcap"):
+        value = getattr(cfg, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise ModelFormatError(f"{source}: {name} = {value} must be a finite number, 0 or more")
+    return cfg
 
 
 def _need(meta: dict[str, Any], key: str, source: str) -> Any:
@@ -121,9 +164,23 @@ def config_from_gguf(meta: dict[str, Any], source: str, tied: bool) -> ModelConf
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise UnsupportedError(
-            f"{source}: architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)})"
+            f"{source}: architecture {str(arch)[:80]!r} is not supported (supported: {', '.join(ARCHITECTURES)})"
         )
-    return ARCHITECTURES[arch](meta, source, tied)
+    return _build(arch, meta, source, tied)
+
+
+def _build(arch: str, meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
+    """The architecture's config from metadata, checked: the layer count before anything is sized
+    by it (a per-layer table of 2^40 entries would never finish), every other value after."""
+    layers = meta.get(arch + ".block_count")
+    if isinstance(layers, (int, float)) and not isinstance(layers, bool) and not 1 <= layers <= LIMITS["n_layers"]:
+        raise ModelFormatError(f"{source}: n_layers = {layers} is out of range (1..{LIMITS['n_layers']:,}): "
+                               f"a damaged model file?")
+    try:
+        cfg = ARCHITECTURES[arch](meta, source, tied)
+    except (TypeError, ValueError, OverflowError) as e:  # a value of the wrong type: int("x"), int(inf)
+        raise ModelFormatError(f"{source}: a metadata value of the wrong type or out of range ({e})") from None
+    return check_config(cfg, source)
 
 
 # HF config.json -> the GGUF-style metadata keys the builders above read.
@@ -136,12 +193,26 @@ def config_from_hf(hf: dict[str, Any], source: str, tied: bool) -> ModelConfig:
     if model_type == "gemma3" and "text_config" in hf:
         hf = {**hf["text_config"], "model_type": "gemma3_text"}
         model_type = "gemma3_text"
-    if model_type not in HF_MODEL_TYPES:
+    if not isinstance(model_type, str) or model_type not in HF_MODEL_TYPES:
         raise UnsupportedError(
-            f"{source}: model_type {model_type!r} is not supported (supported: {', '.join(HF_MODEL_TYPES)})"
+            f"{source}: model_type {str(model_type)[:80]!r} is not supported (supported: {', '.join(HF_MODEL_TYPES)})"
         )
     arch = HF_MODEL_TYPES[model_type]
     p = arch + "."
+    for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"):
+        if key not in hf:
+            raise ModelFormatError(f"{source}: config.json has no {key}")
+    for key in HF_INTS:
+        v = hf.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 1 << 40):
+            raise ModelFormatError(f"{source}: config.json {key} must be a non-negative integer, not {str(v)[:40]!r}")
+    for key in HF_NUMBERS:
+        v = hf.get(key)
+        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)):
+            raise ModelFormatError(f"{source}: config.json {key} must be a finite number, not {str(v)[:40]!r}")
+    layer_types = hf.get("layer_types")
+    if layer_types is not None and (not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types)):
+        raise ModelFormatError(f"{source}: config.json layer_types must be a list of strings")
     meta: dict[str, Any] = {
         "general.architecture": arch,
         p + "block_count": hf["num_hidden_layers"],
@@ -167,8 +238,7 @@ def config_from_hf(hf: dict[str, Any], source: str, tied: bool) -> ModelConfig:
         for key in ("final_logit_softcapping", "attn_logit_softcapping"):
             if hf.get(key):
                 meta[p + key] = hf[key]
-    cfg = ARCHITECTURES[arch](meta, source, tied)
-    layer_types = hf.get("layer_types")
+    cfg = _build(arch, meta, source, tied)
     if arch == "gemma3" and layer_types:
         from dataclasses import replace
 

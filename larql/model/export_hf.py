@@ -25,11 +25,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import ModelError, UnsupportedError
+from larql.jsonfile import read_json
 from larql.model.config import ModelConfig
 from larql.model.model import Model
 from larql.model.weights import hf_tensor_name, named_tensors
 from larql.quant import QuantMatrix
 from larql.quant.reference import to_bf16
+from larql.tempfiles import clean_stale, temp_path
 
 F32 = NDArray[np.float32]
 
@@ -174,6 +176,7 @@ def write_hf_dir(out: str | Path, cfg: ModelConfig, tensors: Sequence[ExportTens
     if dtype not in DTYPES:
         raise ModelError(f"unknown dtype {dtype!r} for safetensors (choose {', '.join(DTYPES)})")
     out = Path(out)
+    clean_stale(out)  # what a killed writer of this directory left (a complete old one comes back)
     if out.exists() and not overwrite:
         raise ModelError(f"{out}: already exists; choose another path (or pass --force to replace it)")
     embd = next((t for t in tensors if t.name == "token_embd.weight"), None)
@@ -184,7 +187,7 @@ def write_hf_dir(out: str | Path, cfg: ModelConfig, tensors: Sequence[ExportTens
     hf_tensors = [(hf_tensor_name(t.name, cfg.arch), t.shape,
                    (lambda t=t: to_hf_values(t.name, np.asarray(t.load(), np.float32).reshape(t.shape), cfg)))
                   for t in tensors]
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    tmp = temp_path(out)
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -193,7 +196,7 @@ def write_hf_dir(out: str | Path, cfg: ModelConfig, tensors: Sequence[ExportTens
             (tmp / name).write_text(text)
         write_safetensors(tmp / "model.safetensors", hf_tensors, dtype)
         if out.exists():  # overwrite: move the old one aside first, so a crash loses nothing
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            old = temp_path(out, "old")
             os.rename(out, old)
             os.rename(tmp, out)
             shutil.rmtree(old, ignore_errors=True)
@@ -209,7 +212,9 @@ def source_chat_template(source: Path) -> str | None:
     try:
         if source.is_dir():
             cfg = source / "tokenizer_config.json"
-            return json.loads(cfg.read_text()).get("chat_template") if cfg.is_file() else None
+            doc = read_json(cfg, 16 << 20, 16, "tokenizer config", ModelError) if cfg.is_file() else None
+            template = doc.get("chat_template") if isinstance(doc, dict) else None
+            return template if isinstance(template, str) else None
         if source.suffix == ".gguf" and source.is_file():
             from larql.model.gguf_file import GGUFFile
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 from larql.errors import LarqlError, ModelFormatError, UnknownModelError
-from larql.model.config import config_from_gguf, config_from_hf
+from larql.model.config import config_from_gguf, config_from_hf, read_hf_config
 from larql.model.gguf_file import GGUFFile
 from larql.model.model import Model
 from larql.model.tokenizer import tokenizer_from_gguf, tokenizer_from_hf
@@ -93,13 +93,12 @@ def _load_gguf(name: str, path: Path) -> Model:
 
 def _load_hf_dir(name: str, path: Path) -> Model:
     config_path = path / "config.json"
-    if not config_path.is_file():
+    if not os.path.lexists(config_path):  # one that is there but not a file is refused by the reader
         raise ModelFormatError(f"{path}: not a model directory (no config.json)")
-    try:
-        hf = json.loads(config_path.read_text())
-    except ValueError as e:
-        raise ModelFormatError(f"{config_path}: not valid JSON ({e})") from e
-    tied = bool(hf.get("tie_word_embeddings", hf.get("text_config", {}).get("tie_word_embeddings", True)))
+    hf = read_hf_config(config_path)
+    tied = hf.get("tie_word_embeddings", hf.get("text_config", {}).get("tie_word_embeddings", True))
+    if not isinstance(tied, bool):
+        raise ModelFormatError(f"{config_path}: tie_word_embeddings must be true or false, not {str(tied)[:40]!r}")
     cfg = config_from_hf(hf, str(path), tied)
     src = SafetensorsSource(path, cfg.arch, norm_offset=1.0 if cfg.arch == "gemma3" else 0.0)
     if not src.has("output.weight") and not cfg.tied_embeddings:

@@ -15,15 +15,24 @@ takes a few seconds, so the built tokenizer is cached as JSON keyed by a hash of
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
 
 from larql.errors import TokenizerError
+from larql.jsonfile import read_json
 
 CONTROL, USER_DEFINED = 3, 4
 _STOP_NAMES = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>")
@@ -165,6 +174,10 @@ def tokenizer_from_gguf(meta: dict[str, Any], source: str) -> TextTokenizer:
     return TextTokenizer(tok, None if bos is None else int(bos), _stop_ids(tok, [] if eos is None else [int(eos)]))
 
 
+def _token_id(t: Any, vocab: int) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
+
+
 def tokenizer_from_hf(directory: Path, hf_config: dict[str, Any]) -> TextTokenizer:
     path = directory / "tokenizer.json"
     if not path.is_file():
@@ -176,7 +189,13 @@ def tokenizer_from_hf(directory: Path, hf_config: dict[str, Any]) -> TextTokeniz
     eos = hf_config.get("eos_token_id")
     gen = directory / "generation_config.json"
     if gen.is_file():
-        eos = json.loads(gen.read_text()).get("eos_token_id", eos)
-    eos_list = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        doc = read_json(gen, 1 << 20, 16, "generation config", TokenizerError)
+        eos = doc.get("eos_token_id", eos) if isinstance(doc, dict) else eos
+    eos_list = [] if eos is None else ([eos] if isinstance(eos, int) else eos)
     bos = hf_config.get("bos_token_id")
+    vocab = tok.get_vocab_size()
+    if not isinstance(eos_list, list) or not all(_token_id(t, vocab) for t in eos_list) or \
+            (bos is not None and not _token_id(bos, vocab)):
+        raise TokenizerError(f"{directory}: bos_token_id / eos_token_id must be token ids below {vocab:,} "
+                             f"(config.json or generation_config.json)")
     return TextTokenizer(tok, bos, _stop_ids(tok, eos_list))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -10,8 +9,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.errors import ModelFormatError
+from larql.errors import ModelError, ModelFormatError
 from larql.model.interp import attribution, logit_lens
+from larql.tempfiles import clean_stale, publish, temp_path
 
 if TYPE_CHECKING:
     from larql.model.model import Model
@@ -55,8 +55,10 @@ def capture_trace(m: Model, prompt: str) -> Trace:
     return Trace(prompt, np.asarray(ids, dtype=np.uint32), residual, mids - residual[:-1], residual[1:] - mids)
 
 
-def save_trace(trace: Trace, path: str | Path) -> Path:
+def save_trace(trace: Trace, path: str | Path, overwrite: bool = True) -> Path:
+    """Write a trace file atomically; without `overwrite` an existing file is refused (ModelError)."""
     path = Path(path)
+    clean_stale(path)
     n_layers, n_pos, hidden = trace.attn.shape
     prompt = trace.prompt.encode()
     blocks = [trace.token_ids.astype("<u4").tobytes(), trace.residual.astype("<f4").tobytes(),
@@ -67,14 +69,17 @@ def save_trace(trace: Trace, path: str | Path) -> Path:
         offsets.append(pos)
         pos = _align(pos + len(b))
     header = MAGIC + np.array([VERSION, n_layers, n_pos, hidden, 0], "<u4").tobytes() + np.array(offsets, "<u8").tobytes()
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temp_path(path)
     try:
         with open(tmp, "wb") as f:
             f.write(header.ljust(HEADER, b"\0"))
             for off, b in zip(offsets, blocks):
                 f.write(b"\0" * (off - f.tell()))
                 f.write(b)
-        os.replace(tmp, path)
+        publish(tmp, path, overwrite)
+    except FileExistsError:
+        raise ModelError(f"{path}: already exists; add FORCE (TRACE ... SAVE \"{path.name}\" FORCE) to replace it, "
+                         f"or choose another path") from None
     finally:
         if tmp.exists():
             tmp.unlink()

@@ -8,7 +8,6 @@ convention too: Gemma's `(1 + w)` is stored as `w + 1`, so the forward pass alwa
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Protocol
@@ -17,6 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import ModelFormatError
+from larql.jsonfile import parse_json
 from larql.model.config import ModelConfig
 from larql.quant import GGMLType, QuantMatrix
 
@@ -114,6 +114,31 @@ def _check_shapes(layers: list[LayerWeights], cfg: ModelConfig) -> None:
 # --- HF safetensors directories ---------------------------------------------------------------
 
 _HF_DTYPES = {"F32": GGMLType.F32, "F16": GGMLType.F16, "BF16": GGMLType.BF16}
+MAX_SAFETENSORS_HEADER = 100_000_000  # the format's own bound
+_ITEM_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+
+def _header_entry(path: Path, name: str, entry: object, data_len: int, base: int) -> tuple[str, list[int], int, int]:
+    """(dtype, shape, start, end) of one tensor of a safetensors header, checked: a known dtype, a
+    shape of non-negative integers, offsets inside the file whose span is exactly the shape's bytes."""
+    where = f"{path}: tensor {str(name)[:80]!r}"
+    if not isinstance(entry, dict):
+        raise ModelFormatError(f"{where}: corrupt safetensors header entry")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in _ITEM_SIZE:
+        raise ModelFormatError(f"{where}: unknown dtype {str(dtype)[:20]!r}")
+    if not isinstance(shape, list) or len(shape) > 8 or not all(
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 40 for d in shape):
+        raise ModelFormatError(f"{where}: shape must be a list of at most 8 non-negative integers")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(
+            isinstance(o, int) and not isinstance(o, bool) for o in offsets) or not 0 <= offsets[0] <= offsets[1]:
+        raise ModelFormatError(f"{where}: data_offsets must be two integers, start <= end")
+    start, end = offsets
+    if end > data_len:
+        raise ModelFormatError(f"{path}: truncated file: tensor {str(name)[:80]} runs past the end")
+    if end - start != int(np.prod(shape, dtype=object)) * _ITEM_SIZE[dtype]:
+        raise ModelFormatError(f"{where}: data_offsets span {end - start:,} bytes, not the {shape} {dtype} declared")
+    return dtype, shape, base + start, base + end
 
 # GGUF name part -> HF name part, per layer
 _HF_LAYER = {
@@ -160,20 +185,23 @@ class SafetensorsSource:
         if len(data) < 8:
             raise ModelFormatError(f"{path}: truncated safetensors file")
         header_len = int(data[:8].view(np.uint64)[0])
+        if header_len > MAX_SAFETENSORS_HEADER:
+            raise ModelFormatError(f"{path}: a safetensors header of {header_len:,} bytes (more than the format's "
+                                   f"{MAX_SAFETENSORS_HEADER:,}): not a safetensors file, or a damaged one")
         if header_len > len(data) - 8:
             raise ModelFormatError(f"{path}: truncated safetensors header")
         try:
-            header = json.loads(data[8:8 + header_len].tobytes())
-        except ValueError as e:
-            raise ModelFormatError(f"{path}: corrupt safetensors header ({e})") from e
+            text = data[8:8 + header_len].tobytes().decode()
+        except UnicodeDecodeError as e:
+            raise ModelFormatError(f"{path}: corrupt safetensors header (not UTF-8: {e.reason})") from None
+        header = parse_json(text, f"{path}: safetensors header", 8, "safetensors header", ModelFormatError)
+        if not isinstance(header, dict):
+            raise ModelFormatError(f"{path}: corrupt safetensors header (not a JSON object)")
         base = 8 + header_len
         for name, entry in header.items():
             if name == "__metadata__":
                 continue
-            start, end = entry["data_offsets"]
-            if base + end > len(data):
-                raise ModelFormatError(f"{path}: truncated file: tensor {name} runs past the end")
-            self._entries[name] = (data, entry["dtype"], entry["shape"], base + start, base + end)
+            self._entries[name] = (data, *_header_entry(path, name, entry, len(data) - base, base))
 
     def _hf_name(self, name: str) -> str:
         return hf_tensor_name(name, self.arch)

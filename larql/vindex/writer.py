@@ -15,6 +15,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from larql.errors import VindexError
+from larql.tempfiles import clean_stale, temp_path
 from larql.vindex import integrity
 from larql.vindex.layout import INDEX_FILE, align
 
@@ -61,9 +62,10 @@ class VindexWriter:
     def __init__(self, target: Path, overwrite: bool = False) -> None:
         self.target = Path(target)
         self.overwrite = overwrite
+        clean_stale(self.target)  # what a killed writer of this target left (a complete old one comes back)
         if self.target.exists() and not overwrite:
             raise VindexError(f"{self.target}: already exists; choose another path or pass --force")
-        self.tmp = self.target.parent / f".{self.target.name}.tmp-{os.getpid()}"
+        self.tmp = temp_path(self.target)
         self.files: dict[str, dict[str, Any]] = {}
         self._open: list[tuple[str, BinaryFile]] = []
         self._done = False
@@ -110,7 +112,7 @@ class VindexWriter:
         index = integrity.seal({**index, "files": dict(sorted(self.files.items()))})
         (self.tmp / INDEX_FILE).write_text(json.dumps(index, indent=1, allow_nan=False))
         if self.target.exists():  # overwrite: move the old one aside first, so a crash loses nothing
-            old = self.target.parent / f".{self.target.name}.old-{os.getpid()}"
+            old = temp_path(self.target, "old")
             os.rename(self.target, old)
             os.rename(self.tmp, self.target)
             shutil.rmtree(old, ignore_errors=True)

@@ -171,6 +171,9 @@ EXECUTOR_SEEDS = [
     'DELETE FROM EDGES WHERE layer = 1 AND feature = 4; COMPACT MINOR; SHOW COMPACT STATUS; COMPACT',
     'BEGIN PATCH "m.vlp"; UPDATE EDGES SET confidence = 0.2 WHERE layer = 0 AND feature = 1; SAVE PATCH; MERGE "m.vlp" ON CONFLICT FAIL',
     'REBALANCE AT LAYER 1 MAX 2',
+    'TRACE "hello" POSITIONS ALL SAVE "t.trace" FORCE', 'DIFF CURRENT "{vx}" INTO PATCH "d.vlp" FORCE',
+    'BEGIN PATCH "q.vlp" FORCE; DELETE FROM EDGES WHERE layer = 2 AND feature = 1; SAVE PATCH FORCE',
+    'BEGIN PATCH "{vx}/x.vlp"', 'DIFF CURRENT "{vx}" INTO PATCH "{vx}/../x.vlp"',
 ]
 # too slow for a fuzz loop (a real model, an extraction, an optimisation) or writing big files
 SLOW_STATEMENTS = ("ExtractStmt", "InsertStmt", "CompileStmt")

@@ -10,7 +10,7 @@ from larql.edit.methods import DEFAULT_METHOD
 from larql.edit.overlay import MetaOverride
 from larql.edit.patch import PatchOp
 from larql.edit.view import EditableVindex
-from larql.errors import EmptyTargetError, LarqlError, LqlSemanticError, VindexError
+from larql.errors import EmptyTargetError, LarqlError, LqlSemanticError, ModelError, VindexError
 from larql.lql import ast
 from larql.lql.ops.query import EDGE_FIELDS, _filter
 from larql.lql.result import Result
@@ -180,13 +180,13 @@ def _patch_call(session: Session, stmt: ast.Statement, fn: Any, *args: Any) -> A
 
 def begin_patch(stmt: ast.BeginPatchStmt, session: Session, result: Result) -> None:
     stack = _v(session).patches
-    _patch_call(session, stmt, stack.begin, stmt.path)
+    _patch_call(session, stmt, stack.begin, stmt.path, stmt.force)
     kept = len(stack.pending)
     result.title = f"Patch session started: {stmt.path}" + (f" (keeping {kept} earlier edit(s))" if kept else "")
 
 
 def save_patch(stmt: ast.SavePatchStmt, session: Session, result: Result) -> None:
-    patch = _patch_call(session, stmt, _v(session).patches.save)
+    patch = _patch_call(session, stmt, _v(session).patches.save, stmt.force)
     result.title = f"Saved: {patch.path} ({patch.summary()})"
 
 
@@ -225,12 +225,12 @@ def compile_stmt(stmt: ast.CompileStmt, session: Session, result: Result) -> Non
     try:
         v = _v(session) if stmt.source is None else edit_vindex(stmt.source)
         if fmt == "vindex":
-            report = compile_vindex(v, stmt.into, stmt.on_conflict or "last_wins")
+            report = compile_vindex(v, stmt.into, stmt.on_conflict or "last_wins", overwrite=stmt.force)
         elif fmt == "gguf":
-            report = compile_gguf(v, stmt.into, stmt.on_conflict or "last_wins")
+            report = compile_gguf(v, stmt.into, stmt.on_conflict or "last_wins", overwrite=stmt.force)
         else:
-            report = compile_safetensors(v, stmt.into, stmt.on_conflict or "last_wins")
-    except VindexError as e:
+            report = compile_safetensors(v, stmt.into, stmt.on_conflict or "last_wins", overwrite=stmt.force)
+    except (VindexError, ModelError) as e:
         raise _fail(session, stmt, str(e)) from e
     result.title = f"Compiled {v.path} -> {report.path}"
     result.columns = ["measure", "value"]

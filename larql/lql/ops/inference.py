@@ -74,7 +74,7 @@ def trace(stmt: ast.TraceStmt, session: Session, result: Result) -> None:
         from larql.model.trace_file import capture_trace, save_trace
 
         trace = capture_trace(m, stmt.prompt)
-        save_trace(trace, stmt.save)
+        save_trace(trace, stmt.save, overwrite=stmt.force)
         result.notes.append(f"Saved {len(trace.token_ids)} token chains x {trace.n_layers + 1} stages to {stmt.save} "
                             f"(load with larql.model.trace_file.load_trace)")
     cfg = m.config

@@ -68,12 +68,13 @@ def extract_vindex(src: str | Path, into: str | Path, *, force: bool = False, pr
         return Path(into), True
     if same is False and not force:
         raise VindexError(f"{into} already holds a different vindex (another source or other options: level, dtype, "
-                          f"quant, top-k); choose another path, remove it, or pass --force to `larql extract`")
+                          f"quant, top-k); choose another path, remove it, or replace it (`larql extract --force`, "
+                          f"FORCE in LQL)")
     return extract(src, into, overwrite=force, progress=progress, **opts), False
 
 
 def extract_stmt(stmt: ast.ExtractStmt, session: Session, result: Result) -> None:
-    path, reused = extract_vindex(stmt.model, stmt.into, level=stmt.level, progress=session.progress)
+    path, reused = extract_vindex(stmt.model, stmt.into, force=stmt.force, level=stmt.level, progress=session.progress)
     session.vindex = edit_vindex(path)
     if reused:
         result.notes.append(f"{stmt.into} already holds this model at level {stmt.level}: using it "
@@ -142,6 +143,6 @@ def diff_stmt(stmt: ast.DiffStmt, session: Session, result: Result) -> None:
                                 ", ".join(r.changed)])
     result.notes.append(f"{len(report.rows)} difference(s), {len(result.rows)} shown (limit {limit})")
     if stmt.into_patch:
-        path = write_diff_patch(a, report, stmt.into_patch)
+        path = write_diff_patch(a, report, stmt.into_patch, overwrite=stmt.force)
         result.notes.append(f"wrote {path} ({len(report.ops)} operation(s)): APPLY PATCH on "
                             f"{stmt.a or 'CURRENT'} gives {stmt.b or 'CURRENT'}")

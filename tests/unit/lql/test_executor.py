@@ -91,7 +91,8 @@ def test_plans_are_golden(vx: Path, vxi: Path, update_golden: bool) -> None:
              'DIFF "a.vindex" CURRENT LAYER 2 LIMIT 5 INTO PATCH "d.vlp"', 'MERGE "theirs.vlp"',
              'MERGE "b.vindex" ON CONFLICT FAIL', 'MERGE "b.vlp" ON CONFLICT KEEP_SOURCE',
              'MERGE "b.vlp" ON CONFLICT KEEP_TARGET', 'MERGE "b.vlp" ON CONFLICT HIGHEST_CONFIDENCE',
-             "COMPACT MINOR", "COMPACT", "SHOW COMPACT STATUS"]
+             "COMPACT MINOR", "COMPACT", "SHOW COMPACT STATUS", 'BEGIN PATCH "p.vlp" FORCE',
+             'COMPILE CURRENT INTO VINDEX "o.vindex" FORCE', 'DIFF "a.vindex" CURRENT INTO PATCH "d.vlp" FORCE']
     weights = ['INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B")',
              'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B"), ("C", "capital", "D") '
              'METHOD MEMIT AT LAYER 1',
