@@ -17,7 +17,7 @@ TOP = {"cli", "cli_core", "cli_db", "cli_edit", "cli_build", "build", "progress"
        "meta_commands", "__main__", "serve"}  # the shells above lql
 
 
-LEAVES = {"version", "_lazy", "jsonfile", "threads"}  # helpers anyone may import
+LEAVES = {"version", "_lazy", "jsonfile", "threads", "cachedir"}  # helpers anyone may import
 
 
 def _layer(module: str) -> str | None:

@@ -23,14 +23,11 @@ from typing import Any
 import numpy as np
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
+from larql.cachedir import cache_dir
 from larql.errors import TokenizerError
 
 CONTROL, USER_DEFINED = 3, 4
 _STOP_NAMES = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>")
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("LARQL_CACHE", Path.home() / ".cache" / "larql"))
 
 
 class TextTokenizer:
