@@ -253,11 +253,12 @@ def build_parser() -> argparse.ArgumentParser:
     ve.add_argument("--repair", action="store_true", help="re-extract a damaged vindex from its (unchanged) source")
     ve.set_defaults(func=cmd_verify)
 
-    from larql import cli_build, cli_db, cli_edit
+    from larql import cli_bench, cli_build, cli_db, cli_edit
 
     cli_edit.add_commands(sub)
     cli_db.add_commands(sub)
     cli_build.add_commands(sub)
+    cli_bench.add_commands(sub)
     from larql.serve.cli import add_command as add_serve
 
     add_serve(sub)
