@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
@@ -117,13 +118,16 @@ def _lark() -> Lark:
             _log.debug("rebuilding the LQL parser tables: %s: %s", path, e)
     parser = Lark(grammar, postlex=_TokenLimit(), **_OPTIONS)
     if path is not None:
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
-            with tmp.open("wb") as f:
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        except OSError:  # read-only: the next process builds again
+            return parser
+        try:
+            with os.fdopen(fd, "wb") as f:
                 parser.save(f)
             os.replace(tmp, path)
-        except OSError:  # read-only or full: the next process builds again
-            tmp.unlink(missing_ok=True)
+        except OSError:  # full: the next process builds again
+            Path(tmp).unlink(missing_ok=True)
     return parser
 
 
