@@ -18,8 +18,6 @@ TOP = {"cli", "cli_core", "cli_db", "cli_edit", "cli_build", "build", "progress"
 
 
 LEAVES = {"version", "_lazy", "jsonfile", "threads"}  # helpers anyone may import
-TOP |= {"bench", "cli_bench"}  # `larql bench` and the benchmark it runs
-LEAVES |= {"cachedir"}  # the cache directory, read by the parser, the tokenizer and the CLI
 
 
 def _layer(module: str) -> str | None:
@@ -38,6 +36,10 @@ def _layer(module: str) -> str | None:
     if head in ORDER:
         return head
     return "facade"  # `from larql import load`: a name of the facade
+
+
+TOP |= {"bench", "cli_bench"}  # `larql bench` and the benchmark it runs
+LEAVES |= {"cachedir"}  # the cache directory, read by the parser, the tokenizer and the CLI
 
 
 def _modules() -> list[tuple[str, str, bool]]:
