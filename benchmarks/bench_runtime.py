@@ -3,9 +3,10 @@ plus GB/s of every quant matvec kernel against the machine's memory read bandwid
 
     python benchmarks/bench_runtime.py [--threads 2] [--models gemma3-270m smollm2-135m] [--decode 64]
 
-Prints tables and writes benchmarks/results/runtime.json. Peers are measured only when installed
-(`pip install llama-cpp-python`, `pip install torch==2.13.0 transformers`); they are never runtime
-dependencies.
+larql and llama.cpp are measured by larql/bench.py (the same code as `larql bench`); this script adds
+transformers and the kernel table. Prints tables and writes benchmarks/results/runtime.json. Peers are
+measured only when installed (`pip install llama-cpp-python`, `pip install torch==2.13.0 transformers`);
+they are never runtime dependencies.
 """
 
 from __future__ import annotations
@@ -13,62 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from peers import llama_last_logits
 
-PROMPT_TEXT = ("The history of the city begins with a small settlement on the river, where traders "
-               "from the north and the south met to exchange salt, grain, wool and news. ")
-
-
-def prompt_ids(model, n: int) -> list[int]:  # type: ignore[no-untyped-def]
-    ids = model.tokenize(PROMPT_TEXT * 40)
-    return ids[:n]
-
-
-def bench_larql(key: str, n_prompt: int, n_decode: int) -> dict[str, float]:
-    import larql
-
-    m = larql.load(key)
-    ids = prompt_ids(m, n_prompt)
-    m.next_logits(ids[:8])  # compile / warm the kernels outside the timings
-    best_prefill = min(_time(lambda: m.next_logits(ids)) for _ in range(2))
-    cache = m.new_cache(len(ids) + n_decode)
-    logits = m.next_logits(ids, cache)
-    t0 = time.perf_counter()
-    for _ in range(n_decode):
-        logits = m.next_logits([int(np.argmax(logits))], cache)
-    decode = time.perf_counter() - t0
-    return {"prefill_tok_s": n_prompt / best_prefill, "decode_tok_s": n_decode / decode}
-
-
-def bench_llamacpp(key: str, n_prompt: int, n_decode: int, threads: int) -> dict[str, float] | None:
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        return None
-    import larql
-    from larql.model.load import resolve
-
-    ids = prompt_ids(larql.load(key), n_prompt)
-    llm = Llama(model_path=str(resolve(key)[1]), n_threads=threads, n_threads_batch=threads,
-                n_ctx=n_prompt + n_decode + 8, n_batch=512, verbose=False)
-    llm.eval(ids[:8])
-    llm.reset()
-    times = []
-    for _ in range(2):
-        llm.reset()
-        times.append(_time(lambda: llm.eval(ids)))
-    t0 = time.perf_counter()
-    for _ in range(n_decode):
-        tok = int(np.argmax(llama_last_logits(llm)))
-        llm.eval([tok])
-    decode = time.perf_counter() - t0
-    return {"prefill_tok_s": n_prompt / min(times), "decode_tok_s": n_decode / decode}
+from larql.bench import describe_run, prompt_ids, run_bench, table
 
 
 def bench_transformers(key: str, n_prompt: int, n_decode: int, threads: int) -> dict[str, float] | None:
@@ -155,31 +106,21 @@ def main() -> None:
     import numba
 
     numba.set_num_threads(args.threads)
-    results: dict[str, object] = {"machine": {"platform": platform.platform(), "python": sys.version.split()[0],
-                                              "cpus": os.cpu_count(), "threads": args.threads,
-                                              "numba": numba.__version__}}
-    engines = []
+    results = run_bench(args.models, args.prompt, args.decode)
+    engines = results["engines"]
     for key in args.models:
-        for engine, fn in (("larql", lambda: bench_larql(key, args.prompt, args.decode)),
-                           ("llama.cpp", lambda: bench_llamacpp(key, args.prompt, args.decode, args.threads)),
-                           ("transformers f32", lambda: bench_transformers(key, args.prompt, args.decode, args.threads))):
-            r = fn()
-            if r is not None:
-                engines.append({"model": key, "engine": engine, **r})
-    results["engines"] = engines
+        r = bench_transformers(key, args.prompt, args.decode, args.threads)
+        if r is not None:
+            engines.append({"model": key, "engine": "transformers f32", **r})
     bw = memory_bandwidth()
     results["memory_read_GB_s"] = bw
     results["kernels"] = kernel_speeds(args.models)
 
-    print(f"\nprefill {args.prompt} tokens, greedy decode {args.decode} tokens, {args.threads} threads")
-    print(f"{'model':14s} {'engine':18s} {'prefill tok/s':>14s} {'decode tok/s':>13s} {'decode vs llama.cpp':>20s}")
-    for e in engines:
-        ref = next((x for x in engines if x["model"] == e["model"] and x["engine"] == "llama.cpp"), None)
-        ratio = f"{e['decode_tok_s'] / ref['decode_tok_s']:.2f}x" if ref else "-"
-        print(f"{e['model']:14s} {e['engine']:18s} {e['prefill_tok_s']:14.1f} {e['decode_tok_s']:13.1f} {ratio:>20s}")
+    print(f"\n{describe_run(results)}")
+    print(table(engines))
     print(f"\nquant matvec kernels (memory read bandwidth: {bw:.1f} GB/s)")
     print(f"{'model':14s} {'tensor':28s} {'type':6s} {'shape':>14s} {'us':>9s} {'GB/s':>7s} {'of bw':>6s}")
-    for k in results["kernels"]:  # type: ignore[union-attr]
+    for k in results["kernels"]:
         print(f"{k['model']:14s} {k['tensor']:28s} {k['type']:6s} {str(tuple(k['shape'])):>14s} "
               f"{k['us']:9.1f} {k['GB_s']:7.2f} {k['GB_s'] / bw:6.0%}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -206,7 +206,8 @@ def cmd_repl(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from larql.lql.planner import EXTRACT_DEFAULTS  # shared with EXTRACT MODEL ... INTO
+    # shared with EXTRACT MODEL ... INTO; layout loads no numpy, so `larql --help` stays fast
+    from larql.vindex.layout import EXTRACT_DEFAULTS, LEVELS
 
     parser = argparse.ArgumentParser(prog="larql", description="A language model as a database.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -225,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("extract", help="decompile a model into a vindex directory")
     ex.add_argument("src", help="alias, .gguf file or HF directory")
     ex.add_argument("-o", "--output", required=True, help="the vindex directory to create (e.g. g.vindex)")
-    ex.add_argument("--level", choices=["browse", "inference", "all"], default=EXTRACT_DEFAULTS["level"],
+    ex.add_argument("--level", choices=LEVELS, default=EXTRACT_DEFAULTS["level"],
                     help="browse: no model weights; inference/all: the vindex runs the model (LQL: WITH INFERENCE)")
     ex.add_argument("--dtype", choices=["f16", "f32"], default=EXTRACT_DEFAULTS["dtype"],
                     help="embeddings and gate vectors")
@@ -259,11 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
     ve.add_argument("--repair", action="store_true", help="re-extract a damaged vindex from its (unchanged) source")
     ve.set_defaults(func=cmd_verify)
 
-    from larql import cli_build, cli_db, cli_edit
+    from larql import cli_bench, cli_build, cli_db, cli_edit
 
     cli_edit.add_commands(sub)
     cli_db.add_commands(sub)
     cli_build.add_commands(sub)
+    cli_bench.add_commands(sub)
     from larql.serve.cli import add_command as add_serve
 
     add_serve(sub)

@@ -38,6 +38,10 @@ def _layer(module: str) -> str | None:
     return "facade"  # `from larql import load`: a name of the facade
 
 
+TOP |= {"bench", "cli_bench"}  # `larql bench` and the benchmark it runs
+LEAVES |= {"cachedir"}  # the cache directory, read by the parser, the tokenizer and the CLI
+
+
 def _modules() -> list[tuple[str, str, bool]]:
     """(dotted name, source, is a package __init__) of every larql module."""
     out = []

@@ -51,8 +51,6 @@ class Plan:
 
 
 NEEDS_NOTHING = (ast.UseStmt, ast.ExtractStmt, ast.ShowModelsStmt)
-# the defaults of `larql extract` and of EXTRACT MODEL ... INTO: one set, read by both
-EXTRACT_DEFAULTS: dict[str, str | int] = {"level": "browse", "dtype": "f16", "quant": "source", "top_k": 10}
 
 # SELECT's columns per source, and the other names LARQL accepts for some of them (column -> row key)
 SELECT_COLUMNS = {"edges": ("layer", "feature", "token", "also", "relation", "score"),

@@ -4,9 +4,10 @@ read-only store plus its patch overlay) and the source text."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from larql.edit.view import EditableVindex
+if TYPE_CHECKING:  # the view (numpy, faiss) loads only when a vindex is opened
+    from larql.edit.view import EditableVindex
 
 
 @dataclass

@@ -31,15 +31,12 @@ from tokenizers import (
     processors,
 )
 
+from larql.cachedir import cache_dir
 from larql.errors import TokenizerError
 from larql.jsonfile import read_json
 
 CONTROL, USER_DEFINED = 3, 4
 _STOP_NAMES = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>")
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("LARQL_CACHE", Path.home() / ".cache" / "larql"))
 
 
 class TextTokenizer:

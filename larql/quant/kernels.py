@@ -398,32 +398,68 @@ def matvec_generic(qtype, block_size, type_size, w, wi8, tab, x, out):
         out[r] = _dot_generic(qtype, w, wi8, r, tab, x, buf, type_size, block_size)
 
 
-@njit(cache=True, fastmath=True, parallel=True)
-def matmul_small(qtype, block_size, type_size, w, wi8, tab, xs, out):
-    """out[t, r] = dot(dequantized w[r], xs[t]) for a few rows of activations xs `[t, k]`.
+# Small-batch matmuls: out[t, r] = dot(dequantized w[r], xs[t]) for a few rows of activations xs
+# `[t, k]`, row by row, so each weight row comes from memory once and from cache for the other t.
+# One kernel per type, like the matvecs: a single kernel with a type switch inlined every type's dot
+# product and took 19 s of a 32 s first `larql run` to compile; now a model compiles only its types.
 
-    Row by row, so each weight row comes from memory once and from cache for the other t.
-    """
+
+@njit(cache=True, fastmath=True, parallel=True)
+def matmul_small_q8_0(w, wi8, tab, xs, out):
+    for r in prange(w.shape[0]):
+        for t in range(xs.shape[0]):
+            out[t, r] = _dot_q8_0(w, wi8, r, tab, xs[t])
+
+
+@njit(cache=True, fastmath=True, parallel=True)
+def matmul_small_q4_0(w, wi8, tab, xs, out):
+    for r in prange(w.shape[0]):
+        for t in range(xs.shape[0]):
+            out[t, r] = _dot_q4(w, r, tab, xs[t], 18, False)
+
+
+@njit(cache=True, fastmath=True, parallel=True)
+def matmul_small_q4_1(w, wi8, tab, xs, out):
+    for r in prange(w.shape[0]):
+        for t in range(xs.shape[0]):
+            out[t, r] = _dot_q4(w, r, tab, xs[t], 20, True)
+
+
+@njit(cache=True, fastmath=True, parallel=True)
+def matmul_small_q5_0(w, wi8, tab, xs, out):
+    for r in prange(w.shape[0]):
+        for t in range(xs.shape[0]):
+            out[t, r] = _dot_q5(w, r, tab, xs[t], 22, False)
+
+
+@njit(cache=True, fastmath=True, parallel=True)
+def matmul_small_q5_1(w, wi8, tab, xs, out):
+    for r in prange(w.shape[0]):
+        for t in range(xs.shape[0]):
+            out[t, r] = _dot_q5(w, r, tab, xs[t], 24, True)
+
+
+@njit(cache=True, fastmath=True, parallel=True)
+def matmul_small_q4_k(w, wi8, tab, xs, out):
+    for r in prange(w.shape[0]):
+        for t in range(xs.shape[0]):
+            out[t, r] = _dot_q4_k(w, r, tab, xs[t])
+
+
+@njit(cache=True, fastmath=True, parallel=True)
+def matmul_small_q6_k(w, wi8, tab, xs, out):
+    for r in prange(w.shape[0]):
+        for t in range(xs.shape[0]):
+            out[t, r] = _dot_q6_k(w, wi8, r, tab, xs[t])
+
+
+@njit(cache=True, fastmath=True, parallel=True)
+def matmul_small_generic(qtype, block_size, type_size, w, wi8, tab, xs, out):
+    """F16, BF16, Q5_K: a block dequantized at a time, then multiply-accumulated."""
     for r in prange(w.shape[0]):
         buf = np.empty(block_size, dtype=np.float32)
         for t in range(xs.shape[0]):
-            x = xs[t]
-            if qtype == T_Q8_0:
-                out[t, r] = _dot_q8_0(w, wi8, r, tab, x)
-            elif qtype == T_Q4_0:
-                out[t, r] = _dot_q4(w, r, tab, x, 18, False)
-            elif qtype == T_Q4_1:
-                out[t, r] = _dot_q4(w, r, tab, x, 20, True)
-            elif qtype == T_Q5_0:
-                out[t, r] = _dot_q5(w, r, tab, x, 22, False)
-            elif qtype == T_Q5_1:
-                out[t, r] = _dot_q5(w, r, tab, x, 24, True)
-            elif qtype == T_Q4_K:
-                out[t, r] = _dot_q4_k(w, r, tab, x)
-            elif qtype == T_Q6_K:
-                out[t, r] = _dot_q6_k(w, wi8, r, tab, x)
-            else:
-                out[t, r] = _dot_generic(qtype, w, wi8, r, tab, x, buf, type_size, block_size)
+            out[t, r] = _dot_generic(qtype, w, wi8, r, tab, xs[t], buf, type_size, block_size)
 
 
 DEQUANTIZE = {T_Q8_0: dequantize_q8_0, T_Q5_0: dequantize_q5_0, T_Q4_1: dequantize_q4_1,
@@ -431,3 +467,7 @@ DEQUANTIZE = {T_Q8_0: dequantize_q8_0, T_Q5_0: dequantize_q5_0, T_Q4_1: dequanti
 
 MATVEC = {T_Q8_0: matvec_q8_0, T_Q4_0: matvec_q4_0, T_Q4_1: matvec_q4_1, T_Q5_0: matvec_q5_0,
           T_Q5_1: matvec_q5_1, T_Q4_K: matvec_q4_k, T_Q6_K: matvec_q6_k}
+
+MATMUL_SMALL = {T_Q8_0: matmul_small_q8_0, T_Q4_0: matmul_small_q4_0, T_Q4_1: matmul_small_q4_1,
+                T_Q5_0: matmul_small_q5_0, T_Q5_1: matmul_small_q5_1, T_Q4_K: matmul_small_q4_k,
+                T_Q6_K: matmul_small_q6_k}

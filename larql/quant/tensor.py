@@ -16,7 +16,7 @@ from larql.quant import kernels, repack
 from larql.quant.types import BLOCK_LAYOUT, GGMLType, row_bytes
 
 # Above this many activation rows a weight is dequantized in chunks and multiplied with BLAS; at
-# or below it, `matmul_small` streams the blocks once (cheaper than writing float32 weights).
+# or below it, the `matmul_small_*` kernels stream the blocks once (cheaper than writing float32 weights).
 SMALL_BATCH = 16
 # Rows dequantized at once on the BLAS path (bounds the scratch to CHUNK_ROWS * n_cols floats).
 CHUNK_ROWS = 4096
@@ -152,7 +152,12 @@ class QuantMatrix:
             return out if x.ndim == 1 else out.reshape(1, -1)
         if x.shape[0] <= SMALL_BATCH:
             out = np.empty((x.shape[0], self.n_rows), dtype=np.float32)
-            kernels.matmul_small(*self._args(self.raw), x, out)
+            args = self._args(self.raw)
+            small = kernels.MATMUL_SMALL.get(args[0])
+            if small is not None:
+                small(*args[3:], x, out)
+            else:
+                kernels.matmul_small_generic(*args, x, out)
             return out
         out = np.empty((x.shape[0], self.n_rows), dtype=np.float32)
         # Dequantize on this thread only: numba's OpenMP workers spin after a parallel region and

@@ -3,8 +3,6 @@ and a test reads FORMAT.md to check that they still agree."""
 
 from __future__ import annotations
 
-import numpy as np
-
 FORMAT_NAME = "larql-vindex"
 FORMAT_VERSION = 1
 ALIGNMENT = 64  # every binary block starts at a multiple of this many bytes
@@ -27,7 +25,10 @@ DOWN_META_VERSION = 1
 DOWN_META_HEADER = 64  # bytes: magic, u32 version, u32 num_layers, u32 top_k, zero padding
 
 LEVELS = ("browse", "inference", "all")
-DTYPES: dict[str, type[np.floating]] = {"f16": np.float16, "f32": np.float32}
+# numpy dtype names (strings, so that the CLI and the planner read these constants without numpy)
+DTYPES: dict[str, str] = {"f16": "float16", "f32": "float32"}
+# the defaults of `larql extract` and of EXTRACT MODEL ... INTO: one set, read by both
+EXTRACT_DEFAULTS: dict[str, str | int] = {"level": "browse", "dtype": "f16", "quant": "source", "top_k": 10}
 
 
 def align(offset: int) -> int:

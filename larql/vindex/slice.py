@@ -15,14 +15,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from larql.errors import VindexError
 from larql.vindex import layout
-from larql.vindex.store import Vindex
-from larql.vindex.writer import VindexWriter
+
+if TYPE_CHECKING:  # PARTS and PRESETS are read by `larql --help`, which loads no numpy
+    from larql.vindex.store import Vindex
 
 FILE_PARTS: dict[str, tuple[str, ...]] = {
     "tokenizer": (layout.TOKENIZER_FILE,), "embeddings": (layout.EMBEDDINGS_FILE,), "gates": (layout.GATE_FILE,),
@@ -100,8 +99,11 @@ def slice_vindex(src: str | Path, out: str | Path, preset: str | None = None, pa
     Example:
         >>> slice_vindex("g.vindex", "g-browse.vindex", preset="browse")
     """
+    import numpy as np
+
     from larql.vindex.store import open_vindex
     from larql.vindex.weights import VindexWeightSource
+    from larql.vindex.writer import VindexWriter
 
     v = open_vindex(src)
     chosen = parse_parts(preset, parts)

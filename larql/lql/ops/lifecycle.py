@@ -8,10 +8,10 @@ from typing import Any
 from larql.edit.view import edit_vindex
 from larql.errors import VindexError
 from larql.lql import ast
-from larql.lql.planner import EXTRACT_DEFAULTS
 from larql.lql.result import Result
 from larql.lql.session import Session
 from larql.vindex.extract import extract
+from larql.vindex.layout import EXTRACT_DEFAULTS
 from larql.vindex.store import open_vindex
 
 

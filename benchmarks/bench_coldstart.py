@@ -1,0 +1,99 @@
+"""Cold start: whole-process times of `larql --help`, `larql lql --plan`, and the first
+`larql run MODEL "..."` after a fresh install (empty numba and larql caches) against a warm one;
+plus the LQL parser's tables built afresh against loaded from the cache.
+
+    python benchmarks/bench_coldstart.py [--model gemma3-270m] [--runs 3]
+
+Every figure is printed beside its peer measured in the same run (the interpreter starting and
+exiting for the CLI, the warm run for the cold one), as the median of --runs fresh processes, taken in
+turn. Prints a table and writes benchmarks/results/coldstart.json with the machine's description.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from results_file import save_results
+
+from larql.bench import machine
+
+PROMPT = "The capital of France is"
+
+
+def wall(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, user + system CPU seconds) of one process run to completion."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(argv)} failed")
+    return time.perf_counter() - t0, usage.ru_utime + usage.ru_stime
+
+
+def parser_tables(env: dict[str, str]) -> dict[str, float]:
+    """ms to build the LQL parser's tables, and to load them from the cache, in fresh processes."""
+    code = ("import time, larql.lql.parser as p\nt = time.perf_counter(); p._lark()\n"
+            "print((time.perf_counter() - t) * 1e3)")
+    out = {}
+    with tempfile.TemporaryDirectory() as cache:
+        for label in ("build_ms", "cached_ms"):  # the first process writes the cache the second reads
+            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                               env={**env, "LARQL_CACHE": cache})
+            out[label] = float(r.stdout)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="gemma3-270m")
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    py = sys.executable
+    base = dict(os.environ)
+    root = Path(tempfile.mkdtemp(prefix="larql-cold-"))
+    cold_env = {**base, "NUMBA_CACHE_DIR": str(root / "numba"), "LARQL_CACHE": str(root / "larql")}
+    run = [py, "-m", "larql", "run", args.model, PROMPT]
+
+    def fresh() -> None:  # as after `pip install`: nothing compiled, no tokenizer or parser cached
+        shutil.rmtree(root / "numba", ignore_errors=True)
+        shutil.rmtree(root / "larql", ignore_errors=True)
+
+    pairs = [  # (what, command, its peer, prepare before the command)
+        ("larql --help", [py, "-m", "larql", "--help"], [py, "-c", "pass"], None),
+        ("larql lql --plan 'SHOW MODELS'", [py, "-m", "larql", "lql", "--plan", "SHOW MODELS"], [py, "-c", "pass"], None),
+        (f"first larql run {args.model} (fresh caches) vs warm", run, run, fresh),
+    ]
+    rows = []
+    for what, cmd, peer, prepare in pairs:
+        mine, theirs = [], []
+        for _ in range(args.runs):  # in turn, so that drift in the machine's load hits both
+            if prepare:
+                prepare()
+            mine.append(wall(cmd, cold_env))
+            theirs.append(wall(peer, cold_env))
+        m, t = statistics.median(w for w, _ in mine), statistics.median(w for w, _ in theirs)
+        rows.append({"what": what, "wall_s": round(m, 3), "cpu_s": round(statistics.median(c for _, c in mine), 3),
+                     "peer_wall_s": round(t, 3), "ratio": round(m / t, 2)})
+        print(f"{what}: {m:.2f} s (peer {t:.2f} s)", file=sys.stderr)
+    tables = parser_tables(base)
+    shutil.rmtree(root, ignore_errors=True)
+    print(f"\nmedian of {args.runs} fresh processes each; load average {os.getloadavg()[0]:.1f}")
+    print("| command | wall | cpu | peer | wall / peer |\n|---|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['what']} | {r['wall_s']:.2f} s | {r['cpu_s']:.2f} s | {r['peer_wall_s']:.2f} s | {r['ratio']:.2f}x |")
+    print(f"| LQL parser tables: built / loaded from the cache | {tables['build_ms']:.0f} ms | | "
+          f"{tables['cached_ms']:.0f} ms | {tables['build_ms'] / tables['cached_ms']:.0f}x |")
+    out = save_results("coldstart", {"machine": machine(), "model": args.model, "runs": rows, "parser": tables})
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""`larql bench`: prefill and greedy-decode speed of larql beside llama.cpp on the same GGUF, in one run.
+
+    larql bench [MODEL ...] [--prompt 256] [--decode 64] [--out FILE]
+
+llama.cpp is measured through llama-cpp-python when it is installed; it is never a dependency. Without
+it the larql rows are printed and one line says how to install it (exit code 0: larql's own figures
+were measured). The table is the README's "Speed" table; `benchmarks/bench_runtime.py` adds
+transformers and the per-kernel table on top of this module.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from larql.errors import LarqlError
+
+MODELS = ("gemma3-270m", "smollm2-135m")
+LLAMA_CPP_INSTALL = "pip install llama-cpp-python"
+PROMPT_TEXT = ("The history of the city begins with a small settlement on the river, where traders "
+               "from the north and the south met to exchange salt, grain, wool and news. ")
+
+
+@dataclass(frozen=True)
+class EngineSpeed:
+    model: str
+    engine: str
+    prefill_tok_s: float
+    decode_tok_s: float
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on (printed and saved beside them)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    import numba
+
+    return {"platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(),
+            "threads": numba.get_num_threads(), "python": sys.version.split()[0], "numba": numba.__version__,
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
+
+
+def prompt_ids(model: Any, n: int) -> list[int]:
+    """The first n token ids of a fixed English text (BOS first), for every engine alike."""
+    ids = list(model.tokenize(PROMPT_TEXT * 40))
+    if len(ids) < n:
+        raise LarqlError(f"--prompt {n}: the benchmark text has only {len(ids)} tokens for this model")
+    return ids[:n]
+
+
+def _seconds(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def bench_larql(key: str, ids: list[int], n_decode: int, model: Any) -> EngineSpeed:
+    """Prefill: best of two full forward passes over ids. Decode: n_decode greedy steps on a KV cache."""
+    import numpy as np
+
+    model.check_fits(ids, n_decode)
+    warm = model.new_cache(10)  # prefill and decode kernels compiled (or loaded from numba's cache) untimed
+    model.next_logits(ids[:8], warm)
+    model.next_logits(ids[8:9], warm)
+    prefill = min(_seconds(lambda: model.next_logits(ids)) for _ in range(2))
+    cache = model.new_cache(len(ids) + n_decode)
+    logits = model.next_logits(ids, cache)
+    t0 = time.perf_counter()
+    for _ in range(n_decode):
+        logits = model.next_logits([int(np.argmax(logits))], cache)
+    return EngineSpeed(key, "larql", len(ids) / prefill, n_decode / (time.perf_counter() - t0))
+
+
+def llama_cpp_version() -> str | None:
+    """llama-cpp-python's version, or None when it is not installed."""
+    try:
+        import llama_cpp  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return str(getattr(llama_cpp, "__version__", "?"))
+
+
+def llama_last_logits(llm: Any) -> Any:
+    """llama-cpp-python's logits for the last evaluated token. `Llama.scores` stays zero unless
+    logits_all=True (sampling moved into its sampler), and logits_all would make llama.cpp compute
+    the lm_head for every prompt position, so the context is read directly."""
+    import numpy as np
+
+    return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).astype(np.float32)
+
+
+def bench_llamacpp(key: str, path: str, ids: list[int], n_decode: int, threads: int) -> EngineSpeed:
+    """The same prompt ids and greedy decode through llama.cpp (llama-cpp-python must be installed)."""
+    import numpy as np
+    from llama_cpp import Llama  # type: ignore[import-not-found]
+
+    llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=len(ids) + n_decode + 8,
+                n_batch=512, verbose=False)
+    llm.eval(ids[:8])
+    times = []
+    for _ in range(2):
+        llm.reset()
+        times.append(_seconds(lambda: llm.eval(ids)))
+    t0 = time.perf_counter()
+    for _ in range(n_decode):
+        llm.eval([int(np.argmax(llama_last_logits(llm)))])
+    return EngineSpeed(key, "llama.cpp", len(ids) / min(times), n_decode / (time.perf_counter() - t0))
+
+
+def run_bench(models: Sequence[str], n_prompt: int, n_decode: int, peers: bool = True,
+              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Measure every model with larql and, if installed and `peers`, llama.cpp.
+
+    Returns {"machine", "prompt", "decode", "llama_cpp" (version or None), "engines": [EngineSpeed as dicts]}.
+
+    Example:
+        >>> r = run_bench(["smollm2-135m"], n_prompt=64, n_decode=16)
+        >>> print(table(r["engines"]))
+    """
+    import larql
+    from larql.model.load import resolve
+
+    version = llama_cpp_version() if peers else None
+    info = machine()
+    engines: list[EngineSpeed] = []
+    for key in models:
+        model = larql.load(key)
+        ids = prompt_ids(model, n_prompt)
+        if progress:
+            progress(f"{key}: larql")
+        engines.append(bench_larql(key, ids, n_decode, model))
+        path = resolve(key)[1]
+        if version is not None and path.is_file() and path.suffix == ".gguf":
+            if progress:
+                progress(f"{key}: llama.cpp")
+            engines.append(bench_llamacpp(key, str(path), ids, n_decode, info["threads"]))
+    return {"machine": info, "prompt": n_prompt, "decode": n_decode, "llama_cpp": version,
+            "engines": [asdict(e) for e in engines]}
+
+
+def table(engines: Sequence[dict[str, Any]]) -> str:
+    """The README's speed table (markdown), decode compared with llama.cpp on the same model."""
+    lines = ["| model | engine | prefill tok/s | decode tok/s | decode vs llama.cpp |",
+             "|---|---|---:|---:|---:|"]
+    for e in engines:
+        ref = next((x for x in engines if x["model"] == e["model"] and x["engine"] == "llama.cpp"), None)
+        ratio = f"{e['decode_tok_s'] / ref['decode_tok_s']:.2f}x" if ref else "—"
+        lines.append(f"| {e['model']} | {e['engine']} | {e['prefill_tok_s']:.0f} | {e['decode_tok_s']:.1f} | {ratio} |")
+    return "\n".join(lines)
+
+
+def describe_run(result: dict[str, Any]) -> str:
+    """One line: what was measured, on what."""
+    m = result["machine"]
+    return (f"prefill {result['prompt']} tokens, greedy decode {result['decode']} tokens; {m['cpu']}, "
+            f"{m['cpus']} cpus, {m['threads']} threads, load average {m['load_average'][0]}")

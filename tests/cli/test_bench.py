@@ -1,0 +1,43 @@
+"""`larql bench` end to end on the tiny model: it prints the README's speed table and the machine,
+and says how to install llama.cpp's bindings when they are missing. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from larql.bench import LLAMA_CPP_INSTALL, llama_cpp_version, table
+from tests.cli.conftest import larql
+
+
+def test_bench_prints_the_speed_table(tiny_gguf: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    r = larql("bench", str(tiny_gguf), "--prompt", "16", "--decode", "4", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("prefill 16 tokens, greedy decode 4 tokens;") and "threads" in lines[0]
+    assert lines[1] == "| model | engine | prefill tok/s | decode tok/s | decode vs llama.cpp |"
+    assert lines[3].startswith(f"| {tiny_gguf} | larql | ")
+    saved = json.loads(out.read_text())
+    assert {"platform", "cpu", "cpus", "threads", "load_average"} <= set(saved["machine"])
+    assert saved["engines"][0]["decode_tok_s"] > 0 and saved["engines"][0]["prefill_tok_s"] > 0
+    if llama_cpp_version() is None:
+        assert r.stderr.strip().endswith(f"llama-cpp-python is not installed ({LLAMA_CPP_INSTALL})")
+        assert len(saved["engines"]) == 1
+    else:
+        assert [e["engine"] for e in saved["engines"]] == ["larql", "llama.cpp"]
+
+
+def test_bench_json_and_bad_arguments(tiny_gguf: Path) -> None:
+    r = larql("bench", str(tiny_gguf), "--prompt", "16", "--decode", "2", "--no-peers", "--json")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert [e["engine"] for e in json.loads(r.stdout)["engines"]] == ["larql"]
+    assert larql("bench", str(tiny_gguf), "--prompt", "4").returncode == 2
+    too_long = larql("bench", str(tiny_gguf), "--prompt", "60", "--decode", "8")
+    assert too_long.returncode == 1 and "exceed the context of 64" in too_long.stderr
+
+
+def test_the_table_compares_decode_with_llama_cpp() -> None:
+    rows = [{"model": "m", "engine": "larql", "prefill_tok_s": 400.0, "decode_tok_s": 55.0},
+            {"model": "m", "engine": "llama.cpp", "prefill_tok_s": 600.0, "decode_tok_s": 50.0}]
+    assert table(rows).splitlines()[2:] == ["| m | larql | 400 | 55.0 | 1.10x |", "| m | llama.cpp | 600 | 50.0 | 1.00x |"]
