@@ -1,9 +1,10 @@
 """ModelConfig: everything the forward pass needs to know, from GGUF metadata or an HF config.json.
 
 One frozen dataclass covers every supported architecture; each architecture is a small function
-filling it in. Adding Qwen2 or Mistral means one more entry in ARCHITECTURES (and, for HF
-directories, in HF_MODEL_TYPES): the forward pass already handles q/k/v biases, GQA, sliding
-windows and both rope layouts.
+filling it in: here for GGUF metadata, in `hf_config.py` for an HF config.json. The fields say what
+differs between architectures (norm kind, positions, gated MLP, rope scaling, soft-caps ...); the
+forward pass reads them and stays one file. Fields added after version 1 of the vindex format have
+defaults, so a vindex written before them still describes its model.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
+
+import numpy as np
+from numpy.typing import NDArray
 
 from larql.errors import ModelFormatError, UnsupportedError
 
@@ -40,12 +44,43 @@ class ModelConfig:
     final_softcap: float  # 0: none
     attn_softcap: float  # 0: none
     tied_embeddings: bool
+    norm: str = "rms"  # "rms" | "layer" (LayerNorm with a bias, GPT-2)
+    positions: str = "rope"  # "rope" | "learned" (an absolute position embedding added to the tokens, GPT-2)
+    gated_mlp: bool = True  # act(gate) * up; False: act(fc) with no up projection (GPT-2)
+    # RoPE scaling of the global layers' frequencies, as transformers computes it: "" (none),
+    # "linear" (every frequency / factor) or "llama3" (low frequencies / factor, high ones kept, a
+    # smooth blend between, set by the two wavelength factors and the original context)
+    rope_scaling: str = ""
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_context: int = 0
 
     def layer_rope_base(self, layer: int) -> float:
         return self.rope_base if self.global_layers[layer] else self.rope_base_local
 
     def layer_window(self, layer: int) -> int:
         return 0 if self.global_layers[layer] else self.sliding_window
+
+    def rope_inv_freq(self, base: float) -> NDArray[np.float32]:
+        """The `(head_dim/2,)` rotation frequencies for layers with this rope base, scaled as
+        transformers scales them (only the global base is scaled; local layers keep theirs)."""
+        d = self.head_dim
+        exponent = np.arange(0, d, 2, dtype=np.float32) / np.float32(d)
+        inv = (np.float32(1.0) / np.power(np.float32(base), exponent)).astype(np.float32)  # (d/2,)
+        if not self.rope_scaling or base != self.rope_base:
+            return inv
+        factor = np.float32(self.rope_factor)
+        if self.rope_scaling == "linear":
+            return (inv / factor).astype(np.float32)
+        # llama3, step for step as transformers' _compute_llama3_parameters (float32 tensors)
+        low, high, old = self.rope_low_freq_factor, self.rope_high_freq_factor, self.rope_original_context
+        wavelen = np.float32(2 * math.pi) / inv
+        scaled = np.where(wavelen > old / low, inv / factor, inv).astype(np.float32)
+        smooth = ((np.float32(old) / wavelen - np.float32(low)) / np.float32(high - low)).astype(np.float32)
+        blended = (np.float32(1.0) - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+        return np.where(medium, blended, scaled).astype(np.float32)
 
 
 def _need(meta: dict[str, Any], key: str, source: str) -> Any:
@@ -92,6 +127,9 @@ def _llama(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
     n_heads = int(_need(meta, p + "attention.head_count", source))
     head_dim = int(meta.get(p + "attention.key_length", hidden // n_heads))
     window = int(meta.get(p + "attention.sliding_window", 0))
+    scaling = str(meta.get(p + "rope.scaling.type", "none"))
+    if scaling not in ("none", "linear"):
+        raise UnsupportedError(f"{source}: metadata {p}rope.scaling.type is {scaling!r}; larql runs none or linear")
     return ModelConfig(
         arch=arch, n_layers=n_layers, hidden=hidden,
         ffn=int(_need(meta, p + "feed_forward_length", source)),
@@ -107,6 +145,8 @@ def _llama(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
         embed_scale=1.0, attn_scale=head_dim ** -0.5,
         qk_norm=False, sandwich_norms=False, activation="silu",
         final_softcap=0.0, attn_softcap=0.0, tied_embeddings=tied,
+        rope_scaling="" if scaling == "none" else scaling,
+        rope_factor=float(meta.get(p + "rope.scaling.factor", 1.0)),
     )
 
 
@@ -124,55 +164,3 @@ def config_from_gguf(meta: dict[str, Any], source: str, tied: bool) -> ModelConf
             f"{source}: architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)})"
         )
     return ARCHITECTURES[arch](meta, source, tied)
-
-
-# HF config.json -> the GGUF-style metadata keys the builders above read.
-HF_MODEL_TYPES = {"gemma3_text": "gemma3", "gemma3": "gemma3", "llama": "llama"}
-
-
-def config_from_hf(hf: dict[str, Any], source: str, tied: bool) -> ModelConfig:
-    """Build the config from an HF config.json (for multimodal Gemma 3, its text_config)."""
-    model_type = hf.get("model_type")
-    if model_type == "gemma3" and "text_config" in hf:
-        hf = {**hf["text_config"], "model_type": "gemma3_text"}
-        model_type = "gemma3_text"
-    if model_type not in HF_MODEL_TYPES:
-        raise UnsupportedError(
-            f"{source}: model_type {model_type!r} is not supported (supported: {', '.join(HF_MODEL_TYPES)})"
-        )
-    arch = HF_MODEL_TYPES[model_type]
-    p = arch + "."
-    meta: dict[str, Any] = {
-        "general.architecture": arch,
-        p + "block_count": hf["num_hidden_layers"],
-        p + "embedding_length": hf["hidden_size"],
-        p + "feed_forward_length": hf["intermediate_size"],
-        p + "attention.head_count": hf["num_attention_heads"],
-        p + "attention.head_count_kv": hf.get("num_key_value_heads", hf["num_attention_heads"]),
-        p + "vocab_size": hf["vocab_size"],
-        p + "context_length": hf.get("max_position_embeddings", 4096),
-        p + "attention.layer_norm_rms_epsilon": hf.get("rms_norm_eps", 1e-6),
-        p + "rope.freq_base": hf.get("rope_theta", 10_000.0),
-        "larql.rope_interleaved": False,  # HF checkpoints use the rotate-half layout
-    }
-    if "head_dim" in hf:
-        meta[p + "attention.key_length"] = hf["head_dim"]
-    if hf.get("sliding_window"):
-        meta[p + "attention.sliding_window"] = hf["sliding_window"]
-    if arch == "gemma3":
-        meta[p + "rope.freq_base_swa"] = hf.get("rope_local_base_freq", 10_000.0)
-        meta[p + "attention.sliding_window_pattern"] = hf.get("sliding_window_pattern", 6)
-        if hf.get("query_pre_attn_scalar"):
-            meta[p + "attention.scale"] = float(hf["query_pre_attn_scalar"]) ** -0.5
-        for key in ("final_logit_softcapping", "attn_logit_softcapping"):
-            if hf.get(key):
-                meta[p + key] = hf[key]
-    cfg = ARCHITECTURES[arch](meta, source, tied)
-    layer_types = hf.get("layer_types")
-    if arch == "gemma3" and layer_types:
-        from dataclasses import replace
-
-        if len(layer_types) != cfg.n_layers:
-            raise ModelFormatError(f"{source}: layer_types lists {len(layer_types)} layers, the model has {cfg.n_layers}")
-        cfg = replace(cfg, global_layers=tuple(t == "full_attention" for t in layer_types))
-    return cfg

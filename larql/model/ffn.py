@@ -19,6 +19,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from larql.errors import UnsupportedError
 from larql.model.config import ModelConfig
 from larql.model.hooks import HookFns, layer_hook_names, run_hook
 from larql.model.weights import Weights
@@ -38,10 +39,12 @@ def silu(x: F32) -> F32:
     return x / (np.float32(1.0) + np.exp(-x))
 
 
-def gated(activation: str, gate: F32, up: F32) -> F32:
-    """act(gate) * up for activation "gelu_tanh" or "silu", `(T, ffn)` in and out. numpy, not numba:
-    numpy's tanh/exp are vectorized, numba's call libm per element (3.5x slower here)."""
-    return (gelu_tanh(gate) if activation == "gelu_tanh" else silu(gate)) * up
+def gated(activation: str, gate: F32, up: F32 | None) -> F32:
+    """act(gate) * up for activation "gelu_tanh" or "silu", `(T, ffn)` in and out; act(gate) when
+    the MLP has no up projection (GPT-2). numpy, not numba: numpy's tanh/exp are vectorized, numba's
+    call libm per element (3.5x slower here)."""
+    act = gelu_tanh(gate) if activation == "gelu_tanh" else silu(gate)
+    return act if up is None else act * up
 
 
 class FFNEdits(Protocol):
@@ -78,14 +81,20 @@ class FFN:
         lw, n, edits = self.weights.layers[i], self.names[i], self.edits
         overrides = edits.feature_overrides(i) if edits is not None else {}
         gate = lw.gate.matmul(h)  # (T, ffn) every feature's gate score: its gate row . h
+        if lw.gate_bias is not None:
+            gate += lw.gate_bias
         for f, (g, _, _) in overrides.items():
             if g is not None:
                 gate[:, f] = h @ g
         if hooks:
             gate = run_hook(hooks, n.mlp_pre, gate, start)
-        up = lw.up.matmul(h)  # (T, ffn)
+        up = lw.up.matmul(h) if lw.up is not None else None  # (T, ffn); None: no gate (GPT-2)
+        if up is not None and lw.up_bias is not None:
+            up += lw.up_bias
         for f, (_, u, _) in overrides.items():
             if u is not None:
+                if up is None:
+                    raise UnsupportedError(f"layer {i}: this MLP has no up projection; an edit cannot set feature {f}'s up row")
                 up[:, f] = h @ u
         act = gated(self.activation, gate, up)  # (T, ffn) act(gate) * up
         if edits is not None:
@@ -93,6 +102,8 @@ class FFN:
         if hooks:
             act = run_hook(hooks, n.mlp_post, act, start)
         out = lw.down.matmul(act)  # (T, hidden)
+        if lw.down_bias is not None:
+            out += lw.down_bias
         if edits is not None:
             out = self._edit_down(i, edits, overrides, act, out)
         if hooks:

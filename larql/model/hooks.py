@@ -2,13 +2,16 @@
 
 Per layer L, in forward order:
     blocks.L.hook_resid_pre      (T, hidden)       residual entering the layer
-    blocks.L.attn.hook_q/k/v     (T, heads, d)     after q/k norm and RoPE (k, v: kv heads)
+    blocks.L.attn.hook_q/k/v     (T, heads, d)     projections (+ bias, + q/k norm), before RoPE as in
+                                                   TransformerLens (k, v: kv heads)
+    blocks.L.attn.hook_rot_q/k   (T, heads, d)     q and k after RoPE (TransformerLens's names; models
+                                                   with learned positions have no such point)
     blocks.L.attn.hook_scores    (T, heads, S)     pre-softmax scores over the S keys so far
     blocks.L.attn.hook_pattern   (T, heads, S)     softmax of the scores
     blocks.L.hook_attn_out       (T, hidden)       after o_proj, before Gemma's post-attention norm
     blocks.L.hook_resid_mid      (T, hidden)
-    blocks.L.mlp.hook_pre        (T, ffn)          gate projection
-    blocks.L.mlp.hook_post       (T, ffn)          activation(gate) * up
+    blocks.L.mlp.hook_pre        (T, ffn)          gate projection (+ bias); GPT-2: the fc projection
+    blocks.L.mlp.hook_post       (T, ffn)          activation(gate) * up; GPT-2: activation(fc)
     blocks.L.hook_mlp_out        (T, hidden)       after down_proj, before Gemma's post-FFN norm
     blocks.L.hook_resid_post     (T, hidden)
 around the layers: hook_embed (T, hidden; after Gemma's sqrt(hidden) scale), hook_final_norm.
@@ -30,7 +33,8 @@ from larql.errors import ModelError
 
 F32 = NDArray[np.float32]
 
-LAYER_KINDS = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_scores",
+LAYER_KINDS = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_rot_q", "attn.hook_rot_k",
+               "attn.hook_scores",
                "attn.hook_pattern", "hook_attn_out", "hook_resid_mid", "mlp.hook_pre", "mlp.hook_post",
                "hook_mlp_out", "hook_resid_post")
 GLOBAL_HOOKS = ("hook_embed", "hook_final_norm")
@@ -41,6 +45,8 @@ class LayerHookNames(NamedTuple):
     q: str
     k: str
     v: str
+    rot_q: str
+    rot_k: str
     scores: str
     pattern: str
     attn_out: str
