@@ -79,11 +79,11 @@ class Forward:
         q = q.reshape(t, cfg.n_heads, cfg.head_dim)  # (T, n_heads, d)
         k = k.reshape(t, cfg.n_kv_heads, cfg.head_dim)  # (T, n_kv, d)
         v = v.reshape(t, cfg.n_kv_heads, cfg.head_dim)  # (T, n_kv, d)
-        if cfg.qk_norm:
-            q = rms_norm(q, lw.q_norm, cfg.norm_eps)
-            k = rms_norm(k, lw.k_norm, cfg.norm_eps)
-        if hooks:  # TransformerLens's hook_q / hook_k: before the rotation
+        if hooks:  # TransformerLens's hook_q / hook_k: the projections, before q/k norm and rotation
             q, k, v = run_hook(hooks, n.q, q, start), run_hook(hooks, n.k, k, start), run_hook(hooks, n.v, v, start)
+        if cfg.qk_norm:
+            q = rms_norm(q, lw.q_norm, cfg.norm_eps)  # (T, n_heads, d)
+            k = rms_norm(k, lw.k_norm, cfg.norm_eps)  # (T, n_kv, d)
         if cfg.positions == "rope":
             cos, sin = self.ropes[cfg.layer_rope_base(i)].get(start, start + t)  # (T, d/2)
             q = apply_rope(q, cos, sin, cfg.rope_interleaved)  # (T, n_heads, d)

@@ -2,10 +2,11 @@
 
 Per layer L, in forward order:
     blocks.L.hook_resid_pre      (T, hidden)       residual entering the layer
-    blocks.L.attn.hook_q/k/v     (T, heads, d)     projections (+ bias, + q/k norm), before RoPE as in
-                                                   TransformerLens (k, v: kv heads)
-    blocks.L.attn.hook_rot_q/k   (T, heads, d)     q and k after RoPE (TransformerLens's names; models
-                                                   with learned positions have no such point)
+    blocks.L.attn.hook_q/k/v     (T, heads, d)     the projections (+ bias), before q/k norm and RoPE,
+                                                   as TransformerLens's (k, v: kv heads)
+    blocks.L.attn.hook_rot_q/k   (T, heads, d)     q and k as attention uses them: after q/k norm and
+                                                   RoPE (TransformerLens's names; never reached in
+                                                   a model with learned positions)
     blocks.L.attn.hook_scores    (T, heads, S)     pre-softmax scores over the S keys so far
     blocks.L.attn.hook_pattern   (T, heads, S)     softmax of the scores
     blocks.L.hook_attn_out       (T, hidden)       after o_proj, before Gemma's post-attention norm
