@@ -59,6 +59,8 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any], str]] = {
                                                                           "rope_theta": 10_000.0}}),
                "q/k norms, sandwich norms, linear rope scaling on the global layer"),
     "phi3": ("phi3", dict(sliding_window=6), "fused qkv_proj and gate_up_proj, sliding window of 6"),
+    "mixtral": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
+                "a router choosing 2 of 4 experts per position, weights renormalised"),
     "gpt2": ("gpt2", dict(n_embd=32, n_layer=3, n_head=4, n_inner=64, n_positions=128, vocab_size=len(VOCAB),
                           bos_token_id=EOS, eos_token_id=EOS, layer_norm_epsilon=1e-5),
              "LayerNorm with bias, learned positions, Conv1D fused qkv, GELU MLP without a gate"),
@@ -81,8 +83,8 @@ def _randomize(model: torch.nn.Module, model_type: str, seed: int) -> None:
             r = torch.randn(p.shape, generator=g)
             if p.ndim == 2 and ("embed" in name or "wte" in name or "wpe" in name):
                 p.copy_(0.5 * r)
-            elif p.ndim == 2:
-                fan_in = p.shape[0] if model_type == "gpt2" else p.shape[1]  # Conv1D stores (in, out)
+            elif p.ndim >= 2:  # Mixtral's experts are (E, out, in)
+                fan_in = p.shape[0] if model_type == "gpt2" else p.shape[-1]  # Conv1D stores (in, out)
                 p.copy_(r / fan_in ** 0.5)
             elif name.endswith("bias"):
                 p.copy_(0.1 * r)

@@ -55,6 +55,9 @@ class ModelConfig:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_context: int = 0
+    # mixture of experts (Mixtral): experts per layer, and how many each position uses; 0: dense FFN
+    n_experts: int = 0
+    n_experts_used: int = 0
 
     def layer_rope_base(self, layer: int) -> float:
         return self.rope_base if self.global_layers[layer] else self.rope_base_local

@@ -135,7 +135,7 @@ class Tail:
 
     def __init__(self, cfg: ModelConfig, weights: Weights, first: int, ffn: FFNMatrices | None = None,
                  layers: dict[int, DenseLayer] | None = None) -> None:
-        unsupported = ("LayerNorm" if cfg.norm != "rms" else "learned positions" if cfg.positions != "rope"
+        unsupported = ("mixture of experts" if cfg.n_experts else "LayerNorm" if cfg.norm != "rms" else "learned positions" if cfg.positions != "rope"
                        else "an MLP without a gate" if not cfg.gated_mlp
                        else "output or MLP biases" if any(getattr(lw, b) is not None for lw in weights.layers
                                                           for b in ("o_bias", "gate_bias", "up_bias", "down_bias"))

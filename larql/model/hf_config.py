@@ -151,6 +151,15 @@ def _windowed(f: Fields, arch: str, **fields: Any) -> ModelConfig:
     return _base(f, arch, sliding_window=window, global_layers=(window == 0,) * n, **fields)
 
 
+def _mixtral(f: Fields) -> ModelConfig:
+    """Mixtral: Mistral's attention, and per layer a router choosing each position's top-k experts."""
+    n_experts, used = f.int("num_local_experts"), f.int("num_experts_per_tok")
+    if not 0 < used <= n_experts:
+        raise ModelFormatError(f"{f.file}: num_experts_per_tok = {used} must be between 1 and num_local_experts "
+                               f"({n_experts})")
+    return _windowed(f, "mixtral", n_experts=n_experts, n_experts_used=used)
+
+
 def _qwen(f: Fields, arch: str, **fields: Any) -> ModelConfig:
     """Qwen2/Qwen3: a sliding window only with use_sliding_window, from layer max_window_layers on."""
     n, use = f.int("num_hidden_layers"), bool(f.hf.get("use_sliding_window", False))
@@ -220,6 +229,7 @@ HF_MODEL_TYPES: dict[str, Callable[[Fields], ModelConfig]] = {
     "gemma2": lambda f: _gemma(f, "gemma2", 2),
     "gemma3_text": lambda f: _gemma(f, "gemma3", 6),
     "gpt2": _gpt2,
+    "mixtral": _mixtral,
 }
 
 

@@ -63,6 +63,10 @@ def hf_tensor(name: str, cfg: ModelConfig) -> HFSlice:
     Raises ValueError for a malformed name."""
     if cfg.arch == "gpt2":
         return _gpt2(name, cfg)
+    if cfg.n_experts and name.startswith("blk."):
+        moe = _experts(name, cfg)
+        if moe is not None:
+            return moe
     if cfg.arch == "phi3" and name.startswith("blk."):
         _, layer, part, kind = name.split(".", 3)
         q, kv, ffn = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.ffn
@@ -73,6 +77,53 @@ def hf_tensor(name: str, cfg: ModelConfig) -> HFSlice:
             hf_part, rows = fused[part]
             return HFSlice(f"model.layers.{layer}.{hf_part}.{kind}", rows)
     return HFSlice(hf_tensor_name(name, cfg.arch))
+
+
+def hf_candidates(name: str, cfg: ModelConfig) -> list[HFSlice]:
+    """Where `name` may be stored, most usual first: GPT-2 checkpoints without the `transformer.`
+    prefix, Mixtral's experts fused as transformers 5 holds them in memory."""
+    where = hf_tensor(name, cfg)
+    out = [where]
+    if where.name.startswith("transformer."):
+        out.append(HFSlice(where.name[len("transformer."):], where.rows, where.conv1d))
+    if cfg.n_experts and name.startswith("blk."):
+        fused = _fused_experts(name, cfg)
+        if fused is not None:
+            out.append(fused)
+    return out
+
+
+_EXPERT_PARTS = {"ffn_gate": "w1", "ffn_down": "w2", "ffn_up": "w3"}
+
+
+def _experts(name: str, cfg: ModelConfig) -> HFSlice | None:
+    """Mixtral as checkpoints store it: the router `block_sparse_moe.gate`, expert e's gate, down
+    and up as `experts.{e}.w1 / w2 / w3`. larql names them `blk.L.ffn_gate.{e}.weight` and so on."""
+    _, layer, part, kind = name.split(".", 3)
+    prefix = f"model.layers.{layer}.block_sparse_moe."
+    if part == "ffn_gate_inp":
+        return HFSlice(f"{prefix}gate.{kind}")
+    expert, _, rest = kind.partition(".")
+    if part not in _EXPERT_PARTS or not expert.isdigit() or rest != "weight":
+        return None
+    return HFSlice(f"{prefix}experts.{expert}.{_EXPERT_PARTS[part]}.weight")
+
+
+def _fused_experts(name: str, cfg: ModelConfig) -> HFSlice | None:
+    """Mixtral fused as transformers 5 holds it: the router `mlp.gate`, every expert's gate and up
+    stacked in `mlp.experts.gate_up_proj` `(E, 2 ffn, hidden)`, the downs in `down_proj` `(E, hidden, ffn)`."""
+    _, layer, part, kind = name.split(".", 3)
+    prefix = f"model.layers.{layer}.mlp."
+    if part == "ffn_gate_inp":
+        return HFSlice(f"{prefix}gate.{kind}")
+    expert, _, rest = kind.partition(".")
+    if part not in _EXPERT_PARTS or not expert.isdigit() or rest != "weight":
+        return None
+    e, f, h = int(expert), cfg.ffn, cfg.hidden
+    if part == "ffn_down":
+        return HFSlice(f"{prefix}experts.down_proj", (e * h, (e + 1) * h))
+    first = e * 2 * f + (f if part == "ffn_up" else 0)
+    return HFSlice(f"{prefix}experts.gate_up_proj", (first, first + f))
 
 
 def _gpt2(name: str, cfg: ModelConfig) -> HFSlice:

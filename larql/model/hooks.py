@@ -11,6 +11,7 @@ Per layer L, in forward order:
     blocks.L.attn.hook_pattern   (T, heads, S)     softmax of the scores
     blocks.L.hook_attn_out       (T, hidden)       after o_proj, before Gemma's post-attention norm
     blocks.L.hook_resid_mid      (T, hidden)
+    blocks.L.mlp.hook_router     (T, experts)      a mixture of experts' router logits (Mixtral only)
     blocks.L.mlp.hook_pre        (T, ffn)          gate projection (+ bias); GPT-2: the fc projection
     blocks.L.mlp.hook_post       (T, ffn)          activation(gate) * up; GPT-2: activation(fc)
     blocks.L.hook_mlp_out        (T, hidden)       after down_proj, before Gemma's post-FFN norm
@@ -35,9 +36,8 @@ from larql.errors import ModelError
 F32 = NDArray[np.float32]
 
 LAYER_KINDS = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_rot_q", "attn.hook_rot_k",
-               "attn.hook_scores",
-               "attn.hook_pattern", "hook_attn_out", "hook_resid_mid", "mlp.hook_pre", "mlp.hook_post",
-               "hook_mlp_out", "hook_resid_post")
+               "attn.hook_scores", "attn.hook_pattern", "hook_attn_out", "hook_resid_mid", "mlp.hook_router",
+               "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post")
 GLOBAL_HOOKS = ("hook_embed", "hook_final_norm")
 
 
@@ -52,6 +52,7 @@ class LayerHookNames(NamedTuple):
     pattern: str
     attn_out: str
     resid_mid: str
+    router: str
     mlp_pre: str
     mlp_post: str
     mlp_out: str
@@ -63,8 +64,10 @@ def layer_hook_names(n_layers: int) -> tuple[LayerHookNames, ...]:
     return tuple(LayerHookNames(*(f"blocks.{i}.{k}" for k in LAYER_KINDS)) for i in range(n_layers))
 
 
-def all_hook_names(n_layers: int) -> list[str]:
-    return [GLOBAL_HOOKS[0], *(name for layer in layer_hook_names(n_layers) for name in layer), GLOBAL_HOOKS[1]]
+def all_hook_names(n_layers: int, unreached: tuple[str, ...] = ()) -> list[str]:
+    """Every hook point in forward order, less the kinds in `unreached` (see Model.hook_names)."""
+    return [GLOBAL_HOOKS[0], *(f"blocks.{i}.{kind}" for i in range(n_layers) for kind in LAYER_KINDS
+                               if kind not in unreached), GLOBAL_HOOKS[1]]
 
 
 @dataclass(frozen=True)

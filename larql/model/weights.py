@@ -9,7 +9,7 @@ convention too: Gemma's `(1 + w)` is stored as `w + 1`, so the forward pass alwa
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Protocol
 
@@ -18,7 +18,7 @@ from numpy.typing import NDArray
 
 from larql.errors import ModelFormatError
 from larql.model.config import ModelConfig
-from larql.model.hf_names import HFSlice, hf_tensor
+from larql.model.hf_names import HFSlice, hf_candidates, hf_tensor
 from larql.quant import GGMLType, QuantMatrix
 
 Vec = NDArray[np.float32]
@@ -38,9 +38,11 @@ class LayerWeights:
     v: QuantMatrix  # (n_kv_heads * head_dim, hidden)
     o: QuantMatrix  # (hidden, n_heads * head_dim)
     ffn_norm: Vec
-    gate: QuantMatrix  # (ffn, hidden); GPT-2's c_fc: the matrix whose activation is each feature's
+    # (ffn, hidden); GPT-2's c_fc: the matrix whose activation is each feature's. gate, up and down
+    # are None in a mixture-of-experts layer, whose FFNs are `experts`
+    gate: QuantMatrix | None
     up: QuantMatrix | None  # (ffn, hidden); None for an MLP without a gate (GPT-2)
-    down: QuantMatrix  # (hidden, ffn)
+    down: QuantMatrix | None  # (hidden, ffn)
     q_bias: Vec | None = None
     k_bias: Vec | None = None
     v_bias: Vec | None = None
@@ -54,6 +56,8 @@ class LayerWeights:
     down_bias: Vec | None = None  # (hidden,)
     attn_norm_bias: Vec | None = None  # LayerNorm's shift (GPT-2)
     ffn_norm_bias: Vec | None = None
+    router: QuantMatrix | None = None  # (n_experts, hidden): a mixture of experts' router (Mixtral)
+    experts: tuple[tuple[QuantMatrix, QuantMatrix, QuantMatrix], ...] = ()  # per expert (gate, up, down)
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,8 @@ LAYER_TENSORS: dict[str, str] = {
     "attn_norm_bias": "attn_norm.bias", "ffn_norm_bias": "ffn_norm.bias",
 }
 _MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
+ROUTER = "ffn_gate_inp.weight"
+EXPERT_PARTS = ("ffn_gate", "ffn_up", "ffn_down")
 _REQUIRED_VECTORS = ("attn_norm", "ffn_norm")
 
 
@@ -85,10 +91,14 @@ def load_weights(src: WeightSource, cfg: ModelConfig) -> Weights:
     Shapes are checked against the config: a mismatch is one error naming the tensor."""
     layers = []
     for i in range(cfg.n_layers):
-        fields: dict[str, object] = {"up": None}
+        fields: dict[str, object] = {"gate": None, "up": None, "down": None}
+        if cfg.n_experts:
+            fields["router"] = src.matrix(f"blk.{i}.{ROUTER}")
+            fields["experts"] = tuple(tuple(src.matrix(f"blk.{i}.{part}.{e}.weight") for part in EXPERT_PARTS)
+                                      for e in range(cfg.n_experts))
         for field, part in LAYER_TENSORS.items():
             name = f"blk.{i}.{part}"
-            if field == "up" and not cfg.gated_mlp:
+            if (field == "up" and not cfg.gated_mlp) or (cfg.n_experts and field in ("gate", "up", "down")):
                 continue
             if field in _MATRICES:
                 fields[field] = src.matrix(name)
@@ -114,6 +124,11 @@ def named_tensors(weights: Weights) -> Iterator[tuple[str, QuantMatrix | Vec]]:
             value = getattr(lw, field)
             if value is not None:
                 yield f"blk.{i}.{part}", value
+        if lw.router is not None:
+            yield f"blk.{i}.{ROUTER}", lw.router
+        for e, mats in enumerate(lw.experts):
+            for part, m in zip(EXPERT_PARTS, mats):
+                yield f"blk.{i}.{part}.{e}.weight", m
     yield "output_norm.weight", weights.output_norm
     if weights.output_norm_bias is not None:
         yield "output_norm.bias", weights.output_norm_bias
@@ -138,6 +153,12 @@ def _check_shapes(w: Weights, cfg: ModelConfig, where: str) -> None:
             m: QuantMatrix | None = getattr(lw, field)
             if m is not None and m.shape != shape:
                 raise bad(m.name, m.shape, shape)
+        if lw.router is not None and lw.router.shape != (cfg.n_experts, h):
+            raise bad(lw.router.name, lw.router.shape, (cfg.n_experts, h))
+        for gate, up, down in lw.experts:
+            for m, shape in ((gate, (f, h)), (up, (f, h)), (down, (h, f))):
+                if m.shape != shape:
+                    raise bad(m.name, m.shape, shape)
         for field, n in vectors.items():
             v: Vec | None = getattr(lw, field)
             if v is not None and v.shape != (n,):
@@ -197,12 +218,10 @@ class SafetensorsSource:
         """The stored slice of GGUF-named `name`, None if the checkpoint lacks it (GPT-2
         checkpoints may omit the `transformer.` prefix)."""
         try:
-            where = hf_tensor(name, self.cfg)
+            candidates = hf_candidates(name, self.cfg)
         except ValueError:
             return None
-        if where.name not in self._entries and where.name.startswith("transformer."):
-            where = replace(where, name=where.name[len("transformer."):])
-        return where if where.name in self._entries else None
+        return next((where for where in candidates if where.name in self._entries), None)
 
     def has(self, name: str) -> bool:
         return self._find(name) is not None

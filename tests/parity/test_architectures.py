@@ -57,7 +57,7 @@ def test_architecture_matches_transformers(arch: str) -> None:
 
 
 def test_every_reference_architecture_is_covered() -> None:
-    expected = {"llama3", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "gpt2"}
+    expected = {"llama3", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "gpt2", "mixtral"}
     assert expected <= set(ARCHITECTURES), f"missing references: {sorted(expected - set(ARCHITECTURES))}"
 
 
