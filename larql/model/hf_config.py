@@ -128,10 +128,11 @@ def _base(f: Fields, arch: str, **fields: Any) -> ModelConfig:
     n_layers = f.int("num_hidden_layers")
     if f.hf.get("mlp_bias"):
         raise f.refuse("mlp_bias", True, "MLPs without biases in this family")
+    eps = fields.pop("eps_default", 1e-6)  # transformers' default for the family, if the field is absent
     values: dict[str, Any] = dict(
         arch=arch, n_layers=n_layers, hidden=hidden, ffn=f.int("intermediate_size"), n_heads=n_heads,
         n_kv_heads=f.int("num_key_value_heads", n_heads), head_dim=int(head_dim), vocab=f.int("vocab_size"),
-        context_length=f.int("max_position_embeddings", 4096), norm_eps=f.float("rms_norm_eps", 1e-6),
+        context_length=f.int("max_position_embeddings", 4096), norm_eps=f.float("rms_norm_eps", eps),
         rope_interleaved=False,  # HF checkpoints use the rotate-half layout
         sliding_window=0, global_layers=(True,) * n_layers, embed_scale=1.0, attn_scale=int(head_dim) ** -0.5,
         qk_norm=False, sandwich_norms=False,
@@ -157,7 +158,7 @@ def _mixtral(f: Fields) -> ModelConfig:
     if not 0 < used <= n_experts:
         raise ModelFormatError(f"{f.file}: num_experts_per_tok = {used} must be between 1 and num_local_experts "
                                f"({n_experts})")
-    return _windowed(f, "mixtral", n_experts=n_experts, n_experts_used=used)
+    return _windowed(f, "mixtral", n_experts=n_experts, n_experts_used=used, eps_default=1e-5)
 
 
 def _qwen(f: Fields, arch: str, **fields: Any) -> ModelConfig:
@@ -175,6 +176,7 @@ def _gemma(f: Fields, arch: str, every: int) -> ModelConfig:
     """Gemma 2 (every=2) and Gemma 3 (every=6 by default): sqrt(hidden) embeddings, sandwich norms,
     GELU-tanh, query_pre_attn_scalar, sliding layers between the global ones, soft-caps."""
     n, hidden = f.int("num_hidden_layers"), f.int("hidden_size")
+    f.expect("use_bidirectional_attention", (False, None), False, "causal attention")  # EmbeddingGemma's is not
     every = f.int("sliding_window_pattern", every)
     global_layers = _global_layers(f, n, lambda i: (i + 1) % every == 0)
     head_dim = f.int("head_dim", 256)
@@ -223,7 +225,7 @@ def _gpt2(f: Fields) -> ModelConfig:
 HF_MODEL_TYPES: dict[str, Callable[[Fields], ModelConfig]] = {
     "llama": lambda f: _base(f, "llama"),
     "mistral": lambda f: _windowed(f, "mistral"),
-    "phi3": lambda f: _windowed(f, "phi3"),
+    "phi3": lambda f: _windowed(f, "phi3", eps_default=1e-5),
     "qwen2": lambda f: _qwen(f, "qwen2"),
     "qwen3": lambda f: _qwen(f, "qwen3", qk_norm=True),
     "gemma2": lambda f: _gemma(f, "gemma2", 2),

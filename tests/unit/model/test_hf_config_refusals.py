@@ -90,7 +90,7 @@ def test_bad_field_value(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("arch", "field", "value"), [
     ("llama3", "hidden_act", "relu"), ("llama3", "mlp_bias", True),
     ("gpt2", "scale_attn_by_inverse_layer_idx", True), ("gpt2", "activation_function", "relu"),
-    ("gemma2", "layer_types", ["chunked_attention"] * 3),
+    ("gemma2", "layer_types", ["chunked_attention"] * 3), ("gemma3", "use_bidirectional_attention", True),
 ])
 def test_unsupported_field_values(tmp_path: Path, arch: str, field: str, value: Any) -> None:
     d = _copy(tmp_path, arch, lambda c: c.update({field: value}))
