@@ -35,3 +35,13 @@ def test_describe_and_infer_on_an_extracted_vindex(arch: str, tmp_path: Path) ->
     top = int(np.argmax(direct.next_logits(direct.tokenize("Bees make honey"))))
     assert len(infer.rows) == 3 and infer.rows[0][1] == direct.tokenizer.token_text(top)
     assert trace.rows
+
+
+def test_weight_edits_on_gpt2_are_refused_before_any_work(tmp_path: Path) -> None:
+    """ROME's hand-written backward pass has no LayerNorm: INSERT says so at once."""
+    from larql.errors import LqlSemanticError
+
+    vx = extract(REFS / "gpt2", tmp_path / "g.vindex", level="inference", dtype="f32")
+    with pytest.raises(LqlSemanticError, match="weight edits \\(ROME/MEMIT\\) cannot run on gpt2: its LayerNorm has "
+                                               "no backward pass in larql yet"):
+        execute(f'USE "{vx}"; INSERT INTO EDGES (entity, relation, target) VALUES ("Bees", "make", "wax") METHOD ROME')
