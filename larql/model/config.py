@@ -10,7 +10,7 @@ defaults, so a vindex written before them still describes its model.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -153,9 +153,17 @@ def _llama(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
     )
 
 
+def _qwen3(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
+    """Qwen3 as llama.cpp converts it: Qwen2's layout (rotate-half RoPE, q/k rows not permuted)
+    plus per-head q/k norms."""
+    return replace(_llama(meta, source, tied), qk_norm=True)
+
+
 ARCHITECTURES: dict[str, Callable[[dict[str, Any], str, bool], ModelConfig]] = {
     "gemma3": _gemma3,
     "llama": _llama,
+    "qwen2": _llama,  # q/k/v biases are tensors; rope_interleaved is false for every arch but llama
+    "qwen3": _qwen3,
 }
 
 
