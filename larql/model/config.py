@@ -159,11 +159,40 @@ def _qwen3(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
     return replace(_llama(meta, source, tied), qk_norm=True)
 
 
+def _phi3(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
+    """Phi-3 as llama.cpp converts it: Llama's layout with fused q/k/v and gate/up (gguf_fused.py)."""
+    cfg = _llama(meta, source, tied)
+    rot = int(meta.get("phi3.rope.dimension_count", cfg.head_dim))
+    if rot != cfg.head_dim:
+        raise UnsupportedError(f"{source}: metadata phi3.rope.dimension_count is {rot}; larql runs rotary "
+                               f"embeddings over the whole head ({cfg.head_dim})")
+    return cfg
+
+
+def _gpt2(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
+    """GPT-2 as llama.cpp converts it: LayerNorm with biases, learned positions, GELU MLP, fused q/k/v."""
+    p = "gpt2."
+    hidden, n_heads = int(_need(meta, p + "embedding_length", source)), int(_need(meta, p + "attention.head_count", source))
+    n_layers = int(_need(meta, p + "block_count", source))
+    return ModelConfig(
+        arch="gpt2", n_layers=n_layers, hidden=hidden, ffn=int(_need(meta, p + "feed_forward_length", source)),
+        n_heads=n_heads, n_kv_heads=n_heads, head_dim=hidden // n_heads, vocab=int(meta.get(p + "vocab_size", 0)),
+        context_length=int(_need(meta, p + "context_length", source)),
+        norm_eps=float(meta.get(p + "attention.layer_norm_epsilon", 1e-5)),
+        rope_base=10_000.0, rope_base_local=10_000.0, rope_interleaved=False,  # unused: no RoPE
+        sliding_window=0, global_layers=(True,) * n_layers, embed_scale=1.0, attn_scale=(hidden // n_heads) ** -0.5,
+        qk_norm=False, sandwich_norms=False, activation="gelu_tanh", final_softcap=0.0, attn_softcap=0.0,
+        tied_embeddings=tied, norm="layer", positions="learned", gated_mlp=False,
+    )
+
+
 ARCHITECTURES: dict[str, Callable[[dict[str, Any], str, bool], ModelConfig]] = {
     "gemma3": _gemma3,
     "llama": _llama,
     "qwen2": _llama,  # q/k/v biases are tensors; rope_interleaved is false for every arch but llama
     "qwen3": _qwen3,
+    "phi3": _phi3,
+    "gpt2": _gpt2,
 }
 
 

@@ -14,6 +14,7 @@ from larql.errors import LarqlError, ModelFormatError, UnknownModelError, Unsupp
 from larql.model.config import config_from_gguf
 from larql.model.hf_config import config_from_hf
 from larql.model.gguf_file import GGUFFile
+from larql.model.gguf_fused import FUSED_ARCHS, FusedGGUF
 from larql.model.model import Model
 from larql.model.tokenizer import tokenizer_from_gguf, tokenizer_from_hf
 from larql.model.hf_names import SANDWICH_ARCHS, hf_tensor
@@ -90,7 +91,9 @@ def _load_gguf(name: str, path: Path) -> Model:
         raise UnsupportedError(f"{path}: tensor rope_freqs.weight (per-frequency rope factors) is not supported "
                                f"yet; load the HF directory, whose rope_parameters larql reads")
     cfg = config_from_gguf(gguf.metadata, str(path), tied)
-    weights = load_weights(gguf, cfg)
+    if any(name.startswith("rope_factors") for name in gguf.tensors):  # Phi-3's long-context "longrope"
+        raise UnsupportedError(f"{path}: rope_factors tensors (longrope scaling) are not supported")
+    weights = load_weights(FusedGGUF(gguf, cfg) if cfg.arch in FUSED_ARCHS else gguf, cfg)
     if cfg.vocab == 0:
         cfg = replace(cfg, vocab=weights.output.n_rows)
     return Model(name, path, cfg, weights, tokenizer_from_gguf(gguf.metadata, str(path)))
