@@ -27,42 +27,41 @@ import transformers
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tests.synthetic import VOCAB, build_tokenizer  # noqa: E402
+from tests.synthetic import VOCAB, build_tokenizer  # noqa: E402 - after the path is set
 
 OUT = ROOT / "tests" / "golden" / "architectures"
 PROMPTS = ["The capital of France is Paris; the capital of Japan is Tokyo.", "Bees make honey"]
 EOS = len(VOCAB) - 1
 
-_COMMON: dict[str, Any] = dict(vocab_size=len(VOCAB), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                               num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
-                               rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=None, eos_token_id=EOS,
-                               pad_token_id=None)
+_COMMON: dict[str, Any] = {
+    "vocab_size": len(VOCAB), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 128,
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "bos_token_id": None, "eos_token_id": EOS, "pad_token_id": None,
+}
+_LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+_GEMMA3_ROPE = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}
 
 # name -> (model_type, config fields over _COMMON, what the architecture exercises)
 ARCHITECTURES: dict[str, tuple[str, dict[str, Any], str]] = {
-    "llama3": ("llama", dict(num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=False,
-                             rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
-                                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                              "original_max_position_embeddings": 64}),
+    "llama3": ("llama", {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+                         "tie_word_embeddings": False, "rope_parameters": _LLAMA3_ROPE},
                "rope scaling llama3 (original context 64 so that all three frequency bands occur), untied lm_head"),
-    "qwen2": ("qwen2", dict(), "q/k/v biases"),
-    "qwen3": ("qwen3", dict(head_dim=16), "q/k RMSNorm per head, explicit head_dim (16 x 4 heads != hidden 32)"),
-    "mistral": ("mistral", dict(sliding_window=4), "sliding window of 4 on every layer"),
-    "gemma2": ("gemma2", dict(sliding_window=4, query_pre_attn_scalar=12, attn_logit_softcapping=5.0,
-                              final_logit_softcapping=10.0, hidden_activation="gelu_pytorch_tanh"),
+    "qwen2": ("qwen2", {}, "q/k/v biases"),
+    "qwen3": ("qwen3", {"head_dim": 16}, "q/k RMSNorm per head, explicit head_dim (16 x 4 heads != hidden 32)"),
+    "mistral": ("mistral", {"sliding_window": 4}, "sliding window of 4 on every layer"),
+    "gemma2": ("gemma2", {"sliding_window": 4, "query_pre_attn_scalar": 12, "attn_logit_softcapping": 5.0,
+                          "final_logit_softcapping": 10.0, "hidden_activation": "gelu_pytorch_tanh"},
                "attention and final soft-caps, alternating sliding window, query_pre_attn_scalar, sandwich norms"),
-    "gemma3": ("gemma3_text", dict(sliding_window=4, query_pre_attn_scalar=8,
-                                   layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-                                   rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0,
-                                                                       "rope_theta": 1_000_000.0},
-                                                    "sliding_attention": {"rope_type": "default",
-                                                                          "rope_theta": 10_000.0}}),
+    "gemma3": ("gemma3_text", {"sliding_window": 4, "query_pre_attn_scalar": 8, "rope_parameters": _GEMMA3_ROPE,
+                               "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]},
                "q/k norms, sandwich norms, linear rope scaling on the global layer"),
-    "phi3": ("phi3", dict(sliding_window=6), "fused qkv_proj and gate_up_proj, sliding window of 6"),
-    "mixtral": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
+    "phi3": ("phi3", {"sliding_window": 6}, "fused qkv_proj and gate_up_proj, sliding window of 6"),
+    "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
                 "a router choosing 2 of 4 experts per position, weights renormalised"),
-    "gpt2": ("gpt2", dict(n_embd=32, n_layer=3, n_head=4, n_inner=64, n_positions=128, vocab_size=len(VOCAB),
-                          bos_token_id=EOS, eos_token_id=EOS, layer_norm_epsilon=1e-5),
+    "gpt2": ("gpt2", {"n_embd": 32, "n_layer": 3, "n_head": 4, "n_inner": 64, "n_positions": 128,
+                      "vocab_size": len(VOCAB), "bos_token_id": EOS, "eos_token_id": EOS, "layer_norm_epsilon": 1e-5},
              "LayerNorm with bias, learned positions, Conv1D fused qkv, GELU MLP without a gate"),
 }
 

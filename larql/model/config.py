@@ -172,7 +172,8 @@ def _phi3(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
 def _gpt2(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
     """GPT-2 as llama.cpp converts it: LayerNorm with biases, learned positions, GELU MLP, fused q/k/v."""
     p = "gpt2."
-    hidden, n_heads = int(_need(meta, p + "embedding_length", source)), int(_need(meta, p + "attention.head_count", source))
+    hidden = int(_need(meta, p + "embedding_length", source))
+    n_heads = int(_need(meta, p + "attention.head_count", source))
     n_layers = int(_need(meta, p + "block_count", source))
     return ModelConfig(
         arch="gpt2", n_layers=n_layers, hidden=hidden, ffn=int(_need(meta, p + "feed_forward_length", source)),

@@ -93,7 +93,8 @@ def hf_config(cfg: ModelConfig, vocab: int, tok: TokenizerFiles, dtype: str) -> 
         "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
         "vocab_size": vocab, "max_position_embeddings": cfg.context_length, "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_base,
-        "rope_scaling": _rope_parameters(cfg, cfg.rope_base, True) if cfg.rope_scaling else None, "tie_word_embeddings": cfg.tied_embeddings,
+        "rope_scaling": _rope_parameters(cfg, cfg.rope_base, True) if cfg.rope_scaling else None,
+        "tie_word_embeddings": cfg.tied_embeddings,
         "attention_dropout": 0.0, "use_cache": True, "torch_dtype": DTYPES[dtype][1], "dtype": DTYPES[dtype][1],
         "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_ids[0] if tok.eos_ids else None,
     }

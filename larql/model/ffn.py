@@ -97,7 +97,8 @@ class FFN:
         for f, (_, u, _) in overrides.items():
             if u is not None:
                 if up is None:
-                    raise UnsupportedError(f"layer {i}: this MLP has no up projection; an edit cannot set feature {f}'s up row")
+                    raise UnsupportedError(f"layer {i}: this MLP has no up projection; an edit cannot set "
+                                           f"feature {f}'s up row")
                 up[:, f] = h @ u
         act = gated(self.activation, gate, up)  # (T, ffn) act(gate) * up
         if edits is not None:

@@ -131,7 +131,8 @@ class _Saved:
 
 def require_backward(cfg: ModelConfig, weights: Weights) -> None:
     """Raise UnsupportedError unless this module's backward pass covers every part of the model."""
-    biased = any(getattr(lw, b) is not None for lw in weights.layers for b in ("o_bias", "gate_bias", "up_bias", "down_bias"))
+    biased = any(getattr(lw, b) is not None for lw in weights.layers
+                 for b in ("o_bias", "gate_bias", "up_bias", "down_bias"))
     unsupported = ("mixture of experts" if cfg.n_experts else "LayerNorm" if cfg.norm != "rms"
                    else "learned positions" if cfg.positions != "rope" else "an MLP without a gate" if not cfg.gated_mlp
                    else "output or MLP biases" if biased else "")

@@ -12,7 +12,8 @@ are refused with what is supported. Both config generations are read: transforme
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from larql.errors import ModelFormatError, UnsupportedError
 from larql.model.config import ModelConfig
@@ -129,16 +130,16 @@ def _base(f: Fields, arch: str, **fields: Any) -> ModelConfig:
     if f.hf.get("mlp_bias"):
         raise f.refuse("mlp_bias", True, "MLPs without biases in this family")
     eps = fields.pop("eps_default", 1e-6)  # transformers' default for the family, if the field is absent
-    values: dict[str, Any] = dict(
-        arch=arch, n_layers=n_layers, hidden=hidden, ffn=f.int("intermediate_size"), n_heads=n_heads,
-        n_kv_heads=f.int("num_key_value_heads", n_heads), head_dim=int(head_dim), vocab=f.int("vocab_size"),
-        context_length=f.int("max_position_embeddings", 4096), norm_eps=f.float("rms_norm_eps", eps),
-        rope_interleaved=False,  # HF checkpoints use the rotate-half layout
-        sliding_window=0, global_layers=(True,) * n_layers, embed_scale=1.0, attn_scale=int(head_dim) ** -0.5,
-        qk_norm=False, sandwich_norms=False,
-        activation=fields.get("activation") or f.activation("hidden_act", "silu"),
-        final_softcap=0.0, attn_softcap=0.0, tied_embeddings=False,
-    )
+    values: dict[str, Any] = {
+        "arch": arch, "n_layers": n_layers, "hidden": hidden, "ffn": f.int("intermediate_size"), "n_heads": n_heads,
+        "n_kv_heads": f.int("num_key_value_heads", n_heads), "head_dim": int(head_dim), "vocab": f.int("vocab_size"),
+        "context_length": f.int("max_position_embeddings", 4096), "norm_eps": f.float("rms_norm_eps", eps),
+        "rope_interleaved": False,  # HF checkpoints use the rotate-half layout
+        "sliding_window": 0, "global_layers": (True,) * n_layers, "embed_scale": 1.0,
+        "attn_scale": int(head_dim) ** -0.5, "qk_norm": False, "sandwich_norms": False,
+        "activation": fields.get("activation") or f.activation("hidden_act", "silu"),
+        "final_softcap": 0.0, "attn_softcap": 0.0, "tied_embeddings": False,
+    }
     values |= _rope(f)
     values |= fields
     values.setdefault("rope_base_local", values["rope_base"])
@@ -193,7 +194,8 @@ def _gemma(f: Fields, arch: str, every: int) -> ModelConfig:
     fields: dict[str, Any] = dict(
         head_dim=head_dim, sliding_window=f.int("sliding_window", 4096), global_layers=global_layers,
         embed_scale=math.sqrt(hidden), attn_scale=f.float("query_pre_attn_scalar", head_dim) ** -0.5,
-        qk_norm=arch == "gemma3", sandwich_norms=True, activation=f.activation("hidden_activation", "gelu_pytorch_tanh"),
+        qk_norm=arch == "gemma3", sandwich_norms=True,
+        activation=f.activation("hidden_activation", "gelu_pytorch_tanh"),
         final_softcap=f.float("final_logit_softcapping", 0.0), attn_softcap=f.float("attn_logit_softcapping", 0.0),
         **rope_full,
     )

@@ -6,18 +6,18 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from larql.errors import LarqlError, ModelFormatError, UnknownModelError, UnsupportedError
 from larql.model.config import config_from_gguf
-from larql.model.hf_config import config_from_hf
 from larql.model.gguf_file import GGUFFile
 from larql.model.gguf_fused import FUSED_ARCHS, FusedGGUF
+from larql.model.hf_config import config_from_hf
+from larql.model.hf_names import SANDWICH_ARCHS, hf_tensor
 from larql.model.model import Model
 from larql.model.tokenizer import tokenizer_from_gguf, tokenizer_from_hf
-from larql.model.hf_names import SANDWICH_ARCHS, hf_tensor
 from larql.model.weights import SafetensorsSource, load_weights
 
 

@@ -233,7 +233,8 @@ class SafetensorsSource:
         self.used.add(where.name)
         data, dtype, shape, start, end = self._entries[where.name]
         if dtype not in _HF_DTYPES:
-            raise ModelFormatError(f"{self.directory}: tensor {where.name} has dtype {dtype}; expected F32, F16 or BF16")
+            raise ModelFormatError(f"{self.directory}: tensor {where.name} has dtype {dtype}; "
+                                   f"expected F32, F16 or BF16")
         n_cols = int(shape[-1]) if shape else 1
         n_rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
         m = QuantMatrix(where.name, _HF_DTYPES[dtype], n_rows, n_cols, data[start:end].reshape(n_rows, -1))

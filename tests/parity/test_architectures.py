@@ -32,7 +32,8 @@ def measure(arch: str) -> dict[str, float]:
     worst = {"logits": 0.0, "resid": 0.0, "embed": 0.0, "top1": 1.0, "hook_q": 0.0}
     for p in range(n_prompts):
         ids = ref[f"p{p}.ids"]
-        names = ["hook_embed", "blocks.0.attn.hook_q"] + [f"blocks.{i}.hook_resid_post" for i in range(m.config.n_layers)]
+        resid = [f"blocks.{i}.hook_resid_post" for i in range(m.config.n_layers)]
+        names = ["hook_embed", "blocks.0.attn.hook_q", *resid]
         logits, cache = m.run_with_cache(ids, names)
         want = ref[f"p{p}.logits"]
         worst["logits"] = max(worst["logits"], rel_err(logits, want))
@@ -40,7 +41,8 @@ def measure(arch: str) -> dict[str, float]:
             worst["top1"] = 0.0
         worst["embed"] = max(worst["embed"], rel_err(cache["hook_embed"], ref[f"p{p}.embed"]))
         for i in range(m.config.n_layers):
-            worst["resid"] = max(worst["resid"], rel_err(cache[f"blocks.{i}.hook_resid_post"], ref[f"p{p}.resid_post"][i]))
+            err = rel_err(cache[f"blocks.{i}.hook_resid_post"], ref[f"p{p}.resid_post"][i])
+            worst["resid"] = max(worst["resid"], err)
         q = cache["blocks.0.attn.hook_q"].reshape(len(ids), -1)  # (T, n_heads * head_dim)
         worst["hook_q"] = max(worst["hook_q"], rel_err(q, ref[f"p{p}.q0"]))
     return worst

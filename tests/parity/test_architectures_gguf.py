@@ -53,7 +53,8 @@ def write_gguf(arch: str, path: Path) -> Path:
                 tensors[b + "attn_qkv." + kind] = np.concatenate(
                     [tensors.pop(b + part + "." + kind) for part in ("attn_q", "attn_k", "attn_v")])
         if arch == "phi3":
-            tensors[b + "ffn_up.weight"] = np.concatenate([tensors.pop(b + "ffn_gate.weight"), tensors[b + "ffn_up.weight"]])
+            gate, up = tensors.pop(b + "ffn_gate.weight"), tensors[b + "ffn_up.weight"]
+            tensors[b + "ffn_up.weight"] = np.concatenate([gate, up])  # gate first, as Phi-3's gate_up_proj
         if arch == "gpt2":
             for kind in ("weight", "bias"):
                 tensors[b + "ffn_up." + kind] = tensors.pop(b + "ffn_gate." + kind)

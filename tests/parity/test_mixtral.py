@@ -29,7 +29,8 @@ def test_fused_experts_load_to_the_same_model(tmp_path: Path) -> None:
         fused[f"model.layers.{i}.mlp.gate.weight"] = t.pop(p + "gate.weight")
         fused[f"model.layers.{i}.mlp.experts.gate_up_proj"] = np.stack(
             [np.concatenate([t.pop(f"{p}experts.{e}.w1.weight"), t.pop(f"{p}experts.{e}.w3.weight")]) for e in experts])
-        fused[f"model.layers.{i}.mlp.experts.down_proj"] = np.stack([t.pop(f"{p}experts.{e}.w2.weight") for e in experts])
+        downs = [t.pop(f"{p}experts.{e}.w2.weight") for e in experts]
+        fused[f"model.layers.{i}.mlp.experts.down_proj"] = np.stack(downs)
     d = tmp_path / "fused"
     shutil.copytree(REF, d)
     save_file(t | fused, str(d / "model.safetensors"))

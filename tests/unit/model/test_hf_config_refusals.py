@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -64,7 +65,8 @@ def test_legacy_rope_scaling_is_read_too(tmp_path: Path) -> None:
 
 def test_llama3_rope_missing_parameter(tmp_path: Path) -> None:
     d = _copy(tmp_path, "llama3", lambda c: c["rope_parameters"].pop("low_freq_factor"))
-    with pytest.raises(ModelFormatError, match=r"rope_parameters\.low_freq_factor is None; rope_type llama3 needs a number"):
+    with pytest.raises(ModelFormatError,
+                       match=r"rope_parameters\.low_freq_factor is None; rope_type llama3 needs a number"):
         larql.load(d)
 
 
@@ -112,7 +114,8 @@ def test_wrong_bias_shape(tmp_path: Path) -> None:
     def shrink(t: dict[str, np.ndarray]) -> None:
         t["model.layers.0.self_attn.q_proj.bias"] = t["model.layers.0.self_attn.q_proj.bias"][:5]
 
-    with pytest.raises(ModelFormatError, match=r"tensor blk\.0\.attn_q\.bias has shape \[5\], the config implies \[32\]"):
+    with pytest.raises(ModelFormatError,
+                       match=r"tensor blk\.0\.attn_q\.bias has shape \[5\], the config implies \[32\]"):
         larql.load(_copy(tmp_path, "qwen2", tensors=shrink))
 
 
