@@ -23,7 +23,7 @@ def _lql(args: argparse.Namespace, text: str) -> int:
 
     # the global options (cli_core) pass through as they were given
     ns = argparse.Namespace(**{**vars(args), "statements": text, "file": None, "vindex": None, "plan": False,
-                               "timing": False, "width": None})
+                               "timing": False, "width": None, "format": None})
     return cmd_lql(ns)
 
 

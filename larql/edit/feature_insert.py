@@ -37,7 +37,7 @@ from larql.edit.overlay import MetaOverride
 from larql.edit.patch import PatchOp
 from larql.edit.view import EditableVindex
 from larql.errors import VindexError
-from larql.model.forward import rms_norm
+from larql.model.forward import norm
 from larql.model.generate import log_softmax
 from larql.model.interp import first_target_token, kl, rank_of
 from larql.vindex.probes import TEMPLATES, probe_prompt
@@ -102,7 +102,7 @@ def _ffn_inputs(model: object, prompts: list[str], layer: int, last_only: bool) 
         resid, act = cache[names[0]], cache[names[1]]
         if last_only:
             resid, act = resid[-1:], act[-1:]
-        hs.append(rms_norm(resid, lw.ffn_norm, cfg.norm_eps))
+        hs.append(norm(cfg, resid, lw.ffn_norm, lw.ffn_norm_bias))
         acts.append(act)
     return np.concatenate(hs), np.concatenate(acts)
 

@@ -34,6 +34,7 @@ from larql.edit.view import EditableVindex
 from larql.edit.weight_edit import WeightEditPlan, plan_weight_edit
 from larql.edit.weight_op import WeightOp
 from larql.errors import EditError
+from larql.model.grad import require_backward
 from larql.model.interp import kl
 from larql.model.model import Model
 from larql.model.tokenizer import cache_dir
@@ -122,6 +123,8 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str = DEFAULT
     if not v.has_model_weights:
         raise EditError("INSERT needs the model's weights: extract the vindex WITH INFERENCE")
     model = v.model()
+    if method != "feature":  # before minutes of statistics, not after
+        require_backward(model.config, model.weights)
     t0 = time.perf_counter()
     held_prefixes = model_prefixes(model, EVAL_PREFIXES, seed=EVAL_PREFIX_SEED) if measure else ()
     sc = Scorer(model)

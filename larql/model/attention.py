@@ -13,16 +13,15 @@ F32 = NDArray[np.float32]
 
 
 class RopeTable:
-    """cos/sin of position x frequency for one (base, head_dim), grown on demand.
+    """cos/sin of position x frequency for one set of `(d/2,)` frequencies, grown on demand.
 
-    Built as HF does, in float32: inv_freq = 1 / base^(2i/d), angle = position * inv_freq.
+    Built as HF does, in float32: angle = position * inv_freq (see ModelConfig.rope_inv_freq).
     """
 
-    def __init__(self, base: float, head_dim: int) -> None:
-        exponent = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
-        self.inv_freq = (np.float32(1.0) / np.power(np.float32(base), exponent)).astype(np.float32)
-        self.cos = np.empty((0, head_dim // 2), dtype=np.float32)
-        self.sin = np.empty((0, head_dim // 2), dtype=np.float32)
+    def __init__(self, inv_freq: F32) -> None:
+        self.inv_freq = np.asarray(inv_freq, dtype=np.float32)  # (d/2,)
+        self.cos = np.empty((0, len(self.inv_freq)), dtype=np.float32)
+        self.sin = np.empty((0, len(self.inv_freq)), dtype=np.float32)
 
     def get(self, start: int, stop: int) -> tuple[F32, F32]:
         if stop > len(self.cos):

@@ -1,17 +1,21 @@
 """ModelConfig: everything the forward pass needs to know, from GGUF metadata or an HF config.json.
 
 One frozen dataclass covers every supported architecture; each architecture is a small function
-filling it in. Adding Qwen2 or Mistral means one more entry in ARCHITECTURES (and, for HF
-directories, in HF_MODEL_TYPES): the forward pass already handles q/k/v biases, GQA, sliding
-windows and both rope layouts.
+filling it in: here for GGUF metadata, in `hf_config.py` for an HF config.json. The fields say what
+differs between architectures (norm kind, positions, gated MLP, rope scaling, soft-caps ...); the
+forward pass reads them and stays one file. Fields added after version 1 of the vindex format have
+defaults, so a vindex written before them still describes its model.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
+
+import numpy as np
+from numpy.typing import NDArray
 
 from larql.errors import ModelFormatError, UnsupportedError
 from larql.jsonfile import read_json
@@ -54,12 +58,46 @@ class ModelConfig:
     final_softcap: float  # 0: none
     attn_softcap: float  # 0: none
     tied_embeddings: bool
+    norm: str = "rms"  # "rms" | "layer" (LayerNorm with a bias, GPT-2)
+    positions: str = "rope"  # "rope" | "learned" (an absolute position embedding added to the tokens, GPT-2)
+    gated_mlp: bool = True  # act(gate) * up; False: act(fc) with no up projection (GPT-2)
+    # RoPE scaling of the global layers' frequencies, as transformers computes it: "" (none),
+    # "linear" (every frequency / factor) or "llama3" (low frequencies / factor, high ones kept, a
+    # smooth blend between, set by the two wavelength factors and the original context)
+    rope_scaling: str = ""
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_context: int = 0
+    # mixture of experts (Mixtral): experts per layer, and how many each position uses; 0: dense FFN
+    n_experts: int = 0
+    n_experts_used: int = 0
 
     def layer_rope_base(self, layer: int) -> float:
         return self.rope_base if self.global_layers[layer] else self.rope_base_local
 
     def layer_window(self, layer: int) -> int:
         return 0 if self.global_layers[layer] else self.sliding_window
+
+    def rope_inv_freq(self, base: float) -> NDArray[np.float32]:
+        """The `(head_dim/2,)` rotation frequencies for layers with this rope base, scaled as
+        transformers scales them (only the global base is scaled; local layers keep theirs)."""
+        d = self.head_dim
+        exponent = np.arange(0, d, 2, dtype=np.float32) / np.float32(d)
+        inv = (np.float32(1.0) / np.power(np.float32(base), exponent)).astype(np.float32)  # (d/2,)
+        if not self.rope_scaling or base != self.rope_base:
+            return inv
+        factor = np.float32(self.rope_factor)
+        if self.rope_scaling == "linear":
+            return (inv / factor).astype(np.float32)
+        # llama3, step for step as transformers' _compute_llama3_parameters (float32 tensors)
+        low, high, old = self.rope_low_freq_factor, self.rope_high_freq_factor, self.rope_original_context
+        wavelen = np.float32(2 * math.pi) / inv
+        scaled = np.where(wavelen > old / low, inv / factor, inv).astype(np.float32)
+        smooth = ((np.float32(old) / wavelen - np.float32(low)) / np.float32(high - low)).astype(np.float32)
+        blended = (np.float32(1.0) - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+        return np.where(medium, blended, scaled).astype(np.float32)
 
 
 def read_hf_config(path: Path) -> dict[str, Any]:
@@ -68,6 +106,26 @@ def read_hf_config(path: Path) -> dict[str, Any]:
     if not isinstance(hf, dict) or not isinstance(hf.get("text_config", {}), dict):
         raise ModelFormatError(f"{path}: not a model config (config.json must be a JSON object)")
     return hf
+
+
+def check_hf_values(hf: dict[str, Any], source: str) -> None:
+    """Refuse config.json values of the wrong type or far out of range (a hostile or damaged file)
+    before anything is sized by them: the layer count first (a per-layer table of 2^40 entries
+    would never finish), then every integer and number the builders read."""
+    for cfg in (hf, hf.get("text_config") if isinstance(hf.get("text_config"), dict) else {}):
+        for key in HF_INTS:
+            v = cfg.get(key)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 1 << 40):
+                raise ModelFormatError(f"{source}: config.json field {key!r} is {str(v)[:40]!r}; "
+                                       f"expected a non-negative integer")
+        layers = cfg.get("num_hidden_layers")
+        if isinstance(layers, int) and not 1 <= layers <= LIMITS["n_layers"]:
+            raise ModelFormatError(f"{source}: n_layers = {layers} is out of range (1..{LIMITS['n_layers']:,}): "
+                                   f"a damaged model file?")
+        for key in HF_NUMBERS:
+            v = cfg.get(key)
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)):
+                raise ModelFormatError(f"{source}: config.json {key} must be a finite number, not {str(v)[:40]!r}")
 
 
 def check_config(cfg: ModelConfig, source: str) -> ModelConfig:
@@ -135,6 +193,9 @@ def _llama(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
     n_heads = int(_need(meta, p + "attention.head_count", source))
     head_dim = int(meta.get(p + "attention.key_length", hidden // n_heads))
     window = int(meta.get(p + "attention.sliding_window", 0))
+    scaling = str(meta.get(p + "rope.scaling.type", "none"))
+    if scaling not in ("none", "linear"):
+        raise UnsupportedError(f"{source}: metadata {p}rope.scaling.type is {scaling!r}; larql runs none or linear")
     return ModelConfig(
         arch=arch, n_layers=n_layers, hidden=hidden,
         ffn=int(_need(meta, p + "feed_forward_length", source)),
@@ -150,12 +211,52 @@ def _llama(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
         embed_scale=1.0, attn_scale=head_dim ** -0.5,
         qk_norm=False, sandwich_norms=False, activation="silu",
         final_softcap=0.0, attn_softcap=0.0, tied_embeddings=tied,
+        rope_scaling="" if scaling == "none" else scaling,
+        rope_factor=float(meta.get(p + "rope.scaling.factor", 1.0)),
+    )
+
+
+def _qwen3(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
+    """Qwen3 as llama.cpp converts it: Qwen2's layout (rotate-half RoPE, q/k rows not permuted)
+    plus per-head q/k norms."""
+    return replace(_llama(meta, source, tied), qk_norm=True)
+
+
+def _phi3(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
+    """Phi-3 as llama.cpp converts it: Llama's layout with fused q/k/v and gate/up (gguf_fused.py)."""
+    cfg = _llama(meta, source, tied)
+    rot = int(meta.get("phi3.rope.dimension_count", cfg.head_dim))
+    if rot != cfg.head_dim:
+        raise UnsupportedError(f"{source}: metadata phi3.rope.dimension_count is {rot}; larql runs rotary "
+                               f"embeddings over the whole head ({cfg.head_dim})")
+    return cfg
+
+
+def _gpt2(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
+    """GPT-2 as llama.cpp converts it: LayerNorm with biases, learned positions, GELU MLP, fused q/k/v."""
+    p = "gpt2."
+    hidden = int(_need(meta, p + "embedding_length", source))
+    n_heads = int(_need(meta, p + "attention.head_count", source))
+    n_layers = int(_need(meta, p + "block_count", source))
+    return ModelConfig(
+        arch="gpt2", n_layers=n_layers, hidden=hidden, ffn=int(_need(meta, p + "feed_forward_length", source)),
+        n_heads=n_heads, n_kv_heads=n_heads, head_dim=hidden // n_heads, vocab=int(meta.get(p + "vocab_size", 0)),
+        context_length=int(_need(meta, p + "context_length", source)),
+        norm_eps=float(meta.get(p + "attention.layer_norm_epsilon", 1e-5)),
+        rope_base=10_000.0, rope_base_local=10_000.0, rope_interleaved=False,  # unused: no RoPE
+        sliding_window=0, global_layers=(True,) * n_layers, embed_scale=1.0, attn_scale=(hidden // n_heads) ** -0.5,
+        qk_norm=False, sandwich_norms=False, activation="gelu_tanh", final_softcap=0.0, attn_softcap=0.0,
+        tied_embeddings=tied, norm="layer", positions="learned", gated_mlp=False,
     )
 
 
 ARCHITECTURES: dict[str, Callable[[dict[str, Any], str, bool], ModelConfig]] = {
     "gemma3": _gemma3,
     "llama": _llama,
+    "qwen2": _llama,  # q/k/v biases are tensors; rope_interleaved is false for every arch but llama
+    "qwen3": _qwen3,
+    "phi3": _phi3,
+    "gpt2": _gpt2,
 }
 
 
@@ -181,68 +282,3 @@ def _build(arch: str, meta: dict[str, Any], source: str, tied: bool) -> ModelCon
     except (TypeError, ValueError, OverflowError) as e:  # a value of the wrong type: int("x"), int(inf)
         raise ModelFormatError(f"{source}: a metadata value of the wrong type or out of range ({e})") from None
     return check_config(cfg, source)
-
-
-# HF config.json -> the GGUF-style metadata keys the builders above read.
-HF_MODEL_TYPES = {"gemma3_text": "gemma3", "gemma3": "gemma3", "llama": "llama"}
-
-
-def config_from_hf(hf: dict[str, Any], source: str, tied: bool) -> ModelConfig:
-    """Build the config from an HF config.json (for multimodal Gemma 3, its text_config)."""
-    model_type = hf.get("model_type")
-    if model_type == "gemma3" and "text_config" in hf:
-        hf = {**hf["text_config"], "model_type": "gemma3_text"}
-        model_type = "gemma3_text"
-    if not isinstance(model_type, str) or model_type not in HF_MODEL_TYPES:
-        raise UnsupportedError(
-            f"{source}: model_type {str(model_type)[:80]!r} is not supported (supported: {', '.join(HF_MODEL_TYPES)})"
-        )
-    arch = HF_MODEL_TYPES[model_type]
-    p = arch + "."
-    for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"):
-        if key not in hf:
-            raise ModelFormatError(f"{source}: config.json has no {key}")
-    for key in HF_INTS:
-        v = hf.get(key)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 1 << 40):
-            raise ModelFormatError(f"{source}: config.json {key} must be a non-negative integer, not {str(v)[:40]!r}")
-    for key in HF_NUMBERS:
-        v = hf.get(key)
-        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)):
-            raise ModelFormatError(f"{source}: config.json {key} must be a finite number, not {str(v)[:40]!r}")
-    layer_types = hf.get("layer_types")
-    if layer_types is not None and (not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types)):
-        raise ModelFormatError(f"{source}: config.json layer_types must be a list of strings")
-    meta: dict[str, Any] = {
-        "general.architecture": arch,
-        p + "block_count": hf["num_hidden_layers"],
-        p + "embedding_length": hf["hidden_size"],
-        p + "feed_forward_length": hf["intermediate_size"],
-        p + "attention.head_count": hf["num_attention_heads"],
-        p + "attention.head_count_kv": hf.get("num_key_value_heads", hf["num_attention_heads"]),
-        p + "vocab_size": hf["vocab_size"],
-        p + "context_length": hf.get("max_position_embeddings", 4096),
-        p + "attention.layer_norm_rms_epsilon": hf.get("rms_norm_eps", 1e-6),
-        p + "rope.freq_base": hf.get("rope_theta", 10_000.0),
-        "larql.rope_interleaved": False,  # HF checkpoints use the rotate-half layout
-    }
-    if "head_dim" in hf:
-        meta[p + "attention.key_length"] = hf["head_dim"]
-    if hf.get("sliding_window"):
-        meta[p + "attention.sliding_window"] = hf["sliding_window"]
-    if arch == "gemma3":
-        meta[p + "rope.freq_base_swa"] = hf.get("rope_local_base_freq", 10_000.0)
-        meta[p + "attention.sliding_window_pattern"] = hf.get("sliding_window_pattern", 6)
-        if hf.get("query_pre_attn_scalar"):
-            meta[p + "attention.scale"] = float(hf["query_pre_attn_scalar"]) ** -0.5
-        for key in ("final_logit_softcapping", "attn_logit_softcapping"):
-            if hf.get(key):
-                meta[p + key] = hf[key]
-    cfg = _build(arch, meta, source, tied)
-    if arch == "gemma3" and layer_types:
-        from dataclasses import replace
-
-        if len(layer_types) != cfg.n_layers:
-            raise ModelFormatError(f"{source}: layer_types lists {len(layer_types)} layers, the model has {cfg.n_layers}")
-        cfg = replace(cfg, global_layers=tuple(t == "full_attention" for t in layer_types))
-    return cfg

@@ -28,7 +28,8 @@ from larql.errors import ModelError, UnsupportedError
 from larql.jsonfile import read_json
 from larql.model.config import ModelConfig
 from larql.model.model import Model
-from larql.model.weights import hf_tensor_name, named_tensors
+from larql.model.hf_names import hf_tensor_name
+from larql.model.weights import named_tensors
 from larql.quant import QuantMatrix
 from larql.quant.reference import to_bf16
 from larql.tempfiles import clean_stale, temp_path
@@ -75,6 +76,17 @@ def to_hf_values(name: str, x: F32, cfg: ModelConfig) -> F32:
     return x
 
 
+def _rope_parameters(cfg: ModelConfig, base: float, scaled: bool) -> dict[str, Any]:
+    """One rope_parameters entry (transformers 5), with the global layers' scaling when `scaled`."""
+    if not (scaled and cfg.rope_scaling):
+        return {"rope_type": "default", "rope_theta": base}
+    out: dict[str, Any] = {"rope_type": cfg.rope_scaling, "rope_theta": base, "factor": cfg.rope_factor}
+    if cfg.rope_scaling == "llama3":
+        out |= {"low_freq_factor": cfg.rope_low_freq_factor, "high_freq_factor": cfg.rope_high_freq_factor,
+                "original_max_position_embeddings": cfg.rope_original_context}
+    return out
+
+
 def hf_config(cfg: ModelConfig, vocab: int, tok: TokenizerFiles, dtype: str) -> dict[str, Any]:
     """config.json for Gemma3ForCausalLM or LlamaForCausalLM (legacy rope keys, which transformers
     4.x and larql read, plus v5's rope_parameters)."""
@@ -82,7 +94,9 @@ def hf_config(cfg: ModelConfig, vocab: int, tok: TokenizerFiles, dtype: str) -> 
         "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn, "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
         "vocab_size": vocab, "max_position_embeddings": cfg.context_length, "rms_norm_eps": cfg.norm_eps,
-        "rope_theta": cfg.rope_base, "rope_scaling": None, "tie_word_embeddings": cfg.tied_embeddings,
+        "rope_theta": cfg.rope_base,
+        "rope_scaling": _rope_parameters(cfg, cfg.rope_base, True) if cfg.rope_scaling else None,
+        "tie_word_embeddings": cfg.tied_embeddings,
         "attention_dropout": 0.0, "use_cache": True, "torch_dtype": DTYPES[dtype][1], "dtype": DTYPES[dtype][1],
         "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_ids[0] if tok.eos_ids else None,
     }
@@ -94,8 +108,8 @@ def hf_config(cfg: ModelConfig, vocab: int, tok: TokenizerFiles, dtype: str) -> 
                 "query_pre_attn_scalar": round(scalar) if abs(scalar - round(scalar)) < 1e-3 else scalar,
                 "sliding_window": cfg.sliding_window, "layer_types": layer_types,
                 "rope_local_base_freq": cfg.rope_base_local,
-                "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": cfg.rope_base},
-                                    "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_base_local}},
+                "rope_parameters": {"full_attention": _rope_parameters(cfg, cfg.rope_base, True),
+                                    "sliding_attention": _rope_parameters(cfg, cfg.rope_base_local, False)},
                 "final_logit_softcapping": cfg.final_softcap or None,
                 "attn_logit_softcapping": cfg.attn_softcap or None, "use_bidirectional_attention": False}
     if cfg.arch == "llama":
@@ -104,7 +118,7 @@ def hf_config(cfg: ModelConfig, vocab: int, tok: TokenizerFiles, dtype: str) -> 
                                    f"{cfg.sliding_window} tokens; export it as GGUF instead")
         return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common, "hidden_act": "silu",
                 "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1,
-                "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base}}
+                "rope_parameters": _rope_parameters(cfg, cfg.rope_base, True)}
     raise UnsupportedError(f"safetensors export knows Gemma 3 and Llama, not {cfg.arch!r}; export it as GGUF instead")
 
 

@@ -19,6 +19,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from larql.errors import UnsupportedError
 from larql.model.config import ModelConfig
 from larql.model.hooks import HookFns, layer_hook_names, run_hook
 from larql.model.weights import Weights
@@ -38,10 +39,12 @@ def silu(x: F32) -> F32:
     return x / (np.float32(1.0) + np.exp(-x))
 
 
-def gated(activation: str, gate: F32, up: F32) -> F32:
-    """act(gate) * up for activation "gelu_tanh" or "silu", `(T, ffn)` in and out. numpy, not numba:
-    numpy's tanh/exp are vectorized, numba's call libm per element (3.5x slower here)."""
-    return (gelu_tanh(gate) if activation == "gelu_tanh" else silu(gate)) * up
+def gated(activation: str, gate: F32, up: F32 | None) -> F32:
+    """act(gate) * up for activation "gelu_tanh" or "silu", `(T, ffn)` in and out; act(gate) when
+    the MLP has no up projection (GPT-2). numpy, not numba: numpy's tanh/exp are vectorized, numba's
+    call libm per element (3.5x slower here)."""
+    act = gelu_tanh(gate) if activation == "gelu_tanh" else silu(gate)
+    return act if up is None else act * up
 
 
 class FFNEdits(Protocol):
@@ -68,6 +71,7 @@ class FFN:
 
     def __init__(self, cfg: ModelConfig, weights: Weights, edits: FFNEdits | None = None) -> None:
         self.activation, self.weights, self.edits = cfg.activation, weights, edits
+        self.n_used = cfg.n_experts_used
         self.names = layer_hook_names(cfg.n_layers)
         # dequantized W_down `(hidden, ffn)` of layers where a down column was overridden: the base
         # weights never change, so one copy per layer serves every later edit
@@ -76,16 +80,25 @@ class FFN:
     def __call__(self, i: int, h: F32, hooks: HookFns | None, start: int) -> F32:
         """FFN output `(T, hidden)` of layer i for its normed input h `(T, hidden)`."""
         lw, n, edits = self.weights.layers[i], self.names[i], self.edits
+        if lw.router is not None:
+            return self._experts(i, h, hooks, start)
         overrides = edits.feature_overrides(i) if edits is not None else {}
         gate = lw.gate.matmul(h)  # (T, ffn) every feature's gate score: its gate row . h
+        if lw.gate_bias is not None:
+            gate += lw.gate_bias
         for f, (g, _, _) in overrides.items():
             if g is not None:
                 gate[:, f] = h @ g
         if hooks:
             gate = run_hook(hooks, n.mlp_pre, gate, start)
-        up = lw.up.matmul(h)  # (T, ffn)
+        up = lw.up.matmul(h) if lw.up is not None else None  # (T, ffn); None: no gate (GPT-2)
+        if up is not None and lw.up_bias is not None:
+            up += lw.up_bias
         for f, (_, u, _) in overrides.items():
             if u is not None:
+                if up is None:
+                    raise UnsupportedError(f"layer {i}: this MLP has no up projection; an edit cannot set "
+                                           f"feature {f}'s up row")
                 up[:, f] = h @ u
         act = gated(self.activation, gate, up)  # (T, ffn) act(gate) * up
         if edits is not None:
@@ -93,8 +106,35 @@ class FFN:
         if hooks:
             act = run_hook(hooks, n.mlp_post, act, start)
         out = lw.down.matmul(act)  # (T, hidden)
+        if lw.down_bias is not None:
+            out += lw.down_bias
         if edits is not None:
             out = self._edit_down(i, edits, overrides, act, out)
+        if hooks:
+            out = run_hook(hooks, n.mlp_out, out, start)
+        return out
+
+    def _experts(self, i: int, h: F32, hooks: HookFns | None, start: int) -> F32:
+        """A mixture of experts (Mixtral), as transformers runs it: softmax of the router logits,
+        each position's top-k experts, their probabilities renormalised to sum to 1, the weighted
+        sum of those experts' gated FFNs. mlp.hook_pre / hook_post have no single FFN here."""
+        lw, n = self.weights.layers[i], self.names[i]
+        if self.edits is not None:
+            raise UnsupportedError(f"layer {i}: FFN edits address one dense FFN; this layer is a mixture of experts")
+        logits = lw.router.matmul(h)  # (T, n_experts)
+        if hooks:
+            logits = run_hook(hooks, n.router, logits, start)
+        probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probs /= probs.sum(axis=1, keepdims=True)  # (T, n_experts)
+        chosen = np.argsort(-probs, axis=1, kind="stable")[:, : self.n_used]  # (T, k) as torch.topk
+        weight = np.take_along_axis(probs, chosen, axis=1)
+        weight /= weight.sum(axis=1, keepdims=True)  # (T, k)
+        out = np.zeros_like(h)  # (T, hidden)
+        for e in np.unique(chosen):
+            rows, slot = np.nonzero(chosen == e)  # positions routed to expert e, and in which of their k slots
+            gate, up, down = lw.experts[e]
+            x = np.ascontiguousarray(h[rows])  # (t_e, hidden)
+            out[rows] += down.matmul(gated(self.activation, gate.matmul(x), up.matmul(x))) * weight[rows, slot][:, None]
         if hooks:
             out = run_hook(hooks, n.mlp_out, out, start)
         return out

@@ -1,4 +1,7 @@
-"""The forward pass, top to bottom, for Gemma 3 and Llama-family models.
+"""The forward pass, top to bottom, for every architecture larql runs (Llama 2/3, Mistral, Qwen2/3,
+Phi-3, Gemma 2/3, GPT-2); `ModelConfig` says what differs and each difference is one `if` here:
+RMS norm or LayerNorm with a bias, RoPE or learned positions, q/k/v/o biases, q/k norms, sandwich
+norms, soft-caps, gated or plain MLP (in ffn.py).
 
 Activations are float32 `(T, hidden)` for the T new positions; the KV cache holds the earlier ones,
 so prefill (T = prompt length) and decode (T = 1) are the same code. Every stage passes a named
@@ -30,6 +33,22 @@ def rms_norm(x: F32, weight: F32, eps: float) -> F32:
     return out
 
 
+def layer_norm(x: F32, weight: F32, bias: F32 | None, eps: float) -> F32:
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis (GPT-2's LayerNorm), float32."""
+    x = np.asarray(x, dtype=np.float32)
+    mean = x.mean(axis=-1, keepdims=True)
+    var = np.square(x - mean).mean(axis=-1, keepdims=True)
+    y = (x - mean) / np.sqrt(var + np.float32(eps)) * weight
+    return y + bias if bias is not None else y
+
+
+def norm(cfg: ModelConfig, x: F32, weight: F32, bias: F32 | None = None) -> F32:
+    """The model's normalization: RMS norm, or LayerNorm (with its bias) when cfg.norm == "layer"."""
+    if cfg.norm == "layer":
+        return layer_norm(x, weight, bias, cfg.norm_eps)
+    return rms_norm(x, weight, cfg.norm_eps)
+
+
 class Forward:
     """Runs the layers of one model over a KV cache."""
 
@@ -37,19 +56,21 @@ class Forward:
         self.cfg, self.w = cfg, weights
         self.ffn = FFN(cfg, weights, edits)  # edits: None for the dense FFN, else e.g. the vindex's overlay
         self.names: tuple[LayerHookNames, ...] = layer_hook_names(cfg.n_layers)
-        self.ropes = {base: RopeTable(base, cfg.head_dim) for base in {cfg.rope_base, cfg.rope_base_local}}
+        self.ropes = {base: RopeTable(cfg.rope_inv_freq(base)) for base in {cfg.rope_base, cfg.rope_base_local}}
 
-    def embed(self, ids: NDArray[np.int64]) -> F32:
+    def embed(self, ids: NDArray[np.int64], start: int) -> F32:
         x = self.w.token_embd.rows(ids)  # (T, hidden)
         if self.cfg.embed_scale != 1.0:
             x = x * np.float32(self.cfg.embed_scale)
+        if self.w.pos_embd is not None:  # learned absolute positions (GPT-2)
+            x = x + self.w.pos_embd.rows(np.arange(start, start + len(ids)))  # (T, hidden)
         return x
 
     def attention_block(self, i: int, lw: LayerWeights, x: F32, cache: KVCache, start: int,
                         hooks: Hooks | None) -> F32:
         cfg, n = self.cfg, self.names[i]
         t = x.shape[0]
-        h = rms_norm(x, lw.attn_norm, cfg.norm_eps)  # (T, hidden)
+        h = norm(cfg, x, lw.attn_norm, lw.attn_norm_bias)  # (T, hidden)
         q = lw.q.matmul(h)  # (T, n_heads * head_dim)
         k = lw.k.matmul(h)  # (T, n_kv * head_dim)
         v = lw.v.matmul(h)  # (T, n_kv * head_dim)
@@ -58,14 +79,17 @@ class Forward:
         q = q.reshape(t, cfg.n_heads, cfg.head_dim)  # (T, n_heads, d)
         k = k.reshape(t, cfg.n_kv_heads, cfg.head_dim)  # (T, n_kv, d)
         v = v.reshape(t, cfg.n_kv_heads, cfg.head_dim)  # (T, n_kv, d)
-        if cfg.qk_norm:
-            q = rms_norm(q, lw.q_norm, cfg.norm_eps)
-            k = rms_norm(k, lw.k_norm, cfg.norm_eps)
-        cos, sin = self.ropes[cfg.layer_rope_base(i)].get(start, start + t)  # (T, d/2)
-        q = apply_rope(q, cos, sin, cfg.rope_interleaved)
-        k = apply_rope(k, cos, sin, cfg.rope_interleaved)
-        if hooks:
+        if hooks:  # TransformerLens's hook_q / hook_k: the projections, before q/k norm and rotation
             q, k, v = run_hook(hooks, n.q, q, start), run_hook(hooks, n.k, k, start), run_hook(hooks, n.v, v, start)
+        if cfg.qk_norm:
+            q = rms_norm(q, lw.q_norm, cfg.norm_eps)  # (T, n_heads, d)
+            k = rms_norm(k, lw.k_norm, cfg.norm_eps)  # (T, n_kv, d)
+        if cfg.positions == "rope":
+            cos, sin = self.ropes[cfg.layer_rope_base(i)].get(start, start + t)  # (T, d/2)
+            q = apply_rope(q, cos, sin, cfg.rope_interleaved)  # (T, n_heads, d)
+            k = apply_rope(k, cos, sin, cfg.rope_interleaved)  # (T, n_kv, d)
+            if hooks:
+                q, k = run_hook(hooks, n.rot_q, q, start), run_hook(hooks, n.rot_k, k, start)
         keys, values = cache.write(i, start, k, v)  # (n_kv, S, d) each
         scores_hook = pattern_hook = None
         if hooks:
@@ -76,12 +100,14 @@ class Forward:
         z = attention(q, keys, values, start, cfg.attn_scale, cfg.layer_window(i), cfg.attn_softcap,
                       scores_hook, pattern_hook)  # (T, n_heads*d)
         out = lw.o.matmul(z)  # (T, hidden)
+        if lw.o_bias is not None:
+            out = out + lw.o_bias
         if hooks:
             out = run_hook(hooks, n.attn_out, out, start)
         return out
 
     def mlp_block(self, i: int, lw: LayerWeights, x: F32, hooks: Hooks | None, start: int) -> F32:
-        h = rms_norm(x, lw.ffn_norm, self.cfg.norm_eps)  # (T, hidden)
+        h = norm(self.cfg, x, lw.ffn_norm, lw.ffn_norm_bias)  # (T, hidden)
         return self.ffn(i, h, hooks, start)  # (T, hidden)
 
     def layer(self, i: int, x: F32, cache: KVCache, start: int, hooks: Hooks | None) -> F32:
@@ -107,13 +133,13 @@ class Forward:
         """Run positions cache.length.. for `ids`; logits `(T, vocab)` if all_logits else `(vocab,)` of the last."""
         start = cache.length
         cache.reserve(start + len(ids))
-        x = self.embed(ids)  # (T, hidden)
+        x = self.embed(ids, start)  # (T, hidden)
         if hooks:
             x = run_hook(hooks, "hook_embed", x, start)
         for i in range(self.cfg.n_layers):
             x = self.layer(i, x, cache, start, hooks)
         cache.length = start + len(ids)
-        x = rms_norm(x if all_logits else x[-1], self.w.output_norm, self.cfg.norm_eps)  # (T|, hidden)
+        x = norm(self.cfg, x if all_logits else x[-1], self.w.output_norm, self.w.output_norm_bias)  # (T|, hidden)
         if hooks:
             x = run_hook(hooks, "hook_final_norm", x, start)
         logits = self.w.output.matmul(x)  # (T|, vocab)

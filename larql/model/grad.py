@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from larql.errors import UnsupportedError
 from larql.model.attention import RopeTable, apply_rope
 from larql.model.config import ModelConfig
 from larql.model.weights import LayerWeights, Weights
@@ -136,12 +137,26 @@ class _Saved:
     mlp: dict[str, object] = field(default_factory=dict)
 
 
+def require_backward(cfg: ModelConfig, weights: Weights) -> None:
+    """Raise UnsupportedError unless this module's backward pass covers every part of the model."""
+    biased = any(getattr(lw, b) is not None for lw in weights.layers
+                 for b in ("o_bias", "gate_bias", "up_bias", "down_bias"))
+    unsupported = ("mixture of experts" if cfg.n_experts else "LayerNorm" if cfg.norm != "rms"
+                   else "learned positions" if cfg.positions != "rope" else "an MLP without a gate" if not cfg.gated_mlp
+                   else "output or MLP biases" if biased else "")
+    if unsupported:  # the hand-written backward below has no terms for these
+        hint = "; use INSERT ... METHOD FEATURE" if cfg.gated_mlp and not cfg.n_experts else ""
+        raise UnsupportedError(f"weight edits (ROME/MEMIT) cannot run on {cfg.arch}: its {unsupported} has "
+                               f"no backward pass in larql yet{hint}")
+
+
 class Tail:
     """Layers `first..` of a model as a differentiable function of vectors added to some of their MLP
     outputs (before Gemma's post-FFN norm) at the subject rows of each context."""
 
     def __init__(self, cfg: ModelConfig, weights: Weights, first: int, ffn: FFNMatrices | None = None,
                  layers: dict[int, DenseLayer] | None = None) -> None:
+        require_backward(cfg, weights)
         self.cfg, self.w, self.first = cfg, weights, first
         self._ropes: dict[float, RopeTable] = {}
         self.layers = layers if layers is not None else {}
@@ -167,7 +182,8 @@ class Tail:
             assert dl.q_norm is not None and dl.k_norm is not None
             q, saved["qn"], saved["qinv"] = _rms(q, dl.q_norm, cfg.norm_eps)
             k, saved["kn"], saved["kinv"] = _rms(k, dl.k_norm, cfg.norm_eps)
-        table = self._ropes.setdefault(cfg.layer_rope_base(i), RopeTable(cfg.layer_rope_base(i), cfg.head_dim))
+        base = cfg.layer_rope_base(i)
+        table = self._ropes.setdefault(base, RopeTable(cfg.rope_inv_freq(base)))
         table.get(0, int(positions.max()) + 1)  # grown to cover every position (the forward's own table)
         cos, sin = table.cos[positions], table.sin[positions]  # (T, d/2)
         saved["cos"], saved["sin"] = cos, sin

@@ -2,13 +2,18 @@
 
 Per layer L, in forward order:
     blocks.L.hook_resid_pre      (T, hidden)       residual entering the layer
-    blocks.L.attn.hook_q/k/v     (T, heads, d)     after q/k norm and RoPE (k, v: kv heads)
+    blocks.L.attn.hook_q/k/v     (T, heads, d)     the projections (+ bias), before q/k norm and RoPE,
+                                                   as TransformerLens's (k, v: kv heads)
+    blocks.L.attn.hook_rot_q/k   (T, heads, d)     q and k as attention uses them: after q/k norm and
+                                                   RoPE (TransformerLens's names; never reached in
+                                                   a model with learned positions)
     blocks.L.attn.hook_scores    (T, heads, S)     pre-softmax scores over the S keys so far
     blocks.L.attn.hook_pattern   (T, heads, S)     softmax of the scores
     blocks.L.hook_attn_out       (T, hidden)       after o_proj, before Gemma's post-attention norm
     blocks.L.hook_resid_mid      (T, hidden)
-    blocks.L.mlp.hook_pre        (T, ffn)          gate projection
-    blocks.L.mlp.hook_post       (T, ffn)          activation(gate) * up
+    blocks.L.mlp.hook_router     (T, experts)      a mixture of experts' router logits (Mixtral only)
+    blocks.L.mlp.hook_pre        (T, ffn)          gate projection (+ bias); GPT-2: the fc projection
+    blocks.L.mlp.hook_post       (T, ffn)          activation(gate) * up; GPT-2: activation(fc)
     blocks.L.hook_mlp_out        (T, hidden)       after down_proj, before Gemma's post-FFN norm
     blocks.L.hook_resid_post     (T, hidden)
 around the layers: hook_embed (T, hidden; after Gemma's sqrt(hidden) scale), hook_final_norm.
@@ -30,9 +35,9 @@ from larql.errors import ModelError
 
 F32 = NDArray[np.float32]
 
-LAYER_KINDS = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_scores",
-               "attn.hook_pattern", "hook_attn_out", "hook_resid_mid", "mlp.hook_pre", "mlp.hook_post",
-               "hook_mlp_out", "hook_resid_post")
+LAYER_KINDS = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_rot_q", "attn.hook_rot_k",
+               "attn.hook_scores", "attn.hook_pattern", "hook_attn_out", "hook_resid_mid", "mlp.hook_router",
+               "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post")
 GLOBAL_HOOKS = ("hook_embed", "hook_final_norm")
 
 
@@ -41,10 +46,13 @@ class LayerHookNames(NamedTuple):
     q: str
     k: str
     v: str
+    rot_q: str
+    rot_k: str
     scores: str
     pattern: str
     attn_out: str
     resid_mid: str
+    router: str
     mlp_pre: str
     mlp_post: str
     mlp_out: str
@@ -56,8 +64,10 @@ def layer_hook_names(n_layers: int) -> tuple[LayerHookNames, ...]:
     return tuple(LayerHookNames(*(f"blocks.{i}.{k}" for k in LAYER_KINDS)) for i in range(n_layers))
 
 
-def all_hook_names(n_layers: int) -> list[str]:
-    return [GLOBAL_HOOKS[0], *(name for layer in layer_hook_names(n_layers) for name in layer), GLOBAL_HOOKS[1]]
+def all_hook_names(n_layers: int, unreached: tuple[str, ...] = ()) -> list[str]:
+    """Every hook point in forward order, less the kinds in `unreached` (see Model.hook_names)."""
+    return [GLOBAL_HOOKS[0], *(f"blocks.{i}.{kind}" for i in range(n_layers) for kind in LAYER_KINDS
+                               if kind not in unreached), GLOBAL_HOOKS[1]]
 
 
 @dataclass(frozen=True)

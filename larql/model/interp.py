@@ -14,7 +14,7 @@ from numpy.typing import NDArray
 
 from larql.errors import EmptyTargetError, ModelError
 from larql.model.attention import KVCache
-from larql.model.forward import rms_norm
+from larql.model.forward import norm
 from larql.model.generate import log_softmax
 from larql.model.hooks import Replace, hook_name
 
@@ -78,7 +78,7 @@ def first_target_token(m: HasTokenizer, target: str) -> int:
 def logit_lens(m: Model, resid: F32) -> F32:
     """Log-probabilities `(..., vocab)` of a residual `(..., hidden)` read through the final norm
     and the unembedding, as if the model stopped there."""
-    x = rms_norm(np.asarray(resid, dtype=np.float32), m.weights.output_norm, m.config.norm_eps)
+    x = norm(m.config, np.asarray(resid, dtype=np.float32), m.weights.output_norm, m.weights.output_norm_bias)
     if x.ndim == 1:
         return log_softmax(m.weights.output.matmul(x))
     return np.stack([log_softmax(row) for row in m.weights.output.matmul(x.reshape(-1, x.shape[-1]))]).reshape(

@@ -7,11 +7,15 @@ import importlib
 import importlib.util
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
-from larql.errors import LarqlError, ModelFormatError, UnknownModelError
-from larql.model.config import config_from_gguf, config_from_hf, read_hf_config
+from larql.errors import LarqlError, ModelFormatError, UnknownModelError, UnsupportedError
+from larql.model.config import check_config, check_hf_values, config_from_gguf, read_hf_config
 from larql.model.gguf_file import GGUFFile
+from larql.model.gguf_fused import FUSED_ARCHS, FusedGGUF
+from larql.model.hf_config import config_from_hf
+from larql.model.hf_names import SANDWICH_ARCHS, hf_tensor
 from larql.model.model import Model
 from larql.model.tokenizer import tokenizer_from_gguf, tokenizer_from_hf
 from larql.model.weights import SafetensorsSource, load_weights
@@ -83,10 +87,14 @@ def load_path(name: str, path: Path) -> Model:
 def _load_gguf(name: str, path: Path) -> Model:
     gguf = GGUFFile(path)
     tied = "output.weight" not in gguf.tensors
+    if "rope_freqs.weight" in gguf.tensors:  # llama.cpp's form of Llama 3.1 rope scaling
+        raise UnsupportedError(f"{path}: tensor rope_freqs.weight (per-frequency rope factors) is not supported "
+                               f"yet; load the HF directory, whose rope_parameters larql reads")
     cfg = config_from_gguf(gguf.metadata, str(path), tied)
-    weights = load_weights(gguf, cfg)
+    if any(name.startswith("rope_factors") for name in gguf.tensors):  # Phi-3's long-context "longrope"
+        raise UnsupportedError(f"{path}: rope_factors tensors (longrope scaling) are not supported")
+    weights = load_weights(FusedGGUF(gguf, cfg) if cfg.arch in FUSED_ARCHS else gguf, cfg)
     if cfg.vocab == 0:
-        from dataclasses import replace
         cfg = replace(cfg, vocab=weights.output.n_rows)
     return Model(name, path, cfg, weights, tokenizer_from_gguf(gguf.metadata, str(path)))
 
@@ -96,11 +104,22 @@ def _load_hf_dir(name: str, path: Path) -> Model:
     if not os.path.lexists(config_path):  # one that is there but not a file is refused by the reader
         raise ModelFormatError(f"{path}: not a model directory (no config.json)")
     hf = read_hf_config(config_path)
-    tied = hf.get("tie_word_embeddings", hf.get("text_config", {}).get("tie_word_embeddings", True))
-    if not isinstance(tied, bool):
-        raise ModelFormatError(f"{config_path}: tie_word_embeddings must be true or false, not {str(tied)[:40]!r}")
-    cfg = config_from_hf(hf, str(path), tied)
-    src = SafetensorsSource(path, cfg.arch, norm_offset=1.0 if cfg.arch == "gemma3" else 0.0)
+    check_hf_values(hf, str(path))
+    text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else {}
+    tie = hf.get("tie_word_embeddings", text.get("tie_word_embeddings"))
+    if tie is not None and not isinstance(tie, bool):
+        raise ModelFormatError(f"{config_path}: tie_word_embeddings must be true or false, not {str(tie)[:40]!r}")
+    cfg = check_config(config_from_hf(hf, str(path), True if tie is None else tie), str(config_path))
+    src = SafetensorsSource(path, cfg, norm_offset=1.0 if cfg.arch in SANDWICH_ARCHS else 0.0)
+    if tie is None:  # not said: tied exactly when the checkpoint has no separate unembedding
+        cfg = replace(cfg, tied_embeddings=not src.has("output.weight"))
     if not src.has("output.weight") and not cfg.tied_embeddings:
         raise ModelFormatError(f"{path}: tie_word_embeddings is false but lm_head.weight is missing")
-    return Model(name, path, cfg, load_weights(src, cfg), tokenizer_from_hf(path, hf))
+    weights = load_weights(src, cfg)
+    if cfg.tied_embeddings and src.has("output.weight"):
+        src.used.add(hf_tensor("output.weight", cfg).name)  # a tied copy some checkpoints keep
+    unused = src.unused()
+    if unused:
+        raise ModelFormatError(f"{path}: tensor {unused[0]} ({len(unused)} unread in all) has no place in a "
+                               f"{cfg.arch} model as larql runs it; refusing rather than ignoring it")
+    return Model(name, path, cfg, weights, tokenizer_from_hf(path, hf))

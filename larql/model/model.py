@@ -56,6 +56,14 @@ class Model:
     def vocab_size(self) -> int:
         return self.weights.output.n_rows
 
+    def hook_names(self) -> list[str]:
+        """The hook points a forward pass of this model reaches, in order: not `hook_rot_q/k` without
+        RoPE (GPT-2), `mlp.hook_router` only in a mixture of experts, which has no `mlp.hook_pre/post`."""
+        c = self.config
+        unreached = ("attn.hook_rot_q", "attn.hook_rot_k") if c.positions != "rope" else ()
+        unreached += ("mlp.hook_pre", "mlp.hook_post") if c.n_experts else ("mlp.hook_router",)
+        return all_hook_names(c.n_layers, unreached)
+
     def tokenize(self, text: str) -> list[int]:
         """Token ids of `text`, with BOS when the model's tokenizer adds one."""
         return self.tokenizer.encode(text)
@@ -96,7 +104,7 @@ class Model:
         each `[seq, ...]`, captured after any intervention in `hooks` at the same point."""
         arr = self._check_ids(ids)
         n_layers = self.config.n_layers
-        wanted = all_hook_names(n_layers) if names is None else [str(hook_name(n, n_layers)) for n in names]
+        wanted = self.hook_names() if names is None else [str(hook_name(n, n_layers)) for n in names]
         pieces: dict[str, list[NDArray[np.float32]]] = {}
         fns = capture_into(pieces, wanted, compile_spec(hooks, n_layers))
         logits = self._forward(arr, self.new_cache(len(arr)), fns, all_logits=True)

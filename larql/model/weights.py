@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 from larql.errors import ModelFormatError
 from larql.jsonfile import parse_json
 from larql.model.config import ModelConfig
+from larql.model.hf_names import HFSlice, hf_candidates, hf_tensor
 from larql.quant import GGMLType, QuantMatrix
 
 Vec = NDArray[np.float32]
@@ -37,9 +38,11 @@ class LayerWeights:
     v: QuantMatrix  # (n_kv_heads * head_dim, hidden)
     o: QuantMatrix  # (hidden, n_heads * head_dim)
     ffn_norm: Vec
-    gate: QuantMatrix  # (ffn, hidden)
-    up: QuantMatrix  # (ffn, hidden)
-    down: QuantMatrix  # (hidden, ffn)
+    # (ffn, hidden); GPT-2's c_fc: the matrix whose activation is each feature's. gate, up and down
+    # are None in a mixture-of-experts layer, whose FFNs are `experts`
+    gate: QuantMatrix | None
+    up: QuantMatrix | None  # (ffn, hidden); None for an MLP without a gate (GPT-2)
+    down: QuantMatrix | None  # (hidden, ffn)
     q_bias: Vec | None = None
     k_bias: Vec | None = None
     v_bias: Vec | None = None
@@ -47,6 +50,14 @@ class LayerWeights:
     k_norm: Vec | None = None
     post_attn_norm: Vec | None = None
     post_ffn_norm: Vec | None = None
+    o_bias: Vec | None = None  # (hidden,)
+    gate_bias: Vec | None = None  # (ffn,)
+    up_bias: Vec | None = None
+    down_bias: Vec | None = None  # (hidden,)
+    attn_norm_bias: Vec | None = None  # LayerNorm's shift (GPT-2)
+    ffn_norm_bias: Vec | None = None
+    router: QuantMatrix | None = None  # (n_experts, hidden): a mixture of experts' router (Mixtral)
+    experts: tuple[tuple[QuantMatrix, QuantMatrix, QuantMatrix], ...] = ()  # per expert (gate, up, down)
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,8 @@ class Weights:
     output_norm: Vec
     output: QuantMatrix  # (vocab, hidden); token_embd itself when tied
     layers: tuple[LayerWeights, ...]
+    output_norm_bias: Vec | None = None  # LayerNorm's shift (GPT-2)
+    pos_embd: QuantMatrix | None = None  # (context, hidden) learned absolute positions (GPT-2)
 
 
 # LayerWeights field -> GGUF tensor name inside `blk.{L}.`; vectors are the norms and biases
@@ -64,51 +77,99 @@ LAYER_TENSORS: dict[str, str] = {
     "up": "ffn_up.weight", "down": "ffn_down.weight", "q_bias": "attn_q.bias", "k_bias": "attn_k.bias",
     "v_bias": "attn_v.bias", "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
     "post_attn_norm": "post_attention_norm.weight", "post_ffn_norm": "post_ffw_norm.weight",
+    "o_bias": "attn_output.bias", "gate_bias": "ffn_gate.bias", "up_bias": "ffn_up.bias", "down_bias": "ffn_down.bias",
+    "attn_norm_bias": "attn_norm.bias", "ffn_norm_bias": "ffn_norm.bias",
 }
 _MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
+ROUTER = "ffn_gate_inp.weight"
+EXPERT_PARTS = ("ffn_gate", "ffn_up", "ffn_down")
 _REQUIRED_VECTORS = ("attn_norm", "ffn_norm")
 
 
 def load_weights(src: WeightSource, cfg: ModelConfig) -> Weights:
+    """Every tensor `cfg` needs from `src`; optional ones (biases, q/k norms, post norms) when present.
+    Shapes are checked against the config: a mismatch is one error naming the tensor."""
     layers = []
     for i in range(cfg.n_layers):
-        fields: dict[str, object] = {}
+        fields: dict[str, object] = {"gate": None, "up": None, "down": None}
+        if cfg.n_experts:
+            fields["router"] = src.matrix(f"blk.{i}.{ROUTER}")
+            fields["experts"] = tuple(tuple(src.matrix(f"blk.{i}.{part}.{e}.weight") for part in EXPERT_PARTS)
+                                      for e in range(cfg.n_experts))
         for field, part in LAYER_TENSORS.items():
             name = f"blk.{i}.{part}"
+            if (field == "up" and not cfg.gated_mlp) or (cfg.n_experts and field in ("gate", "up", "down")):
+                continue
             if field in _MATRICES:
                 fields[field] = src.matrix(name)
             elif field in _REQUIRED_VECTORS or src.has(name):
                 fields[field] = src.vector(name)
         layers.append(LayerWeights(**fields))  # type: ignore[arg-type]
-    _check_shapes(layers, cfg)
     embd = src.matrix("token_embd.weight")
     output = embd if cfg.tied_embeddings else src.matrix("output.weight")
-    return Weights(embd, src.vector("output_norm.weight"), output, tuple(layers))
+    weights = Weights(embd, src.vector("output_norm.weight"), output, tuple(layers),
+                      src.vector("output_norm.bias") if src.has("output_norm.bias") else None,
+                      src.matrix("position_embd.weight") if cfg.positions == "learned" else None)
+    _check_shapes(weights, cfg, str(getattr(src, "directory", getattr(src, "path", "the model"))))
+    return weights
 
 
 def named_tensors(weights: Weights) -> Iterator[tuple[str, QuantMatrix | Vec]]:
     """Every tensor under its GGUF name, as stored (matrices) or as float32 (vectors), in file order."""
     yield "token_embd.weight", weights.token_embd
+    if weights.pos_embd is not None:
+        yield "position_embd.weight", weights.pos_embd
     for i, lw in enumerate(weights.layers):
         for field, part in LAYER_TENSORS.items():
             value = getattr(lw, field)
             if value is not None:
                 yield f"blk.{i}.{part}", value
+        if lw.router is not None:
+            yield f"blk.{i}.{ROUTER}", lw.router
+        for e, mats in enumerate(lw.experts):
+            for part, m in zip(EXPERT_PARTS, mats):
+                yield f"blk.{i}.{part}.{e}.weight", m
     yield "output_norm.weight", weights.output_norm
+    if weights.output_norm_bias is not None:
+        yield "output_norm.bias", weights.output_norm_bias
     if weights.output is not weights.token_embd:
         yield "output.weight", weights.output
 
 
-def _check_shapes(layers: list[LayerWeights], cfg: ModelConfig) -> None:
-    q_out, kv_out = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    for i, lw in enumerate(layers):
-        expected = {"q": (q_out, cfg.hidden), "k": (kv_out, cfg.hidden), "v": (kv_out, cfg.hidden),
-                    "o": (cfg.hidden, q_out), "gate": (cfg.ffn, cfg.hidden), "up": (cfg.ffn, cfg.hidden),
-                    "down": (cfg.hidden, cfg.ffn)}
-        for field, shape in expected.items():
-            m: QuantMatrix = getattr(lw, field)
-            if m.shape != shape:
-                raise ModelFormatError(f"layer {i}: {m.name} has shape {m.shape}, the config implies {shape}")
+def _check_shapes(w: Weights, cfg: ModelConfig, where: str) -> None:
+    q_out, kv_out, h, f = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.hidden, cfg.ffn
+    matrices = {"q": (q_out, h), "k": (kv_out, h), "v": (kv_out, h), "o": (h, q_out), "gate": (f, h),
+                "up": (f, h), "down": (h, f)}
+    vectors = {"attn_norm": h, "ffn_norm": h, "q_bias": q_out, "k_bias": kv_out, "v_bias": kv_out,
+               "q_norm": cfg.head_dim, "k_norm": cfg.head_dim, "post_attn_norm": h, "post_ffn_norm": h,
+               "o_bias": h, "gate_bias": f, "up_bias": f, "down_bias": h, "attn_norm_bias": h, "ffn_norm_bias": h}
+
+    def bad(name: str, shape: tuple[int, ...], want: tuple[int, ...]) -> ModelFormatError:
+        return ModelFormatError(f"{where}: tensor {name} has shape {list(shape)}, the config implies {list(want)}; "
+                                f"check config.json against the weights")
+
+    for i, lw in enumerate(w.layers):
+        for field, shape in matrices.items():
+            m: QuantMatrix | None = getattr(lw, field)
+            if m is not None and m.shape != shape:
+                raise bad(m.name, m.shape, shape)
+        if lw.router is not None and lw.router.shape != (cfg.n_experts, h):
+            raise bad(lw.router.name, lw.router.shape, (cfg.n_experts, h))
+        for gate, up, down in lw.experts:
+            for m, shape in ((gate, (f, h)), (up, (f, h)), (down, (h, f))):
+                if m.shape != shape:
+                    raise bad(m.name, m.shape, shape)
+        for field, n in vectors.items():
+            v: Vec | None = getattr(lw, field)
+            if v is not None and v.shape != (n,):
+                raise bad(f"blk.{i}.{LAYER_TENSORS[field]}", v.shape, (n,))
+    if w.token_embd.n_cols != h or w.output.n_cols != h:
+        m = w.token_embd if w.token_embd.n_cols != h else w.output
+        raise bad(m.name, m.shape, (m.n_rows, h))
+    if w.output_norm.shape != (h,):
+        raise bad("output_norm.weight", w.output_norm.shape, (h,))
+    if w.pos_embd is not None and (w.pos_embd.n_cols != h or w.pos_embd.n_rows < cfg.context_length):
+        raise bad(w.pos_embd.name, w.pos_embd.shape, (cfg.context_length, h))
 
 
 # --- HF safetensors directories ---------------------------------------------------------------
@@ -140,39 +201,18 @@ def _header_entry(path: Path, name: str, entry: object, data_len: int, base: int
         raise ModelFormatError(f"{where}: data_offsets span {end - start:,} bytes, not the {shape} {dtype} declared")
     return dtype, shape, base + start, base + end
 
-# GGUF name part -> HF name part, per layer
-_HF_LAYER = {
-    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}
-_HF_LAYER_SANDWICH = {"post_attention_norm": "post_attention_layernorm",
-                      "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
-_HF_LAYER_PLAIN = {"ffn_norm": "post_attention_layernorm"}
-_HF_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-              "output.weight": "lm_head.weight"}
-
-
-def hf_tensor_name(name: str, arch: str) -> str:
-    """The HF checkpoint name of a GGUF-named tensor: `blk.3.ffn_up.weight` -> `model.layers.3.mlp.up_proj.weight`.
-
-    Raises ValueError for a name that is neither global nor `blk.{L}.part.kind`.
-    """
-    if name in _HF_GLOBAL:
-        return _HF_GLOBAL[name]
-    _, layer, part, kind = name.split(".", 3)
-    layer_map = _HF_LAYER_SANDWICH if arch == "gemma3" else _HF_LAYER_PLAIN
-    return f"model.layers.{layer}.{layer_map.get(part, _HF_LAYER.get(part, part))}.{kind}"
+# checkpoint entries that are not weights: GPT-2's causal-mask buffers, stale rotary tables
+_NOT_WEIGHTS = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")
 
 
 class SafetensorsSource:
     """Every *.safetensors file of a directory, memory-mapped, under GGUF tensor names."""
 
-    def __init__(self, directory: Path, cfg_arch: str, norm_offset: float) -> None:
+    def __init__(self, directory: Path, cfg: ModelConfig, norm_offset: float) -> None:
         self.directory = directory
         self.norm_offset = norm_offset  # Gemma stores w for (1 + w); we keep w + 1
-        self.arch = cfg_arch
+        self.cfg = cfg
+        self.used: set[str] = set()
         self._entries: dict[str, tuple[np.memmap, str, list[int], int, int]] = {}
         files = sorted(directory.glob("*.safetensors"))
         if not files:
@@ -203,28 +243,50 @@ class SafetensorsSource:
                 continue
             self._entries[name] = (data, *_header_entry(path, name, entry, len(data) - base, base))
 
-    def _hf_name(self, name: str) -> str:
-        return hf_tensor_name(name, self.arch)
+    def _find(self, name: str) -> HFSlice | None:
+        """The stored slice of GGUF-named `name`, None if the checkpoint lacks it (GPT-2
+        checkpoints may omit the `transformer.` prefix)."""
+        try:
+            candidates = hf_candidates(name, self.cfg)
+        except ValueError:
+            return None
+        return next((where for where in candidates if where.name in self._entries), None)
 
     def has(self, name: str) -> bool:
-        try:
-            return self._hf_name(name) in self._entries
-        except ValueError:
-            return False
+        return self._find(name) is not None
 
     def matrix(self, name: str) -> QuantMatrix:
-        hf = self._hf_name(name)
-        if hf not in self._entries:
-            raise ModelFormatError(f"{self.directory}: missing tensor {hf}")
-        data, dtype, shape, start, end = self._entries[hf]
+        where = self._find(name)
+        if where is None:
+            raise ModelFormatError(f"{self.directory}: missing tensor {hf_tensor(name, self.cfg).name}")
+        self.used.add(where.name)
+        data, dtype, shape, start, end = self._entries[where.name]
         if dtype not in _HF_DTYPES:
-            raise ModelFormatError(f"{self.directory}: tensor {hf} has dtype {dtype}; expected F32, F16 or BF16")
+            raise ModelFormatError(f"{self.directory}: tensor {where.name} has dtype {dtype}; "
+                                   f"expected F32, F16 or BF16")
         n_cols = int(shape[-1]) if shape else 1
         n_rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-        return QuantMatrix(hf, _HF_DTYPES[dtype], n_rows, n_cols, data[start:end].reshape(n_rows, -1))
+        m = QuantMatrix(where.name, _HF_DTYPES[dtype], n_rows, n_cols, data[start:end].reshape(n_rows, -1))
+        if where.conv1d:  # (in, out) -> (out, in): one float32 copy, small next to a Linear model's mmap
+            t = np.ascontiguousarray(m.dequantize().T)
+            m = QuantMatrix(where.name, GGMLType.F32, t.shape[0], t.shape[1], t.view(np.uint8))
+        if where.rows is not None:
+            a, b = where.rows
+            if len(shape) == 1:  # a fused bias: its elements are the rows
+                size = m.raw.shape[1] // n_cols  # bytes per element (F32, F16, BF16)
+                return QuantMatrix(f"{where.name}[{a}:{b}]", m.qtype, 1, b - a, m.raw[:, a * size:b * size])
+            if b > m.n_rows:
+                raise ModelFormatError(f"{self.directory}: tensor {where.name} has {m.n_rows} rows; the config "
+                                       f"implies at least {b} (fused q/k/v or gate/up)")
+            return QuantMatrix(f"{where.name}[{a}:{b}]", m.qtype, b - a, m.n_cols, m.raw[a:b])
+        return m
 
     def vector(self, name: str) -> Vec:
         vec = self.matrix(name).dequantize().reshape(-1)
         if name.endswith("norm.weight") and self.norm_offset:
             vec = (vec + np.float32(self.norm_offset)).astype(np.float32)
         return vec
+
+    def unused(self) -> list[str]:
+        """Checkpoint tensors no part of the model read (besides mask buffers): each would be ignored."""
+        return [n for n in self._entries if n not in self.used and not n.endswith(_NOT_WEIGHTS)]

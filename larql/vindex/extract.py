@@ -18,7 +18,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from larql.errors import VindexError
+from larql.errors import UnsupportedError, VindexError
 from larql.model import Model
 from larql.model.load import load, resolve
 from larql.model.weights import named_tensors
@@ -161,6 +161,9 @@ def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dty
         raise VindexError("--quant q4k quantizes model weights, and a browse-level vindex holds none; "
                           "add --level inference")
     model = src if isinstance(src, Model) else load(src)
+    if model.config.n_experts:  # FORMAT.md has one gate matrix and one down_meta per layer
+        raise UnsupportedError(f"{model.name}: a mixture-of-experts model ({model.config.n_experts} experts per "
+                               f"layer) has no vindex layout yet; run it with larql.load / larql run instead")
     requantized = _q4k_plan(model) if quant == "q4k" else None
     source_path = model.source if isinstance(src, Model) else resolve(src)[1]
     cfg, w = model.config, model.weights

@@ -71,7 +71,7 @@ def test_unsupported_architecture(tmp_path: Path) -> None:
     w = gguf.GGUFWriter(str(path), "mamba")
     w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
-    with pytest.raises(UnsupportedError, match=r"mamba\.gguf: architecture 'mamba' is not supported \(supported: gemma3, llama\)"):
+    with pytest.raises(UnsupportedError, match=r"mamba\.gguf: architecture 'mamba' is not supported \(supported: gemma3, llama, qwen2, qwen3, phi3, gpt2\)"):
         larql.load(path)
 
 

@@ -1,0 +1,83 @@
+"""Every architecture larql runs, against HF transformers: tiny random-weight models that
+transformers built and ran (tools/make_tiny_references.py), loaded by larql from their safetensors.
+
+Per architecture and prompt: logits at every position within 1e-4 relative error and the same
+top-1 token everywhere, the residual entering layer 0 and after every layer within 1e-4, and
+layer 0's `attn.hook_q` equal to the q projection before RoPE (TransformerLens's meaning). The
+references are committed files; no torch is needed here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import larql
+from tests.conftest import rel_err
+
+REFS = Path(__file__).resolve().parents[1] / "golden" / "architectures"
+ARCHITECTURES = sorted(p.name for p in REFS.iterdir() if p.is_dir())
+TOL = 1e-4
+
+
+def measure(arch: str) -> dict[str, float]:
+    """Worst relative errors of larql against the reference: logits and per-layer residuals,
+    over every prompt; also whether top-1 agreed at every position (1.0) or not (0.0)."""
+    m = larql.load(REFS / arch)
+    ref = np.load(REFS / f"{arch}.npz")
+    n_prompts = len(json.loads((REFS / f"{arch}.json").read_text())["prompts"])
+    worst = {"logits": 0.0, "resid": 0.0, "embed": 0.0, "top1": 1.0, "hook_q": 0.0}
+    for p in range(n_prompts):
+        ids = ref[f"p{p}.ids"]
+        resid = [f"blocks.{i}.hook_resid_post" for i in range(m.config.n_layers)]
+        names = ["hook_embed", "blocks.0.attn.hook_q", *resid]
+        logits, cache = m.run_with_cache(ids, names)
+        want = ref[f"p{p}.logits"]
+        worst["logits"] = max(worst["logits"], rel_err(logits, want))
+        if not np.array_equal(logits.argmax(-1), want.argmax(-1)):
+            worst["top1"] = 0.0
+        worst["embed"] = max(worst["embed"], rel_err(cache["hook_embed"], ref[f"p{p}.embed"]))
+        for i in range(m.config.n_layers):
+            err = rel_err(cache[f"blocks.{i}.hook_resid_post"], ref[f"p{p}.resid_post"][i])
+            worst["resid"] = max(worst["resid"], err)
+        q = cache["blocks.0.attn.hook_q"].reshape(len(ids), -1)  # (T, n_heads * head_dim)
+        worst["hook_q"] = max(worst["hook_q"], rel_err(q, ref[f"p{p}.q0"]))
+    return worst
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_architecture_matches_transformers(arch: str) -> None:
+    w = measure(arch)
+    assert w["top1"] == 1.0, f"{arch}: top-1 token differs from transformers at some position"
+    assert w["logits"] <= TOL, f"{arch}: logits relative error {w['logits']:.2e}"
+    assert w["embed"] <= TOL, f"{arch}: embedding relative error {w['embed']:.2e}"
+    assert w["resid"] <= TOL, f"{arch}: per-layer residual relative error {w['resid']:.2e}"
+    assert w["hook_q"] <= TOL, f"{arch}: attn.hook_q is not the q projection before RoPE ({w['hook_q']:.2e})"
+
+
+def test_every_reference_architecture_is_covered() -> None:
+    expected = {"llama3", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "gpt2", "mixtral"}
+    assert expected <= set(ARCHITECTURES), f"missing references: {sorted(expected - set(ARCHITECTURES))}"
+
+
+def test_decode_through_the_kv_cache_matches_the_full_forward() -> None:
+    """Sliding windows, soft-caps and learned positions hold one token at a time too."""
+    for arch in ARCHITECTURES:
+        m = larql.load(REFS / arch)
+        ids = np.load(REFS / f"{arch}.npz")["p0.ids"][:12]
+        full = m.forward(ids)
+        cache = m.new_cache(len(ids))
+        m.next_logits(ids[:1], cache)
+        for t in range(1, len(ids)):
+            step = m.next_logits(ids[t:t + 1], cache)
+            assert rel_err(step, full[t]) <= TOL, f"{arch}: decode step {t}"
+
+
+if __name__ == "__main__":  # the figures of the README's architecture table
+    for name in ARCHITECTURES:
+        w = measure(name)
+        print(f"{name:8s} logits {w['logits']:.1e}  resid {w['resid']:.1e}  embed {w['embed']:.1e}  "
+              f"hook_q {w['hook_q']:.1e}  top1 {'all' if w['top1'] else 'DIFFER'}")
