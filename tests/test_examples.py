@@ -23,7 +23,7 @@ def test_interp_tour_example() -> None:
 
     r = subprocess.run([sys.executable, str(EXAMPLES / "interp_tour.py")], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    assert "captured 218 hook points; blocks.9.attn.hook_pattern (6, 4, 6)" in r.stdout
+    assert "captured 254 hook points; blocks.9.attn.hook_pattern (6, 4, 6)" in r.stdout
     m = re.search(r"log p\(' Paris'\) (\S+) -> (\S+), log p\(' Berlin'\) (\S+) -> (\S+)", r.stdout)
     assert m, r.stdout
     paris_before, paris_after, berlin_before, berlin_after = (float(x.rstrip(",")) for x in m.groups())

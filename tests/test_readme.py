@@ -113,7 +113,8 @@ def _reads_only(argv: list[str]) -> bool:
     if argv[1] == "run":
         return not argv[2].startswith("path/")  # placeholders
     writes = ("INSERT", "COMPILE", "APPLY", "CROWN", "BEGIN", "SAVE")
-    return argv[1] == "lql" and len(argv) > 2 and not any(w in argv[2] for w in writes)
+    # USE REMOTE needs the server the serving section starts by hand (tests/serve run one for real)
+    return argv[1] == "lql" and len(argv) > 2 and not any(w in argv[2] for w in writes) and "USE REMOTE" not in argv[2]
 
 
 def test_read_only_commands_run(readme_dir: Path) -> None:
