@@ -4,7 +4,7 @@ prompts the edit never optimised on (natural paraphrases, the prompt behind unse
 prefixes, neighbours, reverse prompts, unrelated prompts), single-edit and all-stacked.
 
     python benchmarks/bench_editing.py --vindex g.vindex [--data benchmarks/data/counterfact_gemma3_270m.json]
-        [--methods rome,feature] [--protocols single,stacked] [--limit N]
+        [--methods rome,feature] [--protocols single,stacked] [--limit N] [--layers 2,3,4] [--stats-tokens N]
 
 The decoy subjects a weight edit holds still are filtered so that none appears in any prompt of the
 edit set (the neighbourhood score would otherwise be measured on keys the edit was told to keep).
@@ -42,6 +42,8 @@ def main() -> None:
     parser.add_argument("--protocols", default="single,stacked")
     parser.add_argument("--limit", type=int, default=0)
     parser.add_argument("--name", default="")
+    parser.add_argument("--layers", default="", help="edit layers, comma-separated (default: the crown layer)")
+    parser.add_argument("--stats-tokens", type=int, default=0, help="tokens of key statistics (default: larql's)")
     args = parser.parse_args()
     from larql.edit.evaluate import EditRecord, evaluate, load_edit_set
     from larql.edit.insert_facts import insert_facts
@@ -57,12 +59,14 @@ def main() -> None:
     held_out = set(re.findall(r"\w+", text))  # no automatic neighbour may be a subject the scores use
     v = edit_vindex(args.vindex)
     m = v.model()
+    layers = [int(x) for x in args.layers.split(",")] if args.layers else None
     out: dict = {"model": v.index["model"], "data": Path(args.data).name, "edits": len(records), "machine": machine(),
-                 "decoys_used": decoys, "methods": {}}
+                 "decoys_used": decoys, "layers": layers, "stats_tokens": args.stats_tokens or None, "methods": {}}
     for method in args.methods.split(","):
         def apply(batch: list[EditRecord], method: str = method):  # noqa: ANN202
             kept = len(v.patches.pending)
-            insert_facts(v, [r.fact() for r in batch], method, measure=False, decoys=decoys, exclude=held_out)
+            insert_facts(v, [r.fact() for r in batch], method, layers, measure=False, decoys=decoys,
+                         exclude=held_out, stats_tokens=args.stats_tokens or None)
             return lambda: v.patches.undo(len(v.patches.pending) - kept)
 
         t0 = time.perf_counter()

@@ -110,12 +110,14 @@ def _probe(sc: Scorer, prompts: Sequence[str], target: str) -> tuple[float, floa
 def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str = DEFAULT_METHOD,
                  layers: Sequence[int] | None = None, progress: Callable[[str, int, int], None] | None = None,
                  measure: bool = True, decoys: Sequence[str] | None = None,
-                 n_neighbours: int = N_NEIGHBOURS, exclude: Collection[str] = ()) -> InsertReport:
+                 n_neighbours: int = N_NEIGHBOURS, exclude: Collection[str] = (),
+                 stats_tokens: int | None = None) -> InsertReport:
     """Teach `facts` to the vindex's model through its overlay (recorded on its patch stack, all or
     nothing) and measure the result on held-out prompts.
 
     Weight edits hold still the keys of `decoys` and of each subject's `n_neighbours` nearest
-    subjects in the embedding, except words in `exclude` (an evaluation's held-out subjects)."""
+    subjects in the embedding, except words in `exclude` (an evaluation's held-out subjects), weighted
+    by key statistics over `stats_tokens` tokens (default `stats.token_budget`)."""
     if method not in METHODS:
         raise EditError(f"unknown edit method {method!r} (one of {', '.join(METHODS)})")
     if not facts:
@@ -152,7 +154,7 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str = DEFAULT
         used = tuple(sorted({op.layer for op in ops}))
     else:
         used = tuple(layers) if layers else default_layers(model)
-        metrics = key_metrics(model, used, stats_dir(v))
+        metrics = key_metrics(model, used, stats_dir(v), stats_tokens)
         near = {f.subject: similar_subjects(v.store, f.subject, n_neighbours, exclude) for f in facts}
         groups = [list(facts)] if method == "memit" else [[f] for f in facts]
         try:

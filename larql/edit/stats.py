@@ -8,8 +8,9 @@ forward pass stops after the deepest layer asked for.
 
 Computed once per (model, layer, corpus, token count) and cached as `.npz` (written atomically,
 with a sha256 of the matrix checked on load) in a directory the caller names — beside the vindex
-for `edit_vindex`, else larql's cache directory. `benchmarks/bench_editing_stats.py` measures how
-the token count changes an edit's specificity; DEFAULT_TOKENS is the chosen size.
+for `edit_vindex`, else larql's cache directory. `benchmarks/bench_editing.py --stats-tokens N`
+measures how the token count changes an edit's specificity (README, editing section);
+DEFAULT_TOKENS is the chosen size.
 """
 
 from __future__ import annotations
