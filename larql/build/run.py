@@ -204,7 +204,8 @@ def _run_edit(step: Step, state: _State, out: Path) -> None:
         run_statement(ins.statement, Session(vindex=v, source=ins.text))
         ops, v.patches.pending = list(v.patches.pending), []
     # no clock and no path in the cached patch: the step's key already says what made it
-    save_patch(Patch(out.name, out, ops, v.index["model"], index_checksum(v.path)), out, overwrite=True)
+    save_patch(Patch(out.name, out, ops, v.index["model"], index_checksum(v.path)), out, overwrite=True,
+               token_text=v.token_text)
     state.add_patch(out)  # replays the overlay with the saved patch in place of what the step recorded
 
 
