@@ -33,9 +33,6 @@ def _fail(session: Session, stmt: ast.Statement, message: str, hint: str = "") -
 
 def insert(stmt: ast.InsertStmt, session: Session, result: Result) -> None:
     v = _v(session)
-    if stmt.mode == "knn":
-        raise _fail(session, stmt, "MODE KNN (LARQL's lookup after the logits) is not supported: larql edits the FFN "
-                    "itself, so TRACE and every later token see the fact", "omit MODE (or say MODE COMPOSE)")
     method = stmt.method or DEFAULT_METHOD
     if method != "feature" or len(stmt.rows) > 1 or "prompt" in stmt.columns:
         _insert_facts(stmt, session, result, method)
