@@ -241,9 +241,16 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
             steps.append(Step("filter", " AND ".join(f"{c.field} {c.op} {c.value!r}" for c in stmt.where)))
         steps.append(Step("record", "delete" if isinstance(stmt, ast.DeleteStmt) else "metadata update"))
     elif isinstance(stmt, ast.CompileStmt):
+        fmt = model_format(stmt) if stmt.target == "model" else "vindex"
+        if stmt.dtype is not None and fmt == "gguf":
+            raise _error(session, stmt, "DTYPE applies to FORMAT SAFETENSORS: a GGUF keeps every tensor's stored "
+                         "encoding", f'drop DTYPE, or write an HF directory: INTO MODEL "dir" FORMAT SAFETENSORS '
+                         f'DTYPE {stmt.dtype.upper()}')
         steps = [Step("bake_overlay", f"{stmt.source or 'CURRENT'} -> {stmt.into}")]
-        if stmt.target == "model":
-            steps.append(Step("write_model", f"format {model_format(stmt)}"))
+        if fmt == "safetensors":
+            steps.append(Step("write_model", f"format safetensors, dtype {stmt.dtype or 'bf16'}"))
+        elif fmt == "gguf":
+            steps.append(Step("write_model", "format gguf, every tensor in its stored encoding"))
         steps.append(Step("write_atomic", f"on conflict {stmt.on_conflict or 'last_wins'}"))
     elif isinstance(stmt, ast.DiffStmt):
         a, b = stmt.a or "CURRENT", stmt.b or "CURRENT"

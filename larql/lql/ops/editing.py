@@ -226,7 +226,8 @@ def compile_stmt(stmt: ast.CompileStmt, session: Session, result: Result) -> Non
         elif fmt == "gguf":
             report = compile_gguf(v, stmt.into, stmt.on_conflict or "last_wins", overwrite=stmt.force)
         else:
-            report = compile_safetensors(v, stmt.into, stmt.on_conflict or "last_wins", overwrite=stmt.force)
+            report = compile_safetensors(v, stmt.into, stmt.on_conflict or "last_wins", overwrite=stmt.force,
+                                         dtype=stmt.dtype or "bf16")
     except (VindexError, ModelError) as e:
         raise _fail(session, stmt, str(e)) from e
     result.title = f"Compiled {v.path} -> {report.path}"

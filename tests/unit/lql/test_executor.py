@@ -95,7 +95,7 @@ def test_plans_are_golden(vx: Path, vxi: Path, update_golden: bool) -> None:
              'COMPILE CURRENT INTO VINDEX "o.vindex" FORCE', 'DIFF "a.vindex" CURRENT INTO PATCH "d.vlp" FORCE',
              'USE MODEL "gemma3-270m"', 'USE REMOTE "http://127.0.0.1:8080"', 'STATS "x.vindex"',
              'EXTRACT MODEL "m" INTO "o.vindex" FORCE', 'SELECT layer, token FROM FEATURES WHERE layer = 1 LIMIT 4',
-             'DIFF "a.vindex" "b.vindex"', "COMPACT MAJOR"]
+             'DIFF "a.vindex" "b.vindex"', "COMPACT MAJOR", 'COMPILE CURRENT INTO MODEL "hf" DTYPE F32 FORCE']
     weights = ['INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B")',
              'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B"), ("C", "capital", "D") '
              'METHOD MEMIT AT LAYER 1',
