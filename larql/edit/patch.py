@@ -225,6 +225,22 @@ def op_from_json(d: Any, where: str, shape: Shape) -> PatchOp | WeightOp:
     return PatchOp.from_json(d, where, shape)
 
 
+def _model_key(name: str) -> str:
+    """A model name without its owner, case and punctuation: LARQL records the Hugging Face id it
+    extracted ("google/gemma-3-270m"), larql the alias or file stem ("gemma3-270m")."""
+    return "".join(ch for ch in name.rsplit("/", 1)[-1].lower() if ch.isalnum())
+
+
+def made_for(patch: Patch, index: dict[str, Any]) -> bool:
+    """Whether the patch's `base_model` names the model of a vindex with this index.json (its
+    `model`, or the stem of the file it was extracted from); a patch that names none fits any."""
+    if not patch.base_model:
+        return True
+    source = index.get("source", {}).get("path") if isinstance(index.get("source"), dict) else None
+    names = [str(index.get("model", ""))] + ([Path(source).stem] if isinstance(source, str) and source else [])
+    return patch.base_model in names or _model_key(patch.base_model) in {_model_key(n) for n in names}
+
+
 def index_checksum(vindex_path: Path) -> str:
     return hashlib.sha256((vindex_path / "index.json").read_bytes()).hexdigest()
 
@@ -325,9 +341,10 @@ class PatchStack:
     def apply(self, path: str | Path) -> Patch:
         v = self.store
         patch = load_patch(path, Shape(v.hidden, int(v.index["intermediate_size"]), v.num_layers, v.vocab_size))
-        if patch.base_model and patch.base_model != v.index["model"]:
+        if not made_for(patch, v.index):
             raise VindexError(f"{path}: this patch was made for {patch.base_model!r}, the vindex in use holds "
-                              f"{v.index['model']!r}")
+                              f"{v.index['model']!r} (if that is this model under another name, set the patch's "
+                              f"base_model to {v.index['model']!r})")
         if any(p.path is not None and p.path.resolve() == Path(path).resolve() for p in self.applied):
             raise VindexError(f"{path}: this patch is already applied (REMOVE PATCH it first to re-apply)")
         self.applied.append(patch)

@@ -94,6 +94,19 @@ def test_larql_remove_patch_by_description(session: Session, tmp_path: Path) -> 
     assert session.vindex.patches.applied == []
 
 
+def test_larqls_base_model_is_its_hugging_face_id(session: Session, tmp_path: Path) -> None:
+    """LARQL records the id it extracted ("google/gemma-3-270m"), larql the alias or file stem
+    ("gemma3-270m"): the same model when they agree without owner, case and punctuation."""
+    model = session.vindex.index["model"]
+    hf_id = "someorg/" + "-".join(model.upper())
+    execute(f'APPLY PATCH "{write(tmp_path / "hf.vlp", larql_doc(hf_id, *larql_ops()))}"', session)
+    assert len(session.vindex.patches.applied) == 1
+    with pytest.raises(LqlSemanticError, match=f"made for 'google/other-model', the vindex in use holds '{model}' "
+                                               f"\\(if that is this model under another name, set the patch's base_model"):
+        execute(f'APPLY PATCH "{write(tmp_path / "o.vlp", larql_doc("google/other-model", *larql_ops()))}"', session)
+    assert len(session.vindex.patches.applied) == 1
+
+
 @pytest.mark.parametrize("op, expected", [
     ({"op": "insert_knn", "layer": 1, "entity": "Atlantis", "relation": "capital", "target": "Poseidon",
       "target_id": 80, "confidence": 1.0, "key_vector_b64": b64(GATE)},
