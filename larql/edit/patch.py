@@ -126,8 +126,9 @@ class PatchOp:
     def from_json(d: Any, where: str, shape: Shape) -> PatchOp:
         """One feature operation, checked by type and by value against the vindex's sizes."""
         if isinstance(d, dict) and d.get("op") in LARQL_KNN_OPS:
-            raise VindexError(f"{where}: {d['op']} ({LARQL_KNN_OPS[d['op']]}) has no larql counterpart: larql "
-                              f"edits the FFN itself; re-make the fact with INSERT INTO EDGES (a feature) and save that")
+            raise VindexError(f"{where}: {d['op']} ({LARQL_KNN_OPS[d['op']]}) has no larql counterpart: "
+                              f"larql edits the FFN itself; re-make the fact with INSERT INTO EDGES (a feature) "
+                              f"and save that")
         if not isinstance(d, dict) or d.get("op") not in FEATURE_OPS:
             raise VindexError(f"{where}: not an operation (op must be one of {', '.join(OPS)})")
         layer = _index(d.get("layer"), shape.num_layers, "layer", where)
@@ -175,7 +176,8 @@ def _meta(m: Any, vocab: int, where: str) -> MetaOverride:
         if not _finite(m.get("c")):
             raise VindexError(f"{where}: down_meta's c (c_score) must be a finite number, got {str(m.get('c'))[:40]!r}")
         if not isinstance(m.get("t", ""), str) or len(m.get("t", "")) > MAX_TEXT:
-            raise VindexError(f"{where}: down_meta's t (the top token) must be a string of at most {MAX_TEXT:,} characters")
+            raise VindexError(f"{where}: down_meta's t (the top token) must be a string of at most "
+                              f"{MAX_TEXT:,} characters")
         return MetaOverride((m["i"],), (float(m["c"]),))
     if not isinstance(m, dict) or not isinstance(m.get("ids"), list) or not isinstance(m.get("scores"), list):
         raise VindexError(shape_hint + " (or LARQL's {\"t\": token, \"i\": id, \"c\": score})")
@@ -238,7 +240,8 @@ def made_for(patch: Patch, index: dict[str, Any]) -> bool:
         return True
     source = index.get("source", {}).get("path") if isinstance(index.get("source"), dict) else None
     names = [str(index.get("model", ""))] + ([Path(source).stem] if isinstance(source, str) and source else [])
-    return patch.base_model in names or _model_key(patch.base_model) in {_model_key(n) for n in names}
+    key = _model_key(patch.base_model)
+    return patch.base_model in names or (bool(key) and key in {_model_key(n) for n in names})
 
 
 def index_checksum(vindex_path: Path) -> str:

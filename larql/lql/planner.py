@@ -188,7 +188,8 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
                 steps.append(Step("order", f"{stmt.order.field} {'DESC' if stmt.order.descending else 'ASC'}"))
         steps.append(Step("limit", str(stmt.limit if stmt.limit is not None else (50 if stmt.source == 'entities' else 20))))
     elif isinstance(stmt, ast.InferStmt):
-        ffn = "dense FFN (the model in use)" if session.model is not None else "walk FFN: vindex weights + patch overlay"
+        ffn = ("dense FFN (the model in use)" if session.model is not None
+               else "walk FFN: vindex weights + patch overlay")
         steps = [Step("tokenize", repr(stmt.prompt)), Step("forward", f"{ffn}, KV cache"),
                  Step("top_k", str(stmt.top or 5))]
         if stmt.compare:
