@@ -40,6 +40,7 @@ def _layer(module: str) -> str | None:
 
 TOP |= {"bench", "cli_bench"}  # `larql bench` and the benchmark it runs
 LEAVES |= {"cachedir"}  # the cache directory, read by the parser, the tokenizer and the CLI
+LEAVES |= {"pathguard"}  # what a write may not touch: LQL and every command that writes
 
 
 def _modules() -> list[tuple[str, str, bool]]:

@@ -29,6 +29,7 @@ from larql.build.vindexfile import Instruction, Vindexfile, read_vindexfile
 from larql.edit.patch import Patch, index_checksum, save_patch
 from larql.edit.view import EditableVindex, edit_vindex
 from larql.errors import BuildError, LarqlError, LqlError
+from larql.pathguard import overlap
 from larql.version import __version__
 from larql.vindex import layout
 from larql.vindex.check import validate_index
@@ -204,7 +205,8 @@ def _run_edit(step: Step, state: _State, out: Path) -> None:
         run_statement(ins.statement, Session(vindex=v, source=ins.text))
         ops, v.patches.pending = list(v.patches.pending), []
     # no clock and no path in the cached patch: the step's key already says what made it
-    save_patch(Patch(out.name, out, ops, v.index["model"], index_checksum(v.path)), out, overwrite=True)
+    save_patch(Patch(out.name, out, ops, v.index["model"], index_checksum(v.path)), out, overwrite=True,
+               token_text=v.token_text)
     state.add_patch(out)  # replays the overlay with the saved patch in place of what the step recorded
 
 
@@ -253,6 +255,10 @@ def build(directory: str | Path, output: str | Path | None = None, stage: str | 
     p = plan(root, vf, chosen)
     src, steps = p.source, p.steps
     cache_dir = Path(cache) if cache is not None else root / CACHE_DIR
+    refused = (overlap(out, [(root, "the build directory (its Vindexfile)")], allow_inside=True)
+               or overlap(out, [(cache_dir, "the build cache"), (src.path, "the FROM source")]))
+    if refused is not None:
+        raise BuildError(f"{refused}; choose another --output")
     cache_dir.mkdir(parents=True, exist_ok=True)
     report = BuildReport(out)
     state = _State(src.path)

@@ -21,6 +21,7 @@ import numpy as np
 from larql.edit.overlay import FeatureOverride
 from larql.edit.view import EditableVindex
 from larql.errors import VindexError
+from larql.pathguard import overlap, vindex_reads
 from larql.quant import GGMLType
 from larql.tempfiles import clean_stale, publish, temp_path
 from larql.vindex import layout
@@ -74,11 +75,17 @@ def edited_layers(v: EditableVindex) -> Edited:
     return out
 
 
+def _output(v: EditableVindex, out: str | Path) -> Path:
+    """`out`, refused when it is, is inside or holds the vindex compiled or its source model."""
+    refused = overlap(out, vindex_reads(v.path, v.index, "the vindex compiled"))
+    if refused is not None:
+        raise VindexError(f"{refused} (base vindexes are read-only; write the output somewhere else)")
+    return Path(out)
+
+
 def compile_vindex(v: EditableVindex, out: str | Path, on_conflict: str = "last_wins", overwrite: bool = False) -> CompileReport:
     clashes = _check_conflicts(v, on_conflict)
-    out = Path(out)
-    if out.resolve() == v.path.resolve():
-        raise VindexError(f"{out}: cannot compile a vindex into itself (base vindexes are read-only)")
+    out = _output(v, out)
     edited = edited_layers(v)
     with VindexWriter(out, overwrite=overwrite) as w:
         for name in v.index["files"]:
@@ -180,7 +187,7 @@ def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wi
     if src.suffix != ".gguf" or not src.is_file() or src.stat().st_size != v.index["source"]["size"]:
         raise VindexError(f"FORMAT GGUF copies the metadata of the GGUF this vindex was extracted from, and "
                           f"{src} is not that file any more (or was not a GGUF)")
-    out = Path(out)
+    out = _output(v, out)
     clean_stale(out)  # what a killed writer of this file left (a complete old one comes back)
     if out.exists() and not overwrite:
         raise VindexError(f"{out}: already exists; choose another path (or replace it: FORCE in LQL)")
@@ -239,6 +246,7 @@ def compile_safetensors(v: EditableVindex, out: str | Path, on_conflict: str = "
 
     if not v.has_model_weights:
         raise VindexError(f"{v.path}: a browse-level vindex has no weights to compile into a model")
+    out = _output(v, out)
     clashes = _check_conflicts(v, on_conflict)
     cfg = index_config(v.store)
     edited = edited_layers(v)

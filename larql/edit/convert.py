@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from larql.errors import LarqlError
+from larql.pathguard import overlap
 from larql.vindex import layout
 
 TARGETS = ("vindex", "gguf", "safetensors")
@@ -54,6 +55,11 @@ def convert(src: str | Path, out: str | Path, to: str | None = None, dtype: str 
         >>> convert("gemma3-270m", "g.vindex"); convert("g.vindex", "g-hf", patches=["facts.vlp"])
     """
     fmt = target_format(src, out, to)
+    reads = [(Path(x), w) for x, w in ((src, "the source converted"), *((q, "a patch it applies") for q in patches))
+             if Path(x).exists()]
+    refused = overlap(out, reads)
+    if refused is not None:
+        raise LarqlError(f"{refused}; write the output somewhere else")
     if patches and not is_vindex(src):
         raise LarqlError(f"--patch applies to a vindex source, and {src} is a model; convert it to a vindex first")
     if fmt == "gguf" and dtype is not None:

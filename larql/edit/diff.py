@@ -169,6 +169,5 @@ def write_diff_patch(a: EditableVindex, report: DiffReport, path: str | Path, ov
         raise VindexError(f"the second vindex differs in {shown}, outside the FFN, which a patch cannot carry "
                           f"(a different model, or a dense fine-tune?); COMPILE or convert it instead")
     patch = Patch(Path(path).name, Path(path), list(report.ops), a.index["model"], index_checksum(a.path),
-                  datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                  f"DIFF: {len(report.ops)} feature(s) differ")
-    return save_patch(patch, path, overwrite)
+                  datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))  # description: the file name
+    return save_patch(patch, path, overwrite, token_text=a.token_text)

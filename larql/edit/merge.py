@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from larql.edit.overlay import FeatureOverride, MetaOverride, PatchOverlay
-from larql.edit.patch import Patch, PatchOp, Shape, load_patch
+from larql.edit.patch import Patch, PatchOp, Shape, load_patch, made_for
 from larql.edit.view import EditableVindex
 from larql.edit.weight_op import WeightOp
 from larql.errors import EditError
@@ -150,7 +150,7 @@ def load_source(v: EditableVindex, source: str | Path) -> tuple[str, list[PatchO
         raise EditError(f"MERGE {path}: no such file or vindex; name a .vindex directory or a .vlp file")
     s = v.store
     patch: Patch = load_patch(path, Shape(s.hidden, int(s.index["intermediate_size"]), s.num_layers, s.vocab_size))
-    if patch.base_model and patch.base_model != s.index["model"]:
+    if not made_for(patch, s.index):
         raise EditError(f"MERGE {path}: this patch was made for {patch.base_model!r}, the vindex in use holds "
                         f"{s.index['model']!r}; merge patches of the same model")
     return "patch", list(patch.ops)

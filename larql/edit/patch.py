@@ -7,7 +7,14 @@ replaces an earlier one. Removing a patch replays the rest. The base vindex is n
 
 The file keeps LARQL's `.vlp` field names (vectors are little-endian float32 in base64) and fills
 the fields LARQL leaves empty: `name`, `created_at`, `base_checksum` (sha256 of the base's
-index.json) — so REMOVE PATCH and SHOW PATCHES can name what they hold.
+index.json) and `description` (the file name, which is what LARQL's REMOVE PATCH matches) — so
+REMOVE PATCH and SHOW PATCHES can name what they hold, here and in LARQL.
+
+Both ways with LARQL: a feature operation's `down_meta` is written as LARQL's `{t, i, c}` (top
+token, its id, c_score) beside our `{ids, scores}`, and an insert always carries the `entity` and
+`target` strings LARQL requires. LARQL's own files are read as written: `{t, i, c}` becomes a
+one-token metadata override; its KNN-store operations (`insert_knn`, `delete_knn`, a lookup after
+the logits) have no larql counterpart and are refused by name.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import datetime
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -41,6 +49,9 @@ MAX_PATCH_BYTES = 1 << 30  # refused before reading; a 1,000-fact MEMIT patch of
 MAX_PATCH_DEPTH = 16  # a .vlp nests 4 deep (document, operations, operation, down_meta/facts)
 MAX_META_TOKENS = 1000  # a down_meta override lists at most this many tokens (extract's top-k bound)
 MAX_TEXT = 10_000  # characters of an entity, relation, target, reason or description
+# LARQL's KNN-store operations: a post-logits lookup keyed on a residual, which larql does not have
+LARQL_KNN_OPS = {"insert_knn": "LARQL's KNN-store insert, a lookup after the logits",
+                 "delete_knn": "removes LARQL KNN-store entries"}
 
 
 class Shape(NamedTuple):
@@ -94,20 +105,30 @@ class PatchOp:
         if self.meta is not None:
             overlay.set_meta(self.layer, self.feature, self.meta)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, token_text: Callable[[int], str] | None = None) -> dict[str, Any]:
+        """The operation as a .vlp entry that LARQL reads too; `token_text` names down_meta's top token
+        (LARQL's `t`; empty without it)."""
         out: dict[str, Any] = {"op": self.op, "layer": self.layer, "feature": self.feature}
         for key in ("entity", "relation", "target", "reason"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
+            elif self.op == "insert" and key in ("entity", "target"):
+                out[key] = ""  # LARQL requires both strings in an insert; read back as absent
         for name, vec in self.vectors.items():
             out[f"{name}_vector_b64"] = base64.b64encode(np.asarray(vec, dtype="<f4").tobytes()).decode()
         if self.meta is not None:
-            out["down_meta"] = {"ids": list(self.meta.token_ids), "scores": list(self.meta.scores)}
+            top = self.meta.token_ids[0]
+            out["down_meta"] = {"t": token_text(top) if token_text else "", "i": top, "c": self.meta.scores[0],
+                                "ids": list(self.meta.token_ids), "scores": list(self.meta.scores)}
         return out
 
     @staticmethod
     def from_json(d: Any, where: str, shape: Shape) -> PatchOp:
         """One feature operation, checked by type and by value against the vindex's sizes."""
+        if isinstance(d, dict) and d.get("op") in LARQL_KNN_OPS:
+            raise VindexError(f"{where}: {d['op']} ({LARQL_KNN_OPS[d['op']]}) has no larql counterpart: "
+                              f"larql edits the FFN itself; re-make the fact with INSERT INTO EDGES (a feature) "
+                              f"and save that")
         if not isinstance(d, dict) or d.get("op") not in FEATURE_OPS:
             raise VindexError(f"{where}: not an operation (op must be one of {', '.join(OPS)})")
         layer = _index(d.get("layer"), shape.num_layers, "layer", where)
@@ -115,8 +136,15 @@ class PatchOp:
         vectors = {name: _vector(d.get(f"{name}_vector_b64"), shape.hidden, where, name)
                    for name in ("gate", "up", "down") if d.get(f"{name}_vector_b64") is not None}
         meta = _meta(d["down_meta"], shape.vocab, where) if d.get("down_meta") is not None else None
-        return PatchOp(d["op"], layer, feature, vectors, meta, _text(d, "entity", where), _text(d, "relation", where),
-                       _text(d, "target", where), _text(d, "reason", where))
+        confidence = d.get("confidence")  # LARQL's insert confidence: its c_score is down_meta's `c`
+        if confidence is not None and not _finite(confidence):
+            raise VindexError(f"{where}: confidence must be a finite number, got {str(confidence)[:40]!r}")
+        entity, relation, target = (_text(d, key, where) or None for key in ("entity", "relation", "target"))
+        return PatchOp(d["op"], layer, feature, vectors, meta, entity, relation, target, _text(d, "reason", where))
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _vector(text: Any, hidden: int, where: str, name: str) -> F32:
@@ -140,16 +168,25 @@ def _vector(text: Any, hidden: int, where: str, name: str) -> F32:
 
 
 def _meta(m: Any, vocab: int, where: str) -> MetaOverride:
-    """down_meta: equally long lists of token ids (in the vocabulary) and finite scores."""
+    """down_meta: equally long lists of token ids (in the vocabulary) and finite scores, or LARQL's
+    `{t, i, c}` (top token, its id, c_score) when there are no lists."""
     shape_hint = f"{where}: down_meta must be {{\"ids\": [...], \"scores\": [...]}}"
+    if isinstance(m, dict) and "ids" not in m and "scores" not in m and "i" in m:
+        _index(m["i"], vocab or 1 << 32, "down_meta's token id i", where)
+        if not _finite(m.get("c")):
+            raise VindexError(f"{where}: down_meta's c (c_score) must be a finite number, got {str(m.get('c'))[:40]!r}")
+        if not isinstance(m.get("t", ""), str) or len(m.get("t", "")) > MAX_TEXT:
+            raise VindexError(f"{where}: down_meta's t (the top token) must be a string of at most "
+                              f"{MAX_TEXT:,} characters")
+        return MetaOverride((m["i"],), (float(m["c"]),))
     if not isinstance(m, dict) or not isinstance(m.get("ids"), list) or not isinstance(m.get("scores"), list):
-        raise VindexError(shape_hint)
+        raise VindexError(shape_hint + " (or LARQL's {\"t\": token, \"i\": id, \"c\": score})")
     ids, scores = m["ids"], m["scores"]
     if not 1 <= len(ids) <= MAX_META_TOKENS or len(scores) != len(ids):
         raise VindexError(f"{shape_hint} with 1 to {MAX_META_TOKENS} ids and as many scores")
     for t in ids:
         _index(t, vocab or 1 << 32, "a down_meta token id", where)
-    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in scores):
+    if not all(_finite(x) for x in scores):
         raise VindexError(f"{where}: down_meta scores must be finite numbers")
     return MetaOverride(tuple(ids), tuple(float(x) for x in scores))
 
@@ -190,18 +227,38 @@ def op_from_json(d: Any, where: str, shape: Shape) -> PatchOp | WeightOp:
     return PatchOp.from_json(d, where, shape)
 
 
+def _model_key(name: str) -> str:
+    """A model name without its owner, case and punctuation: LARQL records the Hugging Face id it
+    extracted ("google/gemma-3-270m"), larql the alias or file stem ("gemma3-270m")."""
+    return "".join(ch for ch in name.rsplit("/", 1)[-1].lower() if ch.isalnum())
+
+
+def made_for(patch: Patch, index: dict[str, Any]) -> bool:
+    """Whether the patch's `base_model` names the model of a vindex with this index.json (its
+    `model`, or the stem of the file it was extracted from); a patch that names none fits any."""
+    if not patch.base_model:
+        return True
+    source = index.get("source", {}).get("path") if isinstance(index.get("source"), dict) else None
+    names = [str(index.get("model", ""))] + ([Path(source).stem] if isinstance(source, str) and source else [])
+    key = _model_key(patch.base_model)
+    return patch.base_model in names or (bool(key) and key in {_model_key(n) for n in names})
+
+
 def index_checksum(vindex_path: Path) -> str:
     return hashlib.sha256((vindex_path / "index.json").read_bytes()).hexdigest()
 
 
-def save_patch(patch: Patch, path: str | Path, overwrite: bool = False) -> Path:
+def save_patch(patch: Patch, path: str | Path, overwrite: bool = False,
+               token_text: Callable[[int], str] | None = None) -> Path:
     """Write a patch file atomically (temporary file + rename); an existing file is replaced only
-    with `overwrite` (never one that appears while this one is written)."""
+    with `overwrite` (never one that appears while this one is written). `description` defaults to
+    the file name, which LARQL's REMOVE PATCH matches; `token_text` fills down_meta's `t`."""
     path = Path(path)
     clean_stale(path)
     doc = {"format": PATCH_FORMAT, "version": PATCH_VERSION, "name": path.name, "base_model": patch.base_model,
-           "base_checksum": patch.base_checksum, "created_at": patch.created_at, "description": patch.description,
-           "tags": [], "operations": [op.to_json() for op in patch.ops]}
+           "base_checksum": patch.base_checksum, "created_at": patch.created_at,
+           "description": patch.description or path.name, "tags": [],
+           "operations": [op.to_json(token_text) if isinstance(op, PatchOp) else op.to_json() for op in patch.ops]}
     tmp = temp_path(path)
     try:
         tmp.write_text(json.dumps(doc, indent=1))
@@ -279,7 +336,7 @@ class PatchStack:
         v = self.store
         patch = Patch(self.recording.name, self.recording, list(self.pending), v.index["model"],
                       index_checksum(v.path), datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
-        save_patch(patch, self.recording, overwrite=force or self.force)
+        save_patch(patch, self.recording, overwrite=force or self.force, token_text=v.token_text)
         self.applied.append(patch)
         self.pending, self.recording, self.force = [], None, False
         return patch
@@ -287,9 +344,10 @@ class PatchStack:
     def apply(self, path: str | Path) -> Patch:
         v = self.store
         patch = load_patch(path, Shape(v.hidden, int(v.index["intermediate_size"]), v.num_layers, v.vocab_size))
-        if patch.base_model and patch.base_model != v.index["model"]:
+        if not made_for(patch, v.index):
             raise VindexError(f"{path}: this patch was made for {patch.base_model!r}, the vindex in use holds "
-                              f"{v.index['model']!r}")
+                              f"{v.index['model']!r} (if that is this model under another name, set the patch's "
+                              f"base_model to {v.index['model']!r})")
         if any(p.path is not None and p.path.resolve() == Path(path).resolve() for p in self.applied):
             raise VindexError(f"{path}: this patch is already applied (REMOVE PATCH it first to re-apply)")
         self.applied.append(patch)
@@ -303,7 +361,8 @@ class PatchStack:
 
     def remove(self, name: str) -> Patch:
         for i, p in enumerate(self.applied):
-            if name in (p.name, str(p.path)) or (p.path is not None and Path(name).name == p.path.name):
+            # by file name or path, or (as LARQL does) by description
+            if name in (p.name, str(p.path), p.description) or (p.path is not None and Path(name).name == p.path.name):
                 patch = self.applied.pop(i)
                 self.replay()
                 return patch

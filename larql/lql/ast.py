@@ -86,6 +86,7 @@ class CompileStmt(Statement):
     format: str | None = None  # safetensors | gguf (INTO MODEL)
     on_conflict: str | None = None  # last_wins | highest_confidence | fail (INTO VINDEX)
     force: bool = False  # FORCE: may replace an existing output
+    dtype: str | None = None  # f32 | f16 | bf16: the safetensors' encoding (INTO MODEL; None: bf16)
     span: Span = _span()
 
 

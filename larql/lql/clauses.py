@@ -49,6 +49,9 @@ REFUSALS: dict[type, tuple[Refusal, ...]] = {
                 'INFER "..." COMPARE runs the walk FFN beside the dense one'),
     ),
     ast.InsertStmt: (
+        Refusal(lambda s: s.mode == "knn",  # type: ignore[attr-defined]
+                "MODE KNN (LARQL's lookup after the logits) is not supported: larql edits the FFN itself, so TRACE "
+                "and every later token see the fact", "omit MODE (or say MODE COMPOSE)"),
         Refusal(lambda s: s.alpha is not None,  # type: ignore[attr-defined]
                 "INSERT ... ALPHA is not supported: the inserted feature's scale is searched until p(target) "
                 "reaches CONFIDENCE, and weight edits optimise their own", "drop ALPHA"),

@@ -51,8 +51,10 @@ def run_statement(stmt: ast.Statement, session: Session) -> list[Result]:
                                "check the path: its directory must exist and be writable") from e
     except LarqlError as e:  # a vindex or model error while running: locate it at the statement
         span = stmt.span
+        # the handlers do not report which step failed: name the plan, not a guess
+        steps = " -> ".join(st.op for st in p.steps)
         raise LqlSemanticError(str(e), session.source, span.line, span.column,
-                               f"while running step {p.steps[-1].op}" if p.steps else "") from e
+                               f"while running the plan {steps}" if steps else "") from e
     result.elapsed_ms = (time.perf_counter() - t0) * 1e3
     return [result]
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from larql.errors import LarqlError, LqlSemanticError
 from larql.lql import ast
 from larql.lql.unparse import unparse
+from larql.pathguard import overlap, relation  # noqa: F401  (relation: what the tests and serve read)
 
 if TYPE_CHECKING:
     from larql.lql.session import Session
@@ -73,58 +74,18 @@ def guarded(stmt: ast.Statement, session: Session) -> list[tuple[Path, str]]:
         named = [stmt.source]
     elif isinstance(stmt, ast.DiffStmt):
         named = [stmt.a, stmt.b]
+    elif isinstance(stmt, ast.MergeStmt):
+        named = [stmt.source]
+    what = "the source this statement merges" if isinstance(stmt, ast.MergeStmt) else "a vindex this statement reads"
     for p in named:
         if p is not None:
-            out.append((Path(p), "a vindex this statement reads"))
+            out.append((Path(p), what))
             src = _source_model(Path(p))
             if src is not None:
                 out.append((src, f"the model {p} was extracted from"))
     if isinstance(stmt, ast.ExtractStmt) and Path(stmt.model).expanduser().exists():
         out.append((Path(stmt.model).expanduser(), "the model this statement reads"))
     return out
-
-
-def _ids(p: Path) -> list[tuple[Path, tuple[int, int]]]:
-    """(path, (device, inode)) for `p` and each of its ancestors that exists."""
-    out = []
-    for a in (p, *p.parents):
-        try:
-            st = os.stat(a)
-        except OSError:
-            continue
-        out.append((a, (st.st_dev, st.st_ino)))
-    return out
-
-
-def _resolve(p: Path) -> Path:
-    """`p` absolute, symbolic links and '..' resolved (a link loop: resolved as far as it goes)."""
-    try:
-        return p.expanduser().resolve()
-    except (RuntimeError, OSError):  # a symbolic link loop (RuntimeError before Python 3.13)
-        return Path(os.path.abspath(p.expanduser()))
-
-
-def relation(target: Path, guard: Path) -> str | None:
-    """How writing `target` touches `guard`: "is", "inside" or "contains" it, or None."""
-    t, g = _resolve(target), _resolve(guard)
-    if t == g:
-        return "is"
-    if g in t.parents:
-        return "inside"
-    if t in g.parents:
-        return "contains"
-    try:  # the same directory under another name (a bind mount, a case-insensitive file system)
-        gst = os.stat(g)
-    except OSError:
-        return None
-    gid = (gst.st_dev, gst.st_ino)
-    for a, aid in _ids(t):
-        if aid == gid:
-            return "is" if a == t else "inside"
-    tid = dict(_ids(t)).get(t)
-    if tid is not None and any(aid == tid for _, aid in _ids(g)[1:]):
-        return "contains"
-    return None
 
 
 def check(stmt: ast.Statement, session: Session) -> None:
@@ -136,13 +97,8 @@ def check(stmt: ast.Statement, session: Session) -> None:
     path, force = out
     target = Path(path)
     span = stmt.span
-    for g, what in guarded(stmt, session):
-        how = relation(target, g)
-        if how is None:
-            continue
-        message = {"is": f"{path}: is {what} ({g}), which is read-only",
-                   "inside": f"{path}: is inside {what} ({g}), which is read-only",
-                   "contains": f"{path}: holds {what} ({g}); replacing it would delete that"}[how]
+    message = overlap(path, guarded(stmt, session))
+    if message is not None:
         raise LqlSemanticError(message, session.source, span.line, span.column,
                                "write the output somewhere else (edits of a vindex go to patches, FORCE or not)")
     if force or not os.path.lexists(target):

@@ -188,19 +188,32 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
                 steps.append(Step("order", f"{stmt.order.field} {'DESC' if stmt.order.descending else 'ASC'}"))
         steps.append(Step("limit", str(stmt.limit if stmt.limit is not None else (50 if stmt.source == 'entities' else 20))))
     elif isinstance(stmt, ast.InferStmt):
-        steps = [Step("tokenize", repr(stmt.prompt)), Step("forward", "dense, KV cache"),
+        ffn = ("dense FFN (the model in use)" if session.model is not None
+               else "walk FFN: vindex weights + patch overlay")
+        steps = [Step("tokenize", repr(stmt.prompt)), Step("forward", f"{ffn}, KV cache"),
                  Step("top_k", str(stmt.top or 5))]
+        if stmt.compare:
+            steps.append(Step("compare_dense", "dense FFN forward: top-k side by side, KL(dense || walk)"))
     elif isinstance(stmt, ast.ExplainInferStmt):
         _check_range(session, stmt, stmt.layers)
-        steps = [Step("tokenize", repr(stmt.prompt)), Step("run_with_cache", "mlp.hook_post per layer"),
-                 Step("top_features", f"{stmt.top or (10 if stmt.verbose else 3)} per layer by |activation|")]
+        layers = _layers_text(stmt.layers) if stmt.layers is not None else f"band {stmt.band or 'all'}"
+        which = "labelled features only" if stmt.relations_only else "every feature"
+        steps = [Step("tokenize", repr(stmt.prompt)), Step("run_with_cache", f"mlp.hook_post, layers {layers}"),
+                 Step("top_features", f"{stmt.top or (10 if stmt.verbose else 3)} per layer by |activation|, {which}")]
         if stmt.with_attention:
             steps.append(Step("attention_and_lens", "top-3 attended tokens, logit-lens top-1"))
     elif isinstance(stmt, ast.TraceStmt):
         _check_range(session, stmt, stmt.layers)
-        what = f"for {stmt.for_token!r}" if stmt.for_token else ("decompose" if stmt.decompose else "top-1 per layer")
-        steps = [Step("tokenize", repr(stmt.prompt)), Step("run_with_cache", "resid pre / mid / post"),
-                 Step("logit_lens", f"{what}, positions {stmt.positions or 'last'}")]
+        steps = [Step("tokenize", repr(stmt.prompt))]
+        if stmt.save is not None:
+            steps += [Step("capture_trace", "every position's residual chain, every stage"),
+                      Step("write_trace", f"{stmt.save} (atomic)")]
+        steps.append(Step("run_with_cache", f"embedding + resid pre / mid / post, layers {_layers_text(stmt.layers)}"))
+        if stmt.for_token:
+            steps.append(Step("attribute", f"each layer's attn / ffn write onto the logit of {stmt.for_token!r}"))
+        what = "rank and p of the target" if stmt.for_token else ("|attn| / |ffn| per layer" if stmt.decompose
+                                                                  else "top-1 per layer")
+        steps.append(Step("logit_lens", f"{what}, positions {stmt.positions or 'last'}"))
     elif isinstance(stmt, ast.ShowLayersStmt):
         _check_range(session, stmt, stmt.range)
         steps = [Step("summarize_layers", _layers_text(stmt.range))]
@@ -229,9 +242,16 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
             steps.append(Step("filter", " AND ".join(f"{c.field} {c.op} {c.value!r}" for c in stmt.where)))
         steps.append(Step("record", "delete" if isinstance(stmt, ast.DeleteStmt) else "metadata update"))
     elif isinstance(stmt, ast.CompileStmt):
+        fmt = model_format(stmt) if stmt.target == "model" else "vindex"
+        if stmt.dtype is not None and fmt == "gguf":
+            raise _error(session, stmt, "DTYPE applies to FORMAT SAFETENSORS: a GGUF keeps every tensor's stored "
+                         "encoding", f'drop DTYPE, or write an HF directory: INTO MODEL "dir" FORMAT SAFETENSORS '
+                         f'DTYPE {stmt.dtype.upper()}')
         steps = [Step("bake_overlay", f"{stmt.source or 'CURRENT'} -> {stmt.into}")]
-        if stmt.target == "model":
-            steps.append(Step("write_model", f"format {model_format(stmt)}"))
+        if fmt == "safetensors":
+            steps.append(Step("write_model", f"format safetensors, dtype {stmt.dtype or 'bf16'}"))
+        elif fmt == "gguf":
+            steps.append(Step("write_model", "format gguf, every tensor in its stored encoding"))
         steps.append(Step("write_atomic", f"on conflict {stmt.on_conflict or 'last_wins'}"))
     elif isinstance(stmt, ast.DiffStmt):
         a, b = stmt.a or "CURRENT", stmt.b or "CURRENT"

@@ -67,7 +67,7 @@ STATEMENTS: tuple[StatementHelp, ...] = (
                   "take an applied patch off again (bit for bit)"),
     StatementHelp("SHOW PATCHES", "SHOW PATCHES", "SHOW PATCHES;", "the applied patches and their edits"),
     StatementHelp("COMPILE", 'COMPILE {CURRENT | "src.vindex"} INTO {VINDEX "dir" [ON CONFLICT {LAST_WINS | '
-                  'HIGHEST_CONFIDENCE | FAIL}] | MODEL "out" [FORMAT {GGUF | SAFETENSORS}]} [FORCE]',
+                  'HIGHEST_CONFIDENCE | FAIL}] | MODEL "out" [FORMAT {GGUF | SAFETENSORS}] [DTYPE {BF16 | F16 | F32}]} [FORCE]',
                   'COMPILE CURRENT INTO MODEL "edited.gguf" FORMAT GGUF;',
                   "bake the applied edits into files (FORCE replaces an existing output; never the vindex read)"),
     StatementHelp("SHOW LAYERS", "SHOW LAYERS [[RANGE] a-b]", "SHOW LAYERS 0-3;",

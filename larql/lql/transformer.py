@@ -343,10 +343,15 @@ class ToAst(Transformer):  # type: ignore[type-arg]
         return _kw(children, "LAST_WINS", "HIGHEST_CONFIDENCE", "FAIL")
 
     @v_args(meta=True)
+    def dtype_clause(self, meta: Meta, children: list[Any]) -> Opt:
+        return Opt("dtype", _kw(children, "F32", "F16", "BF16"), meta)
+
+    @v_args(meta=True)
     def compile_model(self, meta: Meta, children: list[Any]) -> ast.CompileStmt:
         fmt = next((c for c in children[2:] if isinstance(c, str) and not isinstance(c, Token)), None)
+        dtype = next((c.value for c in children if isinstance(c, Opt) and c.key == "dtype"), None)
         return ast.CompileStmt(children[1], "model", self._paths(children[2:])[0], format=fmt,
-                               force=_forced(children), span=_span(meta))
+                               force=_forced(children), dtype=dtype, span=_span(meta))
 
     @v_args(meta=True)
     def compile_vindex(self, meta: Meta, children: list[Any]) -> ast.CompileStmt:

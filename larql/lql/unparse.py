@@ -58,7 +58,8 @@ def _extract(s: ast.ExtractStmt) -> str:
 def _compile(s: ast.CompileStmt) -> str:
     head = f"COMPILE {_ref(s.source)} INTO {s.target.upper()} {q(s.into)}"
     if s.target == "model":
-        return _join(head, s.format and "FORMAT " + s.format.upper(), _force(s.force))
+        return _join(head, s.format and "FORMAT " + s.format.upper(), s.dtype and "DTYPE " + s.dtype.upper(),
+                     _force(s.force))
     return _join(head, s.on_conflict and "ON CONFLICT " + s.on_conflict.upper(), _force(s.force))
 
 

@@ -22,6 +22,7 @@ from larql.errors import UnsupportedError, VindexError
 from larql.model import Model
 from larql.model.load import load, resolve
 from larql.model.weights import named_tensors
+from larql.pathguard import overlap
 from larql.quant import BLOCK_LAYOUT, GGMLType, QuantMatrix
 from larql.quant.quantize import quantize_q4_k, quantize_q6_k
 from larql.version import __version__
@@ -166,6 +167,9 @@ def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dty
                                f"layer) has no vindex layout yet; run it with larql.load / larql run instead")
     requantized = _q4k_plan(model) if quant == "q4k" else None
     source_path = model.source if isinstance(src, Model) else resolve(src)[1]
+    refused = overlap(out, [(Path(source_path), "the model extracted")]) if source_path else None
+    if refused is not None:
+        raise VindexError(f"{refused}; extract into another directory")
     cfg, w = model.config, model.weights
     np_dtype = layout.DTYPES[dtype]
     source_sha, source_size = _sha256_path(Path(source_path))

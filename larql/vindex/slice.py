@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from larql.errors import VindexError
+from larql.pathguard import overlap, vindex_reads
 from larql.vindex import layout
 
 if TYPE_CHECKING:  # PARTS and PRESETS are read by `larql --help`, which loads no numpy
@@ -107,8 +108,9 @@ def slice_vindex(src: str | Path, out: str | Path, preset: str | None = None, pa
 
     v = open_vindex(src)
     chosen = parse_parts(preset, parts)
-    if Path(out).resolve() == v.path.resolve():
-        raise VindexError(f"{out}: cannot slice a vindex into itself (base vindexes are read-only)")
+    refused = overlap(out, vindex_reads(v.path, v.index, "the vindex being sliced"))
+    if refused is not None:
+        raise VindexError(f"{refused} (base vindexes are read-only; slice into another directory)")
     planned = plan_slice(v, chosen)
     tensor_names = {n for p in planned if p.name in TENSOR_PARTS for n in p.items}
     with VindexWriter(Path(out), overwrite=overwrite) as w:

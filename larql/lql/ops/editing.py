@@ -33,9 +33,6 @@ def _fail(session: Session, stmt: ast.Statement, message: str, hint: str = "") -
 
 def insert(stmt: ast.InsertStmt, session: Session, result: Result) -> None:
     v = _v(session)
-    if stmt.mode == "knn":
-        raise _fail(session, stmt, "MODE KNN (LARQL's lookup after the logits) is not supported: larql edits the FFN "
-                    "itself, so TRACE and every later token see the fact", "omit MODE (or say MODE COMPOSE)")
     method = stmt.method or DEFAULT_METHOD
     if method != "feature" or len(stmt.rows) > 1 or "prompt" in stmt.columns:
         _insert_facts(stmt, session, result, method)
@@ -229,7 +226,8 @@ def compile_stmt(stmt: ast.CompileStmt, session: Session, result: Result) -> Non
         elif fmt == "gguf":
             report = compile_gguf(v, stmt.into, stmt.on_conflict or "last_wins", overwrite=stmt.force)
         else:
-            report = compile_safetensors(v, stmt.into, stmt.on_conflict or "last_wins", overwrite=stmt.force)
+            report = compile_safetensors(v, stmt.into, stmt.on_conflict or "last_wins", overwrite=stmt.force,
+                                         dtype=stmt.dtype or "bf16")
     except (VindexError, ModelError) as e:
         raise _fail(session, stmt, str(e)) from e
     result.title = f"Compiled {v.path} -> {report.path}"

@@ -111,6 +111,28 @@ def test_lql_compile_writes_bf16_by_default_and_refuses_an_existing_output(tiny:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["edited", "plain"]  # no temporary left behind
 
 
+def test_lql_compile_dtype_chooses_the_encoding(tiny: dict, tmp_path: Path) -> None:
+    s = Session()
+    execute(f'USE "{tiny["vindex"]}"', s)
+    dense = larql.load(tiny["vindex"]).dense().forward(IDS)
+    for dtype, st, torch_name in (("F32", "F32", "float32"), ("f16", "F16", "float16")):
+        out = tmp_path / dtype
+        execute(f'COMPILE CURRENT INTO MODEL "{out}" FORMAT SAFETENSORS DTYPE {dtype}', s)
+        assert {v["dtype"] for k, v in _header(out / "model.safetensors").items() if k != "__metadata__"} == {st}
+        assert json.loads((out / "config.json").read_text())["torch_dtype"] == torch_name
+        err = np.max(np.abs(larql.load(out).forward(IDS) - dense)) / np.max(np.abs(dense))
+        assert err < (1e-5 if st == "F32" else 2e-3), (dtype, err)
+    with pytest.raises(LqlSemanticError, match="DTYPE applies to FORMAT SAFETENSORS") as e:
+        execute(f'COMPILE CURRENT INTO MODEL "{tmp_path / "o.gguf"}" DTYPE F32', s)
+    assert e.value.line == 1 and e.value.column == 1
+    from larql.errors import LqlSyntaxError
+
+    with pytest.raises(LqlSyntaxError, match="expected BF16, F16 or F32 after DTYPE, found 'f8'") as e:
+        execute(f'COMPILE CURRENT INTO MODEL "{tmp_path / "x"}" DTYPE f8', s)
+    assert e.value.column == len(f'COMPILE CURRENT INTO MODEL "{tmp_path / "x"}" DTYPE ') + 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["F32", "f16"]
+
+
 def test_browse_vindex_and_bad_dtype_are_refused(tiny: dict, tmp_path: Path) -> None:
     browse = extract(tiny["root"] / "m.gguf", tmp_path / "b.vindex", level="browse")
     with pytest.raises(VindexError, match="browse-level vindex has no weights"):

@@ -92,14 +92,24 @@ def test_plans_are_golden(vx: Path, vxi: Path, update_golden: bool) -> None:
              'MERGE "b.vindex" ON CONFLICT FAIL', 'MERGE "b.vlp" ON CONFLICT KEEP_SOURCE',
              'MERGE "b.vlp" ON CONFLICT KEEP_TARGET', 'MERGE "b.vlp" ON CONFLICT HIGHEST_CONFIDENCE',
              "COMPACT MINOR", "COMPACT", "SHOW COMPACT STATUS", 'BEGIN PATCH "p.vlp" FORCE',
-             'COMPILE CURRENT INTO VINDEX "o.vindex" FORCE', 'DIFF "a.vindex" CURRENT INTO PATCH "d.vlp" FORCE']
+             'COMPILE CURRENT INTO VINDEX "o.vindex" FORCE', 'DIFF "a.vindex" CURRENT INTO PATCH "d.vlp" FORCE',
+             'USE MODEL "gemma3-270m"', 'USE REMOTE "http://127.0.0.1:8080"', 'STATS "x.vindex"',
+             'EXTRACT MODEL "m" INTO "o.vindex" FORCE', 'SELECT layer, token FROM FEATURES WHERE layer = 1 LIMIT 4',
+             'DIFF "a.vindex" "b.vindex"', "COMPACT MAJOR", 'COMPILE CURRENT INTO MODEL "hf" DTYPE F32 FORCE']
     weights = ['INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B")',
              'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B"), ("C", "capital", "D") '
              'METHOD MEMIT AT LAYER 1',
              'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B") METHOD MEMIT LAYERS 0-1',
              'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B") METHOD FEATURE CONFIDENCE 0.8',
              'CROWN "The capital of France is" FOR "Paris" SUBJECT "France"', "REBALANCE",
-             "REBALANCE AT LAYER 2 UNTIL CONVERGED FLOOR 0.5 CEILING 0.99", "REBALANCE MAX 3"]
+             "REBALANCE AT LAYER 2 UNTIL CONVERGED FLOOR 0.5 CEILING 0.99", "REBALANCE MAX 3",
+             'INFER "The capital of France is"', 'INFER "x" TOP 3 COMPARE', 'TRACE "x"',
+             'TRACE "x" FOR "Paris" LAYERS 0-2 POSITIONS ALL', 'TRACE "x" DECOMPOSE',
+             'TRACE "x" POSITIONS ALL SAVE "t.trace" FORCE', 'EXPLAIN INFER "x"',
+             'EXPLAIN INFER "x" LAYERS 1-2 VERBOSE TOP 4 WITH ATTENTION', 'EXPLAIN INFER "x" KNOWLEDGE RELATIONS ONLY',
+             'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B") AT LAYER 2 METHOD ROME',
+             'INSERT INTO EDGES (entity, relation, target, prompt) VALUES ("A", "capital", "B", "A is in") '
+             'METHOD FEATURE']
     with_weights = Session(vindex=open_vindex(vxi))
     got = "\n".join([plan(parse(t)[0], session).to_text() for t in texts]
                     + [plan(parse(t)[0], with_weights).to_text() for t in weights]) + "\n"
@@ -108,3 +118,24 @@ def test_plans_are_golden(vx: Path, vxi: Path, update_golden: bool) -> None:
         path.parent.mkdir(exist_ok=True)
         path.write_text(got)
     assert got == path.read_text()
+
+
+def test_every_statement_kind_has_a_golden_plan() -> None:
+    """Each alternative of the grammar's `single` rule (USE's three forms apart) appears in plans.txt."""
+    import re
+
+    from larql.lql.parser import _lark
+
+    grammar = (Path(__file__).resolve().parents[3] / "larql" / "lql" / "lql.lark").read_text()
+    body = re.search(r"^\?single:(.*?)^\s*$", grammar, re.S | re.M)
+    assert body is not None
+    kinds = set(re.findall(r"[a-z_]+", body.group(1))) - {"use"} | {"use_vindex", "use_model", "use_remote"}
+    golden = Path(__file__).resolve().parents[2] / "golden" / "plans" / "plans.txt"
+    seen = set()
+    for line in golden.read_text().splitlines():
+        if line.startswith("PLAN "):
+            tree = _lark().parse(line[5:])
+            for sub in tree.children:
+                seen |= {sub.data} if sub.data != "pipe" else {c.data for c in sub.children}
+    assert kinds - seen == set(), f"statement kinds without a golden plan: {sorted(kinds - seen)}"
+    assert len(kinds) == 34  # a new statement kind: add its golden plan above

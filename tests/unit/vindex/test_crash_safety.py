@@ -1,6 +1,7 @@
-"""kill -9 at random moments (seeded) during extract, SAVE PATCH, COMPILE INTO VINDEX and COMPILE
-INTO MODEL (GGUF), in a real subprocess that writes the same output over and over (so a kill lands
-in any phase: writing the temporary, moving the old output aside, renaming the new one in).
+"""kill -9 at random moments (seeded) during extract, SAVE PATCH, COMPILE INTO VINDEX, COMPILE
+INTO MODEL (GGUF), `larql slice` and `larql build`, in a real subprocess that writes the same output
+over and over (so a kill lands in any phase: writing the temporary, moving the old output aside,
+renaming the new one in; for build also extracting into its cache and writing the cached patch).
 
 After each kill the output path holds nothing or a complete artefact (it opens and verifies, or is
 byte-identical to an uninterrupted run); the killed writer's `.NAME.tmp-PID` / `.NAME.old-PID` are
@@ -69,8 +70,22 @@ OPS = {
         while True:
             execute('COMPILE CURRENT INTO MODEL "{out}" FORMAT GGUF FORCE', s)
     """,
+    "slice": """
+        from larql.vindex.slice import slice_vindex
+        while True:  # client: browse + attention, so weights.bin is written, not only hard-linked
+            slice_vindex({base!r}, {out!r}, preset="client", overwrite=True)
+    """,
+    "build": """
+        from larql.build.run import build
+        i = 0
+        while True:  # a fresh cache each time: the kill lands in FROM's extract, the patch or the output
+            build({project!r}, {out!r}, force=True, cache=f"{project}/caches/c{{i}}")
+            i += 1
+    """,
 }
-OUTPUTS = {"extract": "x.vindex", "save_patch": "p.vlp", "compile_vindex": "c.vindex", "compile_gguf": "c.gguf"}
+OUTPUTS = {"extract": "x.vindex", "save_patch": "p.vlp", "compile_vindex": "c.vindex", "compile_gguf": "c.gguf",
+           "slice": "s.vindex", "build": "b.vindex"}
+VINDEXFILE = "FROM m.gguf\nDELETE layer = 0 AND feature = 3\n"
 ONCE = {  # the next run of the same command, in this process
     "extract": 'EXTRACT MODEL "{gguf}" INTO "{out}" WITH INFERENCE FORCE',
     "save_patch": 'USE "{base}"; BEGIN PATCH "{out}" FORCE; DELETE FROM EDGES WHERE layer = 1; SAVE PATCH',
@@ -81,15 +96,36 @@ ONCE = {  # the next run of the same command, in this process
 }
 
 
+def run_once(op: str, fmt: dict[str, str], cache: Path | None = None) -> None:
+    """The next run of the same command, in this process."""
+    if op == "slice":
+        from larql.vindex.slice import slice_vindex
+
+        slice_vindex(fmt["base"], fmt["out"], preset="client", overwrite=True)
+    elif op == "build":
+        from larql.build.run import build
+
+        build(fmt["project"], fmt["out"], force=True, cache=cache)
+    else:
+        execute(ONCE[op].format(**fmt))
+
+
 def leftovers(out: Path) -> list[str]:
     return sorted(p.name for p in out.parent.iterdir() if (m := TEMP_RE.match(p.name)) and m["name"] == out.name)
 
 
-def check_complete(op: str, out: Path, base: Path, reference: bytes | None) -> str:
+def files(path: Path) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in sorted(path.iterdir())}
+
+
+def check_complete(op: str, out: Path, base: Path, reference: bytes | dict[str, bytes] | None) -> str:
     """'absent', or 'complete' after checking the artefact thoroughly; fails the test otherwise."""
     if not os.path.lexists(out):
         return "absent"
-    if op in ("extract", "compile_vindex"):
+    if op in ("slice", "build"):
+        assert open_vindex(out).num_layers == SPEC.n_layers and verify_vindex(out).ok
+        assert files(out) == reference  # what an uninterrupted run writes, file for file
+    elif op in ("extract", "compile_vindex"):
         v = open_vindex(out)  # the seal and every file's sha256
         assert v.num_layers == SPEC.n_layers
         report = verify_vindex(out)  # re-reads every file, no cache
@@ -103,20 +139,32 @@ def check_complete(op: str, out: Path, base: Path, reference: bytes | None) -> s
     return "complete"
 
 
-def kill_at_random(op: str, out: Path, base: Path, rng: random.Random, env: dict[str, str], writing: bool) -> None:
+def cache_temps(out: Path, pid: int) -> bool:
+    """Whether the build child `pid` is writing a cache entry (FROM's extract, the patch, the compile)."""
+    caches = out.parent / "proj" / "caches"
+    return caches.is_dir() and any(f".tmp-{pid}" in e.name for c in caches.iterdir() for e in c.iterdir())
+
+
+def kill_at_random(op: str, out: Path, base: Path, rng: random.Random, env: dict[str, str], writing: bool,
+                   in_cache: bool = False) -> None:
     """Start the child, wait for its first temporary, then SIGKILL it after a random delay (anywhere
-    in the loop), or with `writing`, at the first moment after that delay its temporary exists."""
-    code = textwrap.dedent(OPS[op]).format(out=str(out), base=str(base), gguf=str(base.parent / "m.gguf"))
+    in the loop), or with `writing`, at the first moment after that delay its temporary exists (with
+    `in_cache`, a build's cache entry's temporary)."""
+    code = textwrap.dedent(OPS[op]).format(out=str(out), base=str(base), gguf=str(base.parent / "m.gguf"),
+                                           project=str(out.parent / "proj"))
     child = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stderr=subprocess.PIPE)
+
+    def writing_now() -> bool:
+        return cache_temps(out, child.pid) if in_cache else (out.parent / f".{out.name}.tmp-{child.pid}").exists()
+
     try:
         deadline = time.monotonic() + 60
-        tmp = f".{out.name}.tmp-{child.pid}"
-        while not (out.parent / tmp).exists():
+        while not (out.parent / f".{out.name}.tmp-{child.pid}").exists():
             assert child.poll() is None, child.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
             assert time.monotonic() < deadline, f"{op}: no temporary appeared"
             time.sleep(0.0005)
         time.sleep(rng.uniform(0, 0.25))
-        while writing and not (out.parent / tmp).exists() and time.monotonic() < deadline:
+        while writing and not writing_now() and time.monotonic() < deadline:
             time.sleep(0.0002)
     finally:
         child.send_signal(signal.SIGKILL)
@@ -132,24 +180,52 @@ def test_kill_9_leaves_nothing_or_a_complete_output_and_the_next_run_cleans_up(
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NUMBA_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
            "OMP_NUM_THREADS": "1", "LARQL_CACHE": str(tmp_path / "cache")}
     monkeypatch.setenv("LARQL_CACHE", str(tmp_path / "cache"))
-    fmt = {"out": str(out), "base": str(base), "gguf": str(base.parent / "m.gguf")}
-    reference = None
-    if op == "compile_gguf":  # an uninterrupted run, for the byte comparison
-        execute(ONCE[op].format(**{**fmt, "out": str(tmp_path / "ref.gguf")}))
-        reference = (tmp_path / "ref.gguf").read_bytes()
+    fmt = {"out": str(out), "base": str(base), "gguf": str(base.parent / "m.gguf"), "project": str(tmp_path / "proj")}
+    reference: bytes | dict[str, bytes] | None = None
+    if op == "build":
+        (tmp_path / "proj").mkdir()
+        (tmp_path / "proj" / "m.gguf").symlink_to(base.parent / "m.gguf")
+        (tmp_path / "proj" / "Vindexfile").write_text(VINDEXFILE)
+    if op in ("compile_gguf", "slice", "build"):  # an uninterrupted run, for the byte comparison
+        ref = tmp_path / ("ref" + Path(OUTPUTS[op]).suffix)
+        run_once(op, {**fmt, "out": str(ref)}, tmp_path / "ref-cache")
+        reference = ref.read_bytes() if op == "compile_gguf" else files(ref)
     rng = random.Random(f"crash-{op}")
     seen, left = [], []
-    for i in range(KILLS):
-        kill_at_random(op, out, base, rng, env, writing=i % 2 == 0)
+    cached_left = []
+    for i in range(KILLS + (op == "build")):  # build: kills in the output, anywhere, in a cache entry
+        kill_at_random(op, out, base, rng, env, writing=i % 2 == 0, in_cache=op == "build" and i == 2)
         seen.append(check_complete(op, out, base, reference))
         left += leftovers(out)
+        if op == "build":
+            cached_left += [e.name for c in (tmp_path / "proj" / "caches").iterdir() for e in c.iterdir()
+                            if TEMP_RE.match(e.name)]
     if op != "save_patch":  # a patch is written in well under a millisecond: a kill seldom catches it
         assert left, "no kill caught a write in progress: the test tested nothing"
+    if op == "build":  # every cache entry is absent or complete too, and the next build on it cleans up
+        assert cached_left, "no kill caught a cache entry being written"
+        for cache in sorted((tmp_path / "proj" / "caches").iterdir()):
+            check_cache(cache, base)
+            run_once(op, fmt, cache)
+            assert [p.name for p in cache.iterdir() if TEMP_RE.match(p.name)] == []
     # the next run of the same command removes what the dead writers left and writes a whole output
-    execute(ONCE[op].format(**fmt))
+    run_once(op, fmt)
     assert leftovers(out) == []
     assert check_complete(op, out, base, reference) == "complete"
     assert set(seen) <= {"absent", "complete"}
+
+
+def check_cache(cache: Path, base: Path) -> None:
+    """Each entry a killed build left in its cache is complete (a later build takes it as it is)."""
+    v = open_vindex(base)
+    for entry in cache.iterdir():
+        if TEMP_RE.match(entry.name):
+            continue  # a dead writer's temporary: the next build of that entry removes it
+        if entry.suffix == ".vindex":
+            assert verify_vindex(entry).ok, entry
+        else:
+            patch = load_patch(entry, Shape(v.hidden, int(v.index["intermediate_size"]), v.num_layers, v.vocab_size))
+            assert len(patch.ops) == 1, entry
 
 
 def test_clean_stale_keeps_live_writers_and_restores_a_moved_aside_output(tmp_path: Path) -> None:
