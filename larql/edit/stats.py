@@ -1,10 +1,16 @@
 """Key statistics for weight edits: C = E[k k^T] of a layer's down-projection input.
 
 ROME and MEMIT weight their update by C^-1 so that the edit changes the layer's output as little
-as possible on the keys the layer usually sees. C is estimated here from text that needs no
-download: CPython's own reference prose (`pydoc_data.topics`, on every Python install) after a
-short general-English text shipped with larql (`data/stats_corpus.txt`), in 128-token chunks. The
-forward pass stops after the deepest layer asked for.
+as possible on the keys the layer usually sees; so C should come from the kind of text edits are
+asked about. It is estimated here from text that needs no download, in 128-token chunks, in this
+order: English that gemma3-270m wrote itself (`data/stats_corpus_generated.txt`, ~20k tokens of
+seeded continuations of 40 generic openings, made by `tools/make_stats_corpus.py` and shipped so
+that nobody waits for it), then a short general-English text written for larql
+(`data/stats_corpus.txt`), then CPython's reference prose (`pydoc_data.topics`, on every Python
+install) for budgets beyond. Measured on 20 stacked ROME edits of gemma3-270m (README, editing
+section): C from the generated text instead of pydoc-first text raised S 75.3 -> 78.3, PS 80.6 ->
+86.2, NS 59.2 -> 61.7, RS 90 -> 100 and fluency 7.3 -> 7.9. The forward pass stops after the
+deepest layer asked for.
 
 Computed once per (model, layer, corpus, token count) and cached as `.npz` (written atomically,
 with a sha256 of the matrix checked on load) in a directory the caller names — beside the vindex
@@ -35,7 +41,7 @@ F64 = NDArray[np.float64]
 DEFAULT_TOKENS = 16384  # 8 x gemma3-270m's 2048 keys: see token_budget
 TOKENS_PER_KEY = 8
 CHUNK = 128
-STATS_VERSION = 1
+STATS_VERSION = 2  # 2: the generated English corpus first
 
 
 def token_budget(ffn: int) -> int:
@@ -44,12 +50,17 @@ def token_budget(ffn: int) -> int:
     return max(1024, min(DEFAULT_TOKENS, TOKENS_PER_KEY * ffn))
 
 
+GENERATED_SEPARATOR = "\n\n<|larql-doc|>\n\n"  # between samples in stats_corpus_generated.txt
+
+
 def corpus_text() -> str:
-    """The statistics corpus: larql's shipped text, then CPython's reference prose."""
+    """The statistics corpus: model-written English, larql's own text, then CPython's reference prose."""
     from pydoc_data import topics
 
-    shipped = (Path(__file__).with_name("data") / "stats_corpus.txt").read_text(encoding="utf-8")
-    return shipped + "\n\n" + "\n\n".join(topics.topics[k] for k in sorted(topics.topics))
+    data = Path(__file__).with_name("data")
+    generated = (data / "stats_corpus_generated.txt").read_text(encoding="utf-8").split(GENERATED_SEPARATOR)
+    shipped = (data / "stats_corpus.txt").read_text(encoding="utf-8")
+    return "\n\n".join([*generated, shipped, *(topics.topics[k] for k in sorted(topics.topics))])
 
 
 def corpus_chunks(model: Model, n_tokens: int) -> list[list[int]]:
