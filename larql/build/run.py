@@ -302,7 +302,7 @@ def _stamp(src: Source) -> str:
 def _write_output(final: Path, out: Path, force: bool, vf: Vindexfile, stage: str | None, p: Plan) -> Path:
     """The output: the last step's files hard-linked, under an index.json with the cache's paths
     and clocks replaced by the inputs' (so two builds of the same inputs are byte-identical)."""
-    src, steps, expose = p.source, p.steps, p.expose
+    src, steps = p.source, p.steps
     v = open_vindex(final)
     index: dict[str, Any] = {k: val for k, val in v.index.items() if k not in ("files", "sliced_from")}
     stamp = _stamp(src)

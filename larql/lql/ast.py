@@ -7,7 +7,6 @@ Option fields are None when the clause was not given.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 
 @dataclass(frozen=True)
@@ -33,7 +32,7 @@ class Range:
     end: int
 
 
-Value = Union[str, int, float, tuple]  # a tuple holds an IN list
+Value = str | int | float | tuple  # a tuple holds an IN list
 
 
 @dataclass(frozen=True)

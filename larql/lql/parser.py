@@ -114,7 +114,7 @@ def _lark() -> Lark:
                 return Lark.__new__(Lark)._load(f, postlex=_TokenLimit())  # type: ignore[no-any-return]
         except FileNotFoundError:
             pass
-        except Exception as e:  # noqa: BLE001  damaged or foreign: build afresh and replace it
+        except Exception as e:
             _log.debug("rebuilding the LQL parser tables: %s: %s", path, e)
     parser = Lark(grammar, postlex=_TokenLimit(), **_OPTIONS)
     if path is not None:

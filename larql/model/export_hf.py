@@ -27,8 +27,8 @@ from numpy.typing import NDArray
 from larql.errors import ModelError, UnsupportedError
 from larql.jsonfile import read_json
 from larql.model.config import ModelConfig
-from larql.model.model import Model
 from larql.model.hf_names import hf_tensor_name
+from larql.model.model import Model
 from larql.model.weights import named_tensors
 from larql.quant import QuantMatrix
 from larql.quant.reference import to_bf16

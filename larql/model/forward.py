@@ -10,6 +10,8 @@ hook point (TransformerLens names, see `hooks.py`); with no hooks the cost is on
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -94,9 +96,9 @@ class Forward:
         scores_hook = pattern_hook = None
         if hooks:
             if n.scores in hooks:
-                scores_hook = lambda x: run_hook(hooks, n.scores, x, start)
+                scores_hook = partial(run_hook, hooks, n.scores, start=start)
             if n.pattern in hooks:
-                pattern_hook = lambda x: run_hook(hooks, n.pattern, x, start)
+                pattern_hook = partial(run_hook, hooks, n.pattern, start=start)
         z = attention(q, keys, values, start, cfg.attn_scale, cfg.layer_window(i), cfg.attn_softcap,
                       scores_hook, pattern_hook)  # (T, n_heads*d)
         out = lw.o.matmul(z)  # (T, hidden)

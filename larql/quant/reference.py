@@ -201,6 +201,6 @@ DEQUANTIZE = {
 
 def dequantize_reference(raw: U8, qtype: GGMLType, n_cols: int) -> F32:
     """Raw rows `[n_rows, row_bytes]` -> float32 `[n_rows, n_cols]` with the numpy reference."""
-    block_size, type_size = BLOCK_LAYOUT[qtype]
+    _, type_size = BLOCK_LAYOUT[qtype]
     blocks = np.ascontiguousarray(raw).reshape(-1, type_size)
     return DEQUANTIZE[qtype](blocks).reshape(-1, n_cols)

@@ -7,8 +7,9 @@ parsed from LQL (the LQL issue maps WHERE clauses onto these arguments).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from larql.errors import VindexError
 from larql.vindex.describe import STOP_WORDS, clean_token

@@ -25,7 +25,7 @@ class BinaryFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._f: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed by close()
+        self._f: BinaryIO = open(path, "wb")
         self._hash = hashlib.sha256()
         self.size = 0
 

@@ -15,8 +15,8 @@ from larql.model.generate import log_softmax
 from larql.model.interp import (
     first_target_token,
     kl,
-    logit_attribution,
     layer_deltas,
+    logit_attribution,
     logit_lens,
     rank_of,
     residual_hook_names,
