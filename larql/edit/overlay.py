@@ -135,7 +135,7 @@ class PatchOverlay:
     def remove(self, layer: int, feature: int) -> None:
         """Drop every edit of one feature (it reads as the base again)."""
         for part in (self._vectors, self._meta):
-            part.get(layer, {}).pop(feature, None)  # type: ignore[attr-defined]
+            part.get(layer, {}).pop(feature, None)
         self._deleted.get(layer, set()).discard(feature)
 
     # -- weight edits, per layer ----------------------------------------------------------------

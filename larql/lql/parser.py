@@ -111,7 +111,7 @@ def _lark() -> Lark:
     if path is not None:
         try:
             with path.open("rb") as f:  # Lark.load cannot take a post-lexer; _load is what cache= uses
-                return Lark.__new__(Lark)._load(f, postlex=_TokenLimit())  # type: ignore[no-any-return]
+                return Lark.__new__(Lark)._load(f, postlex=_TokenLimit())
         except FileNotFoundError:
             pass
         except Exception as e:
@@ -200,7 +200,7 @@ def parse(text: str) -> list[ast.Statement]:
     _check_source(text)
     try:
         tree = _lark().parse(text)
-        return ToAst(text).transform(tree)  # type: ignore[no-any-return]
+        return ToAst(text).transform(tree)
     except VisitError as e:  # an error raised inside the transformer
         if isinstance(e.orig_exc, LqlError):
             raise e.orig_exc from None

@@ -138,7 +138,7 @@ def _span(meta: Meta) -> ast.Span:
     return ast.Span(meta.line, meta.column, meta.end_line, meta.end_column, meta.start_pos, meta.end_pos)
 
 
-class ToAst(Transformer):  # type: ignore[type-arg]
+class ToAst(Transformer):
     def __init__(self, text: str) -> None:
         super().__init__()
         self.text = text
@@ -241,7 +241,7 @@ class ToAst(Transformer):  # type: ignore[type-arg]
         return self._unquote(children[0])
 
     def number_value(self, children: list[Any]) -> int | float:
-        return children[0]  # type: ignore[no-any-return]
+        return children[0]
 
     def op(self, children: list[Any]) -> str:
         return str(children[0])

@@ -235,7 +235,7 @@ class Tail:
         dz = dz.reshape(n, cfg.n_heads, cfg.head_dim)
         dp = np.einsum("nhd,shd->hns", dz, vx)  # (H, n, S)
         dvx = np.einsum("hns,nhd->shd", p, dz)  # (S, H, d)
-        ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True))  # type: ignore[operator]
+        ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True))
         if s["capped"] is not None:
             ds = ds * (np.float32(1.0) - s["capped"] ** 2)  # type: ignore[operator]
         ds = ds * np.float32(cfg.attn_scale)

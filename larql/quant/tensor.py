@@ -73,7 +73,7 @@ class QuantMatrix:
     def nbytes(self) -> int:
         return int(self.raw.nbytes)
 
-    def _args(self, raw: NDArray[np.uint8]) -> tuple:  # type: ignore[type-arg]
+    def _args(self, raw: NDArray[np.uint8]) -> tuple:
         block_size, type_size = BLOCK_LAYOUT[self.qtype]
         table = kernels.BF16_TO_F32 if self.qtype == GGMLType.BF16 else kernels.F16_TO_F32
         return int(self.qtype), block_size, type_size, raw, raw.view(np.int8), table

@@ -50,7 +50,7 @@ def anchor(stmt: ast.Statement, root: Path, source: str) -> ast.Statement:
     whatever the process's working directory is); a path that resolves outside it, symbolic links
     followed, is refused."""
     if isinstance(stmt, ast.PipeStmt):
-        return replace(stmt, stages=tuple(anchor(s, root, source) for s in stmt.stages))  # type: ignore[type-var]
+        return replace(stmt, stages=tuple(anchor(s, root, source) for s in stmt.stages))
     base = root.resolve()
     changes: dict[str, str] = {}
     for name in PATH_FIELDS.get(type(stmt), ()):

@@ -126,7 +126,7 @@ def select_edges(v: Vindex, entity: str | None = None, layer: int | None = None,
     rows = [h for h in iter_features(v, None if layer is None else [layer])
             if (needle is None or needle in h.top_token.lower()) and (min_score is None or h.score >= min_score)]
     key = (lambda h: h.score) if order == "score" else (lambda h: (h.layer, h.feature))
-    rows.sort(key=key, reverse=descending)  # type: ignore[arg-type]
+    rows.sort(key=key, reverse=descending)
     return rows[:limit]
 
 

@@ -104,7 +104,7 @@ def trace(stmt: ast.TraceStmt, session: Session, result: Result) -> None:
             if target is not None:
                 layer = -1 if attn is None else int(label[1:])
                 a, f = (None, None) if attn is None else (float(parts[layer, 0]), float(parts[layer, 1]))
-                who = "" if a is None else ("attn" if abs(a) > abs(f) else "ffn")  # type: ignore[arg-type]
+                who = "" if a is None else ("attn" if abs(a) > abs(f) else "ffn")
                 rows.append(tag + [label, rank_of(logp, target), float(np.exp(logp[target])),
                                    "" if a is None else a, "" if f is None else f,
                                    float(running[layer + 1]), who])

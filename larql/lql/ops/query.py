@@ -69,7 +69,7 @@ def explain_walk(stmt: ast.ExplainWalkStmt, session: Session, result: Result) ->
     n_down = 5 if stmt.verbose else 3
     layers = (stmt.layers.start, stmt.layers.end) if stmt.layers else None
     if stmt.band is not None and stmt.band != "all" and layers is None:
-        layers = tuple(v.index["layer_bands"][stmt.band])  # type: ignore[assignment]
+        layers = tuple(v.index["layer_bands"][stmt.band])
     w = browse.walk(v, stmt.prompt, top=stmt.top or walk_top(stmt), layers=layers, n_down=n_down)
     result.title = f"EXPLAIN WALK {stmt.prompt!r} (token {w.token!r})"
     result.columns = ["layer", "feature", "top", "gate", "down", "relation"]
@@ -101,7 +101,7 @@ def _match(cond: ast.Condition, value: Any, stmt: ast.Statement, session: Sessio
     if op == "=":
         return abs(value - want) <= 1e-3 if isinstance(value, float) else value == want  # type: ignore[operator]
     return {"!=": value != want, "<": value < want, ">": value > want, "<=": value <= want,
-            ">=": value >= want}[op]  # type: ignore[operator]
+            ">=": value >= want}[op]
 
 
 EDGE_FIELDS = {"layer": "layer", "feature": "feature", "target": "token", "token": "token", "top_token": "token",
