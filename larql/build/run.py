@@ -144,7 +144,7 @@ def plan(root: Path, vf: Vindexfile, chosen: tuple[Instruction, ...]) -> Plan:
                   key, (src.path,), first)]
     for ins in chosen:
         if ins.keyword in EDITS:
-            files = (_input(root, vf, ins),) if ins.keyword == "PATCH" else ()
+            files: tuple[Path, ...] = (_input(root, vf, ins),) if ins.keyword == "PATCH" else ()
             key = _key(key, ins.keyword, ins.arg, [file_hash(f) for f in files])
             steps.append(Step(ins.keyword, ins.line, ins.text, key, files, ins))
     if len(steps) > 1:

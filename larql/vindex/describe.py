@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 BANDS = ("syntax", "knowledge", "output")
 MIN_GATE = 5.0  # LARQL's threshold: weaker (and all negative) gate scores are not edges
 HITS_PER_LAYER = 20
-CAP = {"brief": {"syntax": 10, "knowledge": 10, "output": 5}, "verbose": 30, "raw": 30}
+CAP: dict[str, dict[str, int] | int] = {"brief": {"syntax": 10, "knowledge": 10, "output": 5}, "verbose": 30, "raw": 30}
 
 STOP_WORDS = frozenset("""
 a about above after again against all also am an and any are as at be because been before being
@@ -178,9 +178,10 @@ def describe(v: Vindex, entity: str, band: str | None = None, at_layer: int | No
     by_band: dict[str, list[Edge]] = {b: [] for b in BANDS}
     for e in edges:
         by_band[_band_of(e.layer, bands)].append(e)
+    caps = CAP[mode]
     for b in BANDS:
-        cap = CAP[mode][b] if isinstance(CAP[mode], dict) else CAP[mode]
-        by_band[b] = sorted(by_band[b], key=lambda e: -e.score)[:cap]  # type: ignore[index]
+        cap = caps[b] if isinstance(caps, dict) else caps
+        by_band[b] = sorted(by_band[b], key=lambda e: -e.score)[:cap]
     max_gate = max((e.score for e in edges), default=0.0)
     signal = "clean" if max_gate >= 20 else "moderate" if max_gate >= 10 else "diffuse" if edges else "none"
     result = DescribeResult(entity, True, signal, max_gate, by_band, layer_bands=bands)

@@ -48,7 +48,7 @@ class Vindex:
         self.vocab_size: int = self.index["vocab_size"]
         self.dtype = np.dtype(layout.DTYPES[self.index["dtype"]])
         self.top_k: int = self.index["down_top_k"]
-        self._maps: dict[str, np.memmap] = {}
+        self._maps: dict[str, NDArray[np.uint8]] = {}  # a memmap, or an empty array for an empty file
         self._gate_indexes: dict[int, Any] = {}  # layer -> faiss index of its gate vectors, built on first KNN
         self._token_texts: dict[int, str] = {}  # token id -> its text, decoded once
         check.check_down_meta_header(self.path, self._map(layout.DOWN_META_FILE)[: layout.DOWN_META_HEADER].tobytes(),
@@ -61,7 +61,7 @@ class Vindex:
 
     # -- access -------------------------------------------------------------------------------
 
-    def _map(self, name: str) -> np.memmap:
+    def _map(self, name: str) -> NDArray[np.uint8]:
         if name not in self._maps:
             f = self.path / name
             self._maps[name] = np.memmap(f, dtype=np.uint8, mode="r") if f.stat().st_size else np.zeros(0, np.uint8)

@@ -31,7 +31,7 @@ class BinaryFile:
 
     def write(self, data: bytes | memoryview | np.ndarray) -> int:
         """Append bytes; returns the offset they start at."""
-        buf = memoryview(np.ascontiguousarray(data)).cast("B") if isinstance(data, np.ndarray) else memoryview(data)
+        buf = np.ascontiguousarray(data).data.cast("B") if isinstance(data, np.ndarray) else memoryview(data)
         start = self.size
         self._f.write(buf)
         self._hash.update(buf)
