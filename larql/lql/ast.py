@@ -7,6 +7,7 @@ Option fields are None when the clause was not given.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ class Statement:
     """Base of every statement node."""
 
     span: Span
+    # every statement is a frozen dataclass (dataclasses.replace() works on any); for the type checker
+    __dataclass_fields__: ClassVar[dict[str, Any]]
 
 
 @dataclass(frozen=True)

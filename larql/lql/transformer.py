@@ -555,7 +555,8 @@ class ToAst(Transformer):
     @v_args(meta=True)
     def merge_conflict(self, meta: Meta, children: list[Any]) -> Opt:
         policy = _kw(children, "LAST_WINS", "KEEP_CURRENT", "HIGHEST_CONFIDENCE", "FAIL", "KEEP_SOURCE", "KEEP_TARGET")
-        return Opt("on_conflict", {"keep_source": "last_wins", "keep_target": "keep_current"}.get(policy, policy), meta)
+        renamed = {"keep_source": "last_wins", "keep_target": "keep_current"}
+        return Opt("on_conflict", renamed.get(policy, policy) if policy is not None else None, meta)
 
     @v_args(meta=True)
     def merge(self, meta: Meta, children: list[Any]) -> ast.MergeStmt:

@@ -50,8 +50,8 @@ def _force(force: bool) -> str | None:
 
 def _extract(s: ast.ExtractStmt) -> str:
     return _join(f"EXTRACT MODEL {q(s.model)} INTO {q(s.into)}",
-                 s.components and "COMPONENTS " + ", ".join(s.components),
-                 s.layers and "LAYERS " + _range(s.layers),
+                 "COMPONENTS " + ", ".join(s.components) if s.components else None,
+                 "LAYERS " + _range(s.layers) if s.layers else None,
                  None if s.level == "browse" else "WITH " + s.level.upper(), _force(s.force))
 
 
@@ -88,13 +88,14 @@ def _describe(s: ast.DescribeStmt) -> str:
 
 def _select(s: ast.SelectStmt) -> str:
     return _join(f"SELECT {', '.join(s.fields) if s.fields else '*'} FROM {s.source.upper()}",
-                 s.nearest and f"NEAREST TO {q(s.nearest.entity)} AT LAYER {s.nearest.layer}",
-                 s.where and _where(s.where), s.order and f"ORDER BY {s.order.field} {'DESC' if s.order.descending else 'ASC'}",
+                 f"NEAREST TO {q(s.nearest.entity)} AT LAYER {s.nearest.layer}" if s.nearest else None,
+                 _where(s.where) if s.where else None,
+                 f"ORDER BY {s.order.field} {'DESC' if s.order.descending else 'ASC'}" if s.order else None,
                  (s.limit is not None and f"LIMIT {s.limit}") or None)
 
 
 def _explain_opts(s: ast.ExplainWalkStmt | ast.ExplainInferStmt) -> list[str | None]:
-    return [s.layers and "LAYERS " + _range(s.layers), "VERBOSE" if s.verbose else None,
+    return ["LAYERS " + _range(s.layers) if s.layers else None, "VERBOSE" if s.verbose else None,
             (s.top is not None and f"TOP {s.top}") or None, *_band(s.band), "RELATIONS ONLY" if s.relations_only else None]
 
 
@@ -112,7 +113,7 @@ def _infer(s: ast.InferStmt) -> str:
 
 def _trace(s: ast.TraceStmt) -> str:
     return _join(f"TRACE {q(s.prompt)}", (s.for_token is not None and f"FOR {q(s.for_token)}") or None,
-                 "DECOMPOSE" if s.decompose else None, s.layers and "LAYERS " + _range(s.layers),
+                 "DECOMPOSE" if s.decompose else None, "LAYERS " + _range(s.layers) if s.layers else None,
                  s.positions and "POSITIONS " + s.positions.upper(), (s.save is not None and f"SAVE {q(s.save)}") or None,
                  (s.save is not None and _force(s.force)) or None)
 
@@ -160,7 +161,7 @@ def _show_relations(s: ast.ShowRelationsStmt) -> str:
 
 
 def _show_features(s: ast.ShowFeaturesStmt) -> str:
-    return _join(f"SHOW FEATURES {s.layer}", s.where and _where(s.where), (s.limit is not None and f"LIMIT {s.limit}") or None)
+    return _join(f"SHOW FEATURES {s.layer}", _where(s.where) if s.where else None, (s.limit is not None and f"LIMIT {s.limit}") or None)
 
 
 def _show_entities(s: ast.ShowEntitiesStmt) -> str:

@@ -15,7 +15,7 @@ from larql.errors import VindexError
 from larql.vindex.describe import STOP_WORDS, clean_token
 
 if TYPE_CHECKING:
-    from larql.vindex.store import Vindex
+    from larql.vindex.store import VindexReader
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class EntityCount:
     max_score: float
 
 
-def _layers(v: Vindex, layers: tuple[int, int] | list[int] | None) -> list[int]:
+def _layers(v: VindexReader, layers: tuple[int, int] | list[int] | None) -> list[int]:
     if layers is None:
         return list(range(v.num_layers))
     if isinstance(layers, tuple):
@@ -64,13 +64,13 @@ def _layers(v: Vindex, layers: tuple[int, int] | list[int] | None) -> list[int]:
     return list(layers)
 
 
-def _hit(v: Vindex, layer: int, feature: int, score: float, n_down: int) -> FeatureHit:
+def _hit(v: VindexReader, layer: int, feature: int, score: float, n_down: int) -> FeatureHit:
     ids, _ = v.down_meta(layer)
     tokens = tuple(clean_token(v.token_text(int(t))) for t in ids[feature][: max(n_down, 1)])
     return FeatureHit(layer, feature, score, tokens[0], tokens[1:n_down + 1] if n_down else ())
 
 
-def walk(v: Vindex, prompt: str, top: int = 10, layers: tuple[int, int] | list[int] | None = None,
+def walk(v: VindexReader, prompt: str, top: int = 10, layers: tuple[int, int] | list[int] | None = None,
          n_down: int = 3) -> WalkResult:
     """Gate KNN of the last prompt token's (scaled) embedding at every selected layer: a feature
     scan, not inference (no attention runs)."""
@@ -83,13 +83,13 @@ def walk(v: Vindex, prompt: str, top: int = 10, layers: tuple[int, int] | list[i
     return WalkResult(prompt, v.tokenizer.token_text(ids[-1]), ids[-1], tuple(chosen), tuple(hits))
 
 
-def nearest(v: Vindex, entity: str, layer: int, limit: int = 20) -> list[FeatureHit]:
+def nearest(v: VindexReader, entity: str, layer: int, limit: int = 20) -> list[FeatureHit]:
     """SELECT ... FROM EDGES NEAREST TO "entity" AT LAYER n: gate KNN of the entity's mean embedding."""
     query = v.entity_embedding(entity)
     return [_hit(v, layer, f, s, 3) for f, s in v.gate_knn(layer, query, limit)]
 
 
-def iter_features(v: Vindex, layers: tuple[int, int] | list[int] | None = None) -> Iterator[FeatureHit]:
+def iter_features(v: VindexReader, layers: tuple[int, int] | list[int] | None = None) -> Iterator[FeatureHit]:
     """Every feature's metadata (score = c_score), layer by layer."""
     for layer in _layers(v, layers):
         ids, scores = v.down_meta(layer)
@@ -98,7 +98,7 @@ def iter_features(v: Vindex, layers: tuple[int, int] | list[int] | None = None) 
             yield FeatureHit(layer, f, float(scores[f, 0]), tokens[0], tokens[1:])
 
 
-def select_features(v: Vindex, layer: int | None = None, feature: int | None = None, token: str | None = None,
+def select_features(v: VindexReader, layer: int | None = None, feature: int | None = None, token: str | None = None,
                     limit: int | None = None) -> list[FeatureHit]:
     """SELECT * FROM FEATURES [WHERE layer = .. AND feature = .. AND token = ..]: token is an exact,
     case-insensitive match on the top output token."""
@@ -116,7 +116,7 @@ def select_features(v: Vindex, layer: int | None = None, feature: int | None = N
     return rows
 
 
-def select_edges(v: Vindex, entity: str | None = None, layer: int | None = None, min_score: float | None = None,
+def select_edges(v: VindexReader, entity: str | None = None, layer: int | None = None, min_score: float | None = None,
                  order: str = "score", descending: bool = True, limit: int = 20) -> list[FeatureHit]:
     """SELECT ... FROM EDGES (scan mode): features whose top output token contains `entity`
     (case-insensitive), optionally at one layer and above a score, ordered by score or layer."""
@@ -135,7 +135,7 @@ def is_entity_like(token: str) -> bool:
     return len(t) >= 3 and t.isascii() and t.isalpha() and t[0].isupper() and t.lower() not in STOP_WORDS
 
 
-def select_entities(v: Vindex, layer: int | None = None, limit: int = 50) -> list[EntityCount]:
+def select_entities(v: VindexReader, layer: int | None = None, limit: int = 50) -> list[EntityCount]:
     """Entity-like top tokens (capitalised, alphabetic, >= 3 letters, not stop words) by how many
     features write them."""
     counts: Counter[str] = Counter()

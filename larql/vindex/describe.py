@@ -23,7 +23,7 @@ from larql.errors import VindexError
 
 if TYPE_CHECKING:
     from larql.model import Model
-    from larql.vindex.store import Vindex
+    from larql.vindex.store import VindexReader
 
 BANDS = ("syntax", "knowledge", "output")
 MIN_GATE = 5.0  # LARQL's threshold: weaker (and all negative) gate scores are not edges
@@ -54,7 +54,7 @@ BASELINE_WORDS = ("the house water dog run blue happy music river city country p
 _BASELINES: WeakKeyDictionary[object, np.ndarray] = WeakKeyDictionary()
 
 
-def baseline_query(v: Vindex) -> np.ndarray:
+def baseline_query(v: VindexReader) -> np.ndarray:
     if v not in _BASELINES:
         _BASELINES[v] = np.mean([v.entity_embedding(w) for w in BASELINE_WORDS], axis=0)
     return _BASELINES[v]
@@ -112,7 +112,7 @@ def _band_of(layer: int, bands: dict[str, list[int]]) -> str:
     return "knowledge"
 
 
-def feature_edges(v: Vindex, entity: str, layers: list[int], relations_only: bool = False,
+def feature_edges(v: VindexReader, entity: str, layers: list[int], relations_only: bool = False,
                   contrastive: bool = True) -> list[Edge]:
     """Gate-KNN edges of `entity` over `layers`, merged by target (LARQL §4.1 steps 1-4)."""
     query = v.entity_embedding(entity)
@@ -149,7 +149,7 @@ def feature_edges(v: Vindex, entity: str, layers: list[int], relations_only: boo
     return edges
 
 
-def describe(v: Vindex, entity: str, band: str | None = None, at_layer: int | None = None,
+def describe(v: VindexReader, entity: str, band: str | None = None, at_layer: int | None = None,
              relations_only: bool = False, mode: str = "brief", model: Model | None = None,
              probes: bool = True, contrastive: bool = True,
              progress: Callable[[str, int, int], None] | None = None) -> DescribeResult:

@@ -201,7 +201,8 @@ class Vindex:
 class MetaSource(Protocol):
     """What feature_meta reads: a store, or an editable view whose down_meta carries its edits."""
 
-    path: Path
+    @property
+    def path(self) -> Path: ...
 
     def num_features(self, layer: int) -> int: ...
 
@@ -230,3 +231,27 @@ def open_vindex(path: str | Path) -> Vindex:
         >>> v.gate_knn(10, v.entity_embedding("France"), k=5)
     """
     return Vindex(path)
+
+
+class VindexReader(MetaSource, Protocol):
+    """What browsing and DESCRIBE read (larql.vindex.browse, .describe): a Vindex, or an
+    EditableVindex, which reads through its patch overlay."""
+
+    @property
+    def index(self) -> dict[str, Any]: ...
+
+    @property
+    def num_layers(self) -> int: ...
+
+    @property
+    def tokenizer(self) -> TextTokenizer: ...
+
+    def feature_meta(self, layer: int, feature: int) -> FeatureMeta: ...
+
+    def feature_label(self, layer: int, feature: int) -> str | None: ...
+
+    def gate_knn(self, layer: int, query: NDArray[np.float32], k: int = 10) -> list[tuple[int, float]]: ...
+
+    def token_embedding(self, token_id: int, scaled: bool = True) -> NDArray[np.float32]: ...
+
+    def entity_embedding(self, text: str, scaled: bool = True) -> NDArray[np.float32]: ...
