@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -91,7 +91,7 @@ class PatchOverlay:
         return iter(sorted((l, f) for l, fs in self._vectors.items() for f in fs))
 
     def __contains__(self, key: object) -> bool:
-        layer, feature = key  # type: ignore[misc]
+        layer, feature = cast(tuple[int, int], key)  # a (layer, feature) pair; anything else raises here
         return feature in self._vectors.get(layer, {})
 
     def __getitem__(self, key: tuple[int, int]) -> FeatureOverride:
