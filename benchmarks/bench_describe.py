@@ -34,9 +34,9 @@ def main() -> None:
     parser.add_argument("--vindex", help="an inference-level gemma3-270m vindex (extracted if omitted)")
     args = parser.parse_args()
     import larql
+    from larql.vindex.describe import describe
     from larql.vindex.extract import extract
     from larql.vindex.store import open_vindex
-    from larql.vindex.describe import describe
 
     path = args.vindex
     if path is None:

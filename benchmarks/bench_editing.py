@@ -14,10 +14,9 @@ Writes benchmarks/results/editing[-NAME].json with the machine's description.
 from __future__ import annotations
 
 import argparse
-import re
-import json
 import os
 import platform
+import re
 import time
 from pathlib import Path
 
@@ -63,7 +62,7 @@ def main() -> None:
     out: dict = {"model": v.index["model"], "data": Path(args.data).name, "edits": len(records), "machine": machine(),
                  "decoys_used": decoys, "layers": layers, "stats_tokens": args.stats_tokens or None, "methods": {}}
     for method in args.methods.split(","):
-        def apply(batch: list[EditRecord], method: str = method):  # noqa: ANN202
+        def apply(batch: list[EditRecord], method: str = method):
             kept = len(v.patches.pending)
             insert_facts(v, [r.fact() for r in batch], method, layers, measure=False, decoys=decoys,
                          exclude=held_out, stats_tokens=args.stats_tokens or None)

@@ -28,14 +28,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import gguf  # noqa: E402
-from results_file import save_results  # noqa: E402
+import gguf
+from results_file import save_results
 
-from larql.edit.view import edit_vindex  # noqa: E402
-from larql.lql.session import Session  # noqa: E402
-from larql.vindex.extract import extract  # noqa: E402
-from tests.fuzz.lql_fuzz import EXECUTOR_SEEDS, Report, fuzz_executor, fuzz_parser, mutations  # noqa: E402
-from tests.synthetic import TinySpec, hf_weights, write_gguf  # noqa: E402
+from larql.edit.view import edit_vindex
+from larql.lql.session import Session
+from larql.vindex.extract import extract
+from tests.fuzz.lql_fuzz import EXECUTOR_SEEDS, Report, fuzz_executor, fuzz_parser, mutations
+from tests.synthetic import TinySpec, hf_weights, write_gguf
 
 SLOW_PARSE_S = 0.100
 

@@ -82,7 +82,7 @@ def kernel_speeds(keys: list[str]) -> list[dict[str, object]]:
             x = np.random.default_rng(0).standard_normal(mat.n_cols).astype(np.float32)
             mat.matmul(x)
             reps = 3 if mat.nbytes > 50e6 else 50
-            dt = min(_time(lambda: mat.matmul(x)) for _ in range(reps))
+            dt = min(_time(lambda mat=mat, x=x: mat.matmul(x)) for _ in range(reps))
             rows.append({"model": key, "tensor": mat.name, "type": mat.qtype.name, "shape": list(mat.shape),
                          "us": dt * 1e6, "GB_s": mat.nbytes / dt / 1e9})
     return rows
@@ -121,7 +121,7 @@ def main() -> None:
     print(f"\nquant matvec kernels (memory read bandwidth: {bw:.1f} GB/s)")
     print(f"{'model':14s} {'tensor':28s} {'type':6s} {'shape':>14s} {'us':>9s} {'GB/s':>7s} {'of bw':>6s}")
     for k in results["kernels"]:
-        print(f"{k['model']:14s} {k['tensor']:28s} {k['type']:6s} {str(tuple(k['shape'])):>14s} "
+        print(f"{k['model']:14s} {k['tensor']:28s} {k['type']:6s} {tuple(k['shape'])!s:>14s} "
               f"{k['us']:9.1f} {k['GB_s']:7.2f} {k['GB_s'] / bw:6.0%}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1))

@@ -33,7 +33,7 @@ def main() -> None:
     dense = [log_softmax(m.next_logits(m.tokenize(p))) for p in prompts]
     rows = []
 
-    def measure(selection: str, k: int, next_logits) -> None:  # noqa: ANN001
+    def measure(selection: str, k: int, next_logits) -> None:
         agree, kls = 0, []
         for p, d in zip(prompts, dense):
             s = log_softmax(next_logits(m.tokenize(p)))

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from results_file import save_results
 
 import larql
-from results_file import save_results
 
 LARQL_KNN_MS = 2.7
 
@@ -83,9 +83,9 @@ def main() -> None:
     import faiss
     import numba
 
+    from larql.vindex.describe import describe
     from larql.vindex.extract import extract
     from larql.vindex.store import open_vindex
-    from larql.vindex.describe import describe
 
     numba.set_num_threads(args.threads)
     faiss.omp_set_num_threads(args.threads)

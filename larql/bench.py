@@ -83,7 +83,7 @@ def bench_larql(key: str, ids: list[int], n_decode: int, model: Any) -> EngineSp
 def llama_cpp_version() -> str | None:
     """llama-cpp-python's version, or None when it is not installed."""
     try:
-        import llama_cpp  # type: ignore[import-not-found]
+        import llama_cpp
     except ImportError:
         return None
     return str(getattr(llama_cpp, "__version__", "?"))
@@ -101,7 +101,7 @@ def llama_last_logits(llm: Any) -> Any:
 def bench_llamacpp(key: str, path: str, ids: list[int], n_decode: int, threads: int) -> EngineSpeed:
     """The same prompt ids and greedy decode through llama.cpp (llama-cpp-python must be installed)."""
     import numpy as np
-    from llama_cpp import Llama  # type: ignore[import-not-found]
+    from llama_cpp import Llama
 
     llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=len(ids) + n_decode + 8,
                 n_batch=512, verbose=False)

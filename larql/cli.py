@@ -66,7 +66,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     prompt_ids = model.tokenize(args.prompt)
     model.check_fits(prompt_ids, args.max_tokens)  # fail before anything is printed
-    ids: list[int] = []
+    ids = []
     first = None
     if not args.json:
         out.write(args.prompt)

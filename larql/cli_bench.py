@@ -39,7 +39,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("bench", help="prefill and decode tok/s of larql beside llama.cpp (if installed), "
                                      "as the README's speed table")
     b.add_argument("models", nargs="*", metavar="MODEL",

@@ -20,7 +20,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("build", help="build the Vindexfile in DIR into a vindex (cached, reproducible, atomic)")
     b.add_argument("dir", nargs="?", default=".", help="the directory holding the Vindexfile (default: .)")
     b.add_argument("-o", "--output", default=None, help="the vindex to write (default: DIR/build.vindex)")

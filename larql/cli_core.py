@@ -49,7 +49,7 @@ Commands: {commands}
 """
 
 
-def add_global_options(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_global_options(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction) -> None:
     """Give the top-level parser and every subparser the global options.
 
     Call after every subcommand is added. A subparser that already defines one of the flags keeps its

@@ -47,7 +47,7 @@ def cmd_slice(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(sub: argparse._SubParsersAction) -> None:
     from larql.edit.convert import TARGETS
     from larql.vindex.slice import PARTS, PRESETS
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,13 +105,15 @@ def cmd_eval_edits(args: argparse.Namespace) -> int:
     records = load_edit_set(args.edits)
     v = edit_vindex(args.vindex)
 
-    def apply(batch: list[EditRecord]):
+    def apply(batch: Sequence[EditRecord]) -> Callable[[], None]:
         kept = len(v.patches.pending)
         insert_facts(v, [r.fact() for r in batch], args.method, measure=False)
         return lambda: v.patches.undo(len(v.patches.pending) - kept)
 
-    say = None if args.json else (lambda msg: sys.stderr.write(f"  {msg}\n"))
-    report = evaluate(v.model(), records, apply, args.protocols.split(","), progress=say)
+    def say(msg: str) -> None:
+        sys.stderr.write(f"  {msg}\n")
+
+    report = evaluate(v.model(), records, apply, args.protocols.split(","), progress=None if args.json else say)
     if args.json:
         json.dump(report.to_json(), sys.stdout)
         sys.stdout.write("\n")

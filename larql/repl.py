@@ -12,6 +12,7 @@ from typing import Any
 from prompt_toolkit import PromptSession
 from prompt_toolkit.completion import Completer, Completion
 from prompt_toolkit.document import Document
+from prompt_toolkit.formatted_text import StyleAndTextTuples
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 from prompt_toolkit.key_binding import KeyBindings
 from prompt_toolkit.lexers import Lexer
@@ -44,11 +45,11 @@ class LqlLexer(Lexer):
     def __init__(self) -> None:
         self.words = keywords()
 
-    def lex_document(self, document: Document) -> Callable[[int], list[tuple[str, str]]]:
+    def lex_document(self, document: Document) -> Callable[[int], StyleAndTextTuples]:
         lines = document.lines
 
-        def line(i: int) -> list[tuple[str, str]]:
-            out = []
+        def line(i: int) -> StyleAndTextTuples:
+            out: StyleAndTextTuples = []
             for m in _TOKENS.finditer(lines[i]):
                 comment, string, number, word, other = m.groups()
                 if comment:

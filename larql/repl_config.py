@@ -13,10 +13,19 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TypedDict, cast
 
 from larql.errors import LarqlError
 
 SETTINGS = ("json", "timing", "plan")
+
+
+class Settings(TypedDict, total=False):
+    """The REPL's toggles a settings file may set (ReplState's fields of the same names)."""
+
+    json: bool
+    timing: bool
+    plan: bool
 
 
 def _xdg(env: Mapping[str, str], var: str, default: str) -> Path:
@@ -39,7 +48,7 @@ def settings_path(env: Mapping[str, str] = os.environ) -> Path:
     return _xdg(env, "XDG_CONFIG_HOME", ".config") / "repl.toml"
 
 
-def load_settings(path: Path) -> dict[str, bool]:
+def load_settings(path: Path) -> Settings:
     """The toggles a settings file sets ({} when there is no file); a bad file is a LarqlError."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -51,4 +60,4 @@ def load_settings(path: Path) -> dict[str, bool]:
     if bad:
         raise LarqlError(f"{path}: unknown or non-boolean setting {bad[0]!r}; settings are "
                          + ", ".join(f"{k} = true|false" for k in SETTINGS))
-    return dict(data)
+    return cast(Settings, dict(data))  # checked above: only SETTINGS, each a bool

@@ -99,10 +99,10 @@ def test_python_blocks_run_as_written(readme_dir: Path, monkeypatch: pytest.Monk
         if SERVED in body:  # the OpenAI client block talks to the server the bash block above starts
             with ServerThread(open_served("smollm2-135m")) as url:  # a real one, on a free loopback port
                 code = compile("\n" * (line - 1) + body.replace(SERVED, url), str(README), "exec")
-                exec(code, namespace)  # noqa: S102
+                exec(code, namespace)
             continue
         code = compile("\n" * (line - 1) + body, str(README), "exec")  # tracebacks name the README's line
-        exec(code, namespace)  # noqa: S102 - running the README is the point
+        exec(code, namespace)
 
 
 def _reads_only(argv: list[str]) -> bool:

@@ -144,7 +144,7 @@ def plan(root: Path, vf: Vindexfile, chosen: tuple[Instruction, ...]) -> Plan:
                   key, (src.path,), first)]
     for ins in chosen:
         if ins.keyword in EDITS:
-            files = (_input(root, vf, ins),) if ins.keyword == "PATCH" else ()
+            files: tuple[Path, ...] = (_input(root, vf, ins),) if ins.keyword == "PATCH" else ()
             key = _key(key, ins.keyword, ins.arg, [file_hash(f) for f in files])
             steps.append(Step(ins.keyword, ins.line, ins.text, key, files, ins))
     if len(steps) > 1:
@@ -302,7 +302,7 @@ def _stamp(src: Source) -> str:
 def _write_output(final: Path, out: Path, force: bool, vf: Vindexfile, stage: str | None, p: Plan) -> Path:
     """The output: the last step's files hard-linked, under an index.json with the cache's paths
     and clocks replaced by the inputs' (so two builds of the same inputs are byte-identical)."""
-    src, steps, expose = p.source, p.steps, p.expose
+    src, steps = p.source, p.steps
     v = open_vindex(final)
     index: dict[str, Any] = {k: val for k, val in v.index.items() if k not in ("files", "sliced_from")}
     stamp = _stamp(src)

@@ -140,7 +140,7 @@ def installed(vindex: EditableVindex, layer: int) -> list[PatchOp]:
     for op in [o for p in stack.applied for o in p.ops] + stack.pending:
         if op.layer != layer:
             continue
-        if op.op == "insert" and op.entity is not None:
+        if isinstance(op, PatchOp) and op.op == "insert" and op.entity is not None:
             live[op.feature] = op
         elif op.op == "delete":
             live.pop(op.feature, None)
@@ -186,15 +186,15 @@ def plan_insert(vindex: EditableVindex, entity: str, relation: str, target: str,
     cfg = model.config
     if layer is None:  # the first output-band layer; later ones if the goal is not reached there
         first = min(v.index["layer_bands"]["output"][0], cfg.n_layers - 1)
-        best: tuple[list[PatchOp], InsertReport] | None = None
+        chosen: tuple[list[PatchOp], InsertReport] | None = None
         for candidate in range(first, cfg.n_layers):
             ops, report = plan_insert(v, entity, relation, target, candidate, goal)
-            if best is None or report.p_after > best[1].p_after:
-                best = (ops, report)
+            if chosen is None or report.p_after > chosen[1].p_after:
+                chosen = (ops, report)
             if report.p_after >= goal:
                 break
-        assert best is not None
-        return best
+        assert chosen is not None
+        return chosen
     if not 0 <= layer < cfg.n_layers:
         raise VindexError(f"layer {layer} is out of range (layers 0-{cfg.n_layers - 1})")
     if not 0.0 < goal < 1.0:
@@ -225,7 +225,9 @@ def plan_insert(vindex: EditableVindex, entity: str, relation: str, target: str,
     other_h = [_ffn_inputs(model, [relation_prompt(op.entity or "", op.relation or "")], layer, last_only=False)[0]
                for op in others]
 
-    down_cols = model.weights.layers[layer].down.dequantize()  # (hidden, ffn)
+    down = model.weights.layers[layer].down
+    assert down is not None  # a dense FFN: a mixture of experts has no feature slots
+    down_cols = down.dequantize()  # (hidden, ffn)
     if same:
         feature = same[0].feature
     else:

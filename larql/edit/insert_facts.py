@@ -31,7 +31,7 @@ from larql.edit.neighbours import similar_subjects
 from larql.edit.rome import KeyMetric
 from larql.edit.stats import second_moments, token_budget
 from larql.edit.view import EditableVindex
-from larql.edit.weight_edit import WeightEditPlan, plan_weight_edit
+from larql.edit.weight_edit import DECOY_SUBJECTS, WeightEditPlan, plan_weight_edit
 from larql.edit.weight_op import WeightOp
 from larql.errors import EditError
 from larql.model.grad import require_backward
@@ -163,7 +163,7 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str = DEFAULT
                     progress(f"INSERT ({method})", i, len(groups))
                 preserved = {layer: k for layer in used if (k := v.overlay.held_keys(layer)) is not None}
                 plan = plan_weight_edit(model, group, used, metrics, preserved, model.edits,
-                                        **({} if decoys is None else {"decoys": decoys}), neighbours=near)
+                                        DECOY_SUBJECTS if decoys is None else decoys, neighbours=near)
                 facts_meta = tuple({"subject": f.subject, "relation": f.relation, "prompt": f.prompt,
                                     "target": f.target} for f in group)
                 v.patches.record_all([WeightOp(d.layer, d.u, d.v, plan.keys[d.layer], facts_meta, method)

@@ -282,7 +282,9 @@ def _least_used(v: EditableVindex, layer: int) -> list[int]:
 
     model = v.model()
     _, acts = _ffn_inputs(model, list(DECOY_PROMPTS), layer, last_only=True)
-    down = model.weights.layers[layer].down.dequantize()
+    down_matrix = model.weights.layers[layer].down
+    assert down_matrix is not None  # a dense FFN: a mixture of experts has no feature slots
+    down = down_matrix.dequantize()
     return [int(f) for f in np.argsort(np.abs(acts).mean(axis=0) * np.linalg.norm(down, axis=0), kind="stable")]
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -91,7 +91,7 @@ class PatchOverlay:
         return iter(sorted((l, f) for l, fs in self._vectors.items() for f in fs))
 
     def __contains__(self, key: object) -> bool:
-        layer, feature = key  # type: ignore[misc]
+        layer, feature = cast(tuple[int, int], key)  # a (layer, feature) pair; anything else raises here
         return feature in self._vectors.get(layer, {})
 
     def __getitem__(self, key: tuple[int, int]) -> FeatureOverride:
@@ -135,7 +135,7 @@ class PatchOverlay:
     def remove(self, layer: int, feature: int) -> None:
         """Drop every edit of one feature (it reads as the base again)."""
         for part in (self._vectors, self._meta):
-            part.get(layer, {}).pop(feature, None)  # type: ignore[attr-defined]
+            part.get(layer, {}).pop(feature, None)
         self._deleted.get(layer, set()).discard(feature)
 
     # -- weight edits, per layer ----------------------------------------------------------------

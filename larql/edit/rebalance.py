@@ -119,11 +119,13 @@ def _rebalance_layer(v: EditableVindex, L: int, limit: int, floor: float,
     snap = overlay.snapshot([(L, op.feature) for op in facts])
     downs = []
     for op in facts:
-        d = overlay[(L, op.feature)].down
-        if d is None:
+        col = overlay[(L, op.feature)].down
+        if col is None:
             raise VindexError(f"REBALANCE: the fact at L{L} F{op.feature} has no down vector in the overlay")
-        downs.append(d)
-    down_cols = model.weights.layers[L].down.dequantize()
+        downs.append(col)
+    down = model.weights.layers[L].down
+    assert down is not None  # a dense FFN: a mixture of experts has no feature slots
+    down_cols = down.dequantize()
     cap = MAX_SCALE * float(np.median(np.linalg.norm(down_cols, axis=0)))
     gates = []
     try:
@@ -141,8 +143,8 @@ def _rebalance_layer(v: EditableVindex, L: int, limit: int, floor: float,
                 raise EditError(f"REBALANCE: at layer {L}, the prompt {prompts[i]!r} cannot be told apart from the "
                                 "decoys and the other facts there; DELETE one of them or move it (INSERT ... AT LAYER n)") from None
             gates.append((g, u))
-        for op, (g, u), d in zip(facts, gates, downs):
-            PatchOp("update", L, op.feature, {"gate": g, "up": u, "down": d}).apply(overlay)
+        for op, (g, u), col in zip(facts, gates, downs):
+            PatchOp("update", L, op.feature, {"gate": g, "up": u, "down": col}).apply(overlay)
         scales = [1.0] * len(facts)
         iters, converged = 0, False
         p = probs()

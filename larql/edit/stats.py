@@ -91,6 +91,7 @@ def compute_second_moments(model: Model, layers: list[int], n_tokens: int = DEFA
 def _fingerprint(model: Model) -> str:
     c = model.config
     w = model.weights.layers[0].down
+    assert w is not None  # a dense FFN (weight edits refuse a mixture of experts)
     probe = np.asarray(w.raw[:4]).tobytes()  # a few stored bytes: a different checkpoint differs here
     return hashlib.sha256(f"{c}|{model.name}|{STATS_VERSION}".encode() + probe).hexdigest()[:16]
 
@@ -127,9 +128,10 @@ def _load(path: Path, ffn: int) -> tuple[F64, int] | None:
             got = {name: _member(z, name, shape, kind) for name, (shape, kind) in _layout(ffn).items()}
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None
-    if any(a is None for a in got.values()):
+    cov, count_arr, digest_arr = got["cov"], got["count"], got["sha256"]
+    if cov is None or count_arr is None or digest_arr is None:
         return None
-    cov, count, digest = got["cov"], int(got["count"]), str(got["sha256"])
+    count, digest = int(count_arr), str(digest_arr)
     if hashlib.sha256(np.ascontiguousarray(cov).tobytes()).hexdigest() != digest:
         return None  # damaged: recompute
     if count < 1 or not np.all(np.isfinite(cov)):

@@ -204,11 +204,13 @@ def optimise_values(model: Model, groups: Sequence[Sequence[Fact]], layers: Sequ
                     g.cand = _candidates(logits, np.concatenate([sc.tokens for sc in g.scored]))
                     g.ref = logits[len(g.all_rows) - len(KL_PROMPTS):]  # the KL prompts are scored last
                 else:
+                    assert g.cand is not None and g.ref is not None  # set at step 1
                     g.cand = np.union1d(g.cand, _candidates(logits, np.zeros(0, np.int64)))
                 g.e_c = out.rows(g.cand)  # (K, hidden), dequantized once per candidate set, not per step
                 ref_c = g.ref[:, g.cand].astype(np.float64)
                 ref_p = np.exp(ref_c - ref_c.max(axis=1, keepdims=True))
                 g.ref_p = ref_p / ref_p.sum(axis=1, keepdims=True)  # (n_kl, K)
+            assert g.e_c is not None and g.cand is not None and g.ref_p is not None  # set at step 1
             g.nll, g.top1, dy = _loss_grad(y_g, g.e_c, g.cand, g.scored, cfg.final_softcap, g.ref_p, kl_weight,
                                            g.n_prompts)
             g.steps = step

@@ -7,7 +7,7 @@ Option fields are None when the clause was not given.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Any, ClassVar
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ NO_SPAN = Span(0, 0, 0, 0, 0, 0)
 
 
 def _span() -> Span:
-    return field(default=NO_SPAN, compare=False, repr=False)  # type: ignore[return-value]
+    return field(default=NO_SPAN, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Range:
     end: int
 
 
-Value = Union[str, int, float, tuple]  # a tuple holds an IN list
+Value = str | int | float | tuple  # a tuple holds an IN list
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,8 @@ class Statement:
     """Base of every statement node."""
 
     span: Span
+    # every statement is a frozen dataclass (dataclasses.replace() works on any); for the type checker
+    __dataclass_fields__: ClassVar[dict[str, Any]]
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ def run_statement(stmt: ast.Statement, session: Session) -> list[Result]:
 def _run_remote(stmt: ast.Statement, session: Session) -> list[Result]:
     """After USE REMOTE: the server plans and runs the statement; its errors arrive located here."""
     try:
-        return session.remote.run(stmt, session.source)  # type: ignore[no-any-return]
+        return session.remote.run(stmt, session.source)
     except LqlError:
         raise
     except LarqlError as e:  # the server cannot be reached, or is not a larql server

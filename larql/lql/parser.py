@@ -111,10 +111,10 @@ def _lark() -> Lark:
     if path is not None:
         try:
             with path.open("rb") as f:  # Lark.load cannot take a post-lexer; _load is what cache= uses
-                return Lark.__new__(Lark)._load(f, postlex=_TokenLimit())  # type: ignore[no-any-return]
+                return Lark.__new__(Lark)._load(f, postlex=_TokenLimit())
         except FileNotFoundError:
             pass
-        except Exception as e:  # noqa: BLE001  damaged or foreign: build afresh and replace it
+        except Exception as e:
             _log.debug("rebuilding the LQL parser tables: %s: %s", path, e)
     parser = Lark(grammar, postlex=_TokenLimit(), **_OPTIONS)
     if path is not None:
@@ -200,7 +200,7 @@ def parse(text: str) -> list[ast.Statement]:
     _check_source(text)
     try:
         tree = _lark().parse(text)
-        return ToAst(text).transform(tree)  # type: ignore[no-any-return]
+        return ToAst(text).transform(tree)
     except VisitError as e:  # an error raised inside the transformer
         if isinstance(e.orig_exc, LqlError):
             raise e.orig_exc from None

@@ -138,7 +138,7 @@ def _span(meta: Meta) -> ast.Span:
     return ast.Span(meta.line, meta.column, meta.end_line, meta.end_column, meta.start_pos, meta.end_pos)
 
 
-class ToAst(Transformer):  # type: ignore[type-arg]
+class ToAst(Transformer):
     def __init__(self, text: str) -> None:
         super().__init__()
         self.text = text
@@ -241,7 +241,7 @@ class ToAst(Transformer):  # type: ignore[type-arg]
         return self._unquote(children[0])
 
     def number_value(self, children: list[Any]) -> int | float:
-        return children[0]  # type: ignore[no-any-return]
+        return children[0]
 
     def op(self, children: list[Any]) -> str:
         return str(children[0])
@@ -555,7 +555,8 @@ class ToAst(Transformer):  # type: ignore[type-arg]
     @v_args(meta=True)
     def merge_conflict(self, meta: Meta, children: list[Any]) -> Opt:
         policy = _kw(children, "LAST_WINS", "KEEP_CURRENT", "HIGHEST_CONFIDENCE", "FAIL", "KEEP_SOURCE", "KEEP_TARGET")
-        return Opt("on_conflict", {"keep_source": "last_wins", "keep_target": "keep_current"}.get(policy, policy), meta)
+        renamed = {"keep_source": "last_wins", "keep_target": "keep_current"}
+        return Opt("on_conflict", renamed.get(policy, policy) if policy is not None else None, meta)
 
     @v_args(meta=True)
     def merge(self, meta: Meta, children: list[Any]) -> ast.MergeStmt:

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import json
-from typing import Callable
+from collections.abc import Callable
 
 from larql.lql import ast
 
@@ -50,8 +50,8 @@ def _force(force: bool) -> str | None:
 
 def _extract(s: ast.ExtractStmt) -> str:
     return _join(f"EXTRACT MODEL {q(s.model)} INTO {q(s.into)}",
-                 s.components and "COMPONENTS " + ", ".join(s.components),
-                 s.layers and "LAYERS " + _range(s.layers),
+                 "COMPONENTS " + ", ".join(s.components) if s.components else None,
+                 "LAYERS " + _range(s.layers) if s.layers else None,
                  None if s.level == "browse" else "WITH " + s.level.upper(), _force(s.force))
 
 
@@ -64,8 +64,8 @@ def _compile(s: ast.CompileStmt) -> str:
 
 
 def _diff(s: ast.DiffStmt) -> str:
-    return _join(f"DIFF {_ref(s.a)} {_ref(s.b)}", s.layer is not None and f"LAYER {s.layer}" or None,
-                 s.relation and f"RELATION {q(s.relation)}", s.limit is not None and f"LIMIT {s.limit}" or None,
+    return _join(f"DIFF {_ref(s.a)} {_ref(s.b)}", (s.layer is not None and f"LAYER {s.layer}") or None,
+                 s.relation and f"RELATION {q(s.relation)}", (s.limit is not None and f"LIMIT {s.limit}") or None,
                  s.into_patch and f"INTO PATCH {q(s.into_patch)}", s.into_patch and _force(s.force))
 
 
@@ -77,25 +77,26 @@ def _use(s: ast.UseStmt) -> str:
 
 def _walk(s: ast.WalkStmt) -> str:
     layers = None if s.layers is None else "LAYERS " + ("ALL" if s.layers == "all" else _range(s.layers))  # type: ignore[arg-type]
-    return _join(f"WALK {q(s.prompt)}", s.top is not None and f"TOP {s.top}" or None, layers,
+    return _join(f"WALK {q(s.prompt)}", (s.top is not None and f"TOP {s.top}") or None, layers,
                  s.mode and "MODE " + s.mode.upper(), "COMPARE" if s.compare else None)
 
 
 def _describe(s: ast.DescribeStmt) -> str:
-    return _join(f"DESCRIBE {q(s.entity)}", *_band(s.band), s.at_layer is not None and f"AT LAYER {s.at_layer}" or None,
+    return _join(f"DESCRIBE {q(s.entity)}", *_band(s.band), (s.at_layer is not None and f"AT LAYER {s.at_layer}") or None,
                  "RELATIONS ONLY" if s.relations_only else None, s.mode and s.mode.upper())
 
 
 def _select(s: ast.SelectStmt) -> str:
     return _join(f"SELECT {', '.join(s.fields) if s.fields else '*'} FROM {s.source.upper()}",
-                 s.nearest and f"NEAREST TO {q(s.nearest.entity)} AT LAYER {s.nearest.layer}",
-                 s.where and _where(s.where), s.order and f"ORDER BY {s.order.field} {'DESC' if s.order.descending else 'ASC'}",
-                 s.limit is not None and f"LIMIT {s.limit}" or None)
+                 f"NEAREST TO {q(s.nearest.entity)} AT LAYER {s.nearest.layer}" if s.nearest else None,
+                 _where(s.where) if s.where else None,
+                 f"ORDER BY {s.order.field} {'DESC' if s.order.descending else 'ASC'}" if s.order else None,
+                 (s.limit is not None and f"LIMIT {s.limit}") or None)
 
 
 def _explain_opts(s: ast.ExplainWalkStmt | ast.ExplainInferStmt) -> list[str | None]:
-    return [s.layers and "LAYERS " + _range(s.layers), "VERBOSE" if s.verbose else None,
-            s.top is not None and f"TOP {s.top}" or None, *_band(s.band), "RELATIONS ONLY" if s.relations_only else None]
+    return ["LAYERS " + _range(s.layers) if s.layers else None, "VERBOSE" if s.verbose else None,
+            (s.top is not None and f"TOP {s.top}") or None, *_band(s.band), "RELATIONS ONLY" if s.relations_only else None]
 
 
 def _explain_walk(s: ast.ExplainWalkStmt) -> str:
@@ -107,14 +108,14 @@ def _explain_infer(s: ast.ExplainInferStmt) -> str:
 
 
 def _infer(s: ast.InferStmt) -> str:
-    return _join(f"INFER {q(s.prompt)}", s.top is not None and f"TOP {s.top}" or None, "COMPARE" if s.compare else None)
+    return _join(f"INFER {q(s.prompt)}", (s.top is not None and f"TOP {s.top}") or None, "COMPARE" if s.compare else None)
 
 
 def _trace(s: ast.TraceStmt) -> str:
-    return _join(f"TRACE {q(s.prompt)}", s.for_token is not None and f"FOR {q(s.for_token)}" or None,
-                 "DECOMPOSE" if s.decompose else None, s.layers and "LAYERS " + _range(s.layers),
-                 s.positions and "POSITIONS " + s.positions.upper(), s.save is not None and f"SAVE {q(s.save)}" or None,
-                 s.save is not None and _force(s.force) or None)
+    return _join(f"TRACE {q(s.prompt)}", (s.for_token is not None and f"FOR {q(s.for_token)}") or None,
+                 "DECOMPOSE" if s.decompose else None, "LAYERS " + _range(s.layers) if s.layers else None,
+                 s.positions and "POSITIONS " + s.positions.upper(), (s.save is not None and f"SAVE {q(s.save)}") or None,
+                 (s.save is not None and _force(s.force)) or None)
 
 
 def _num(x: float) -> str:
@@ -124,10 +125,10 @@ def _num(x: float) -> str:
 def _insert(s: ast.InsertStmt) -> str:
     rows = ", ".join("(" + ", ".join(q(v) for v in r) + ")" for r in s.rows)
     return _join(f"INSERT INTO EDGES ({', '.join(s.columns)}) VALUES {rows}",
-                 s.layer is not None and f"AT LAYER {s.layer}" or None,
-                 s.layers is not None and f"LAYERS {s.layers.start}-{s.layers.end}" or None,
-                 s.confidence is not None and f"CONFIDENCE {_num(s.confidence)}" or None,
-                 s.alpha is not None and f"ALPHA {_num(s.alpha)}" or None, s.mode and "MODE " + s.mode.upper(),
+                 (s.layer is not None and f"AT LAYER {s.layer}") or None,
+                 (s.layers is not None and f"LAYERS {s.layers.start}-{s.layers.end}") or None,
+                 (s.confidence is not None and f"CONFIDENCE {_num(s.confidence)}") or None,
+                 (s.alpha is not None and f"ALPHA {_num(s.alpha)}") or None, s.mode and "MODE " + s.mode.upper(),
                  s.method and "METHOD " + s.method.upper())
 
 
@@ -141,31 +142,31 @@ def _merge(s: ast.MergeStmt) -> str:
 
 
 def _rebalance(s: ast.RebalanceStmt) -> str:
-    return _join("REBALANCE", s.layer is not None and f"AT LAYER {s.layer}" or None,
+    return _join("REBALANCE", (s.layer is not None and f"AT LAYER {s.layer}") or None,
                  "UNTIL CONVERGED" if s.until_converged else None,
-                 s.max_iters is not None and f"MAX {s.max_iters}" or None,
-                 s.floor is not None and f"FLOOR {_num(s.floor)}" or None,
-                 s.ceiling is not None and f"CEILING {_num(s.ceiling)}" or None)
+                 (s.max_iters is not None and f"MAX {s.max_iters}") or None,
+                 (s.floor is not None and f"FLOOR {_num(s.floor)}") or None,
+                 (s.ceiling is not None and f"CEILING {_num(s.ceiling)}") or None)
 
 
 def _compact(s: ast.CompactStmt) -> str:
     if s.level == "minor":
         return "COMPACT MINOR"
-    return _join("COMPACT MAJOR", "FULL" if s.full else None, s.lambda_ is not None and f"WITH LAMBDA = {_num(s.lambda_)}" or None)
+    return _join("COMPACT MAJOR", "FULL" if s.full else None, (s.lambda_ is not None and f"WITH LAMBDA = {_num(s.lambda_)}") or None)
 
 
 def _show_relations(s: ast.ShowRelationsStmt) -> str:
-    return _join("SHOW RELATIONS", s.layer is not None and f"AT LAYER {s.layer}" or None,
+    return _join("SHOW RELATIONS", (s.layer is not None and f"AT LAYER {s.layer}") or None,
                  "WITH EXAMPLES" if s.with_examples else None, s.mode and s.mode.upper())
 
 
 def _show_features(s: ast.ShowFeaturesStmt) -> str:
-    return _join(f"SHOW FEATURES {s.layer}", s.where and _where(s.where), s.limit is not None and f"LIMIT {s.limit}" or None)
+    return _join(f"SHOW FEATURES {s.layer}", _where(s.where) if s.where else None, (s.limit is not None and f"LIMIT {s.limit}") or None)
 
 
 def _show_entities(s: ast.ShowEntitiesStmt) -> str:
-    return _join("SHOW ENTITIES", s.layer is not None and f"AT LAYER {s.layer}" or None,
-                 s.limit is not None and f"LIMIT {s.limit}" or None)
+    return _join("SHOW ENTITIES", (s.layer is not None and f"AT LAYER {s.layer}") or None,
+                 (s.limit is not None and f"LIMIT {s.limit}") or None)
 
 
 UNPARSERS: dict[type, Callable[..., str]] = {

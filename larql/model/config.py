@@ -10,9 +10,10 @@ defaults, so a vindex written before them still describes its model.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -112,7 +113,8 @@ def check_hf_values(hf: dict[str, Any], source: str) -> None:
     """Refuse config.json values of the wrong type or far out of range (a hostile or damaged file)
     before anything is sized by them: the layer count first (a per-layer table of 2^40 entries
     would never finish), then every integer and number the builders read."""
-    for cfg in (hf, hf.get("text_config") if isinstance(hf.get("text_config"), dict) else {}):
+    text = hf.get("text_config")
+    for cfg in (hf, text if isinstance(text, dict) else {}):
         for key in HF_INTS:
             v = cfg.get(key)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 1 << 40):

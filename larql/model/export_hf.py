@@ -27,8 +27,8 @@ from numpy.typing import NDArray
 from larql.errors import ModelError, UnsupportedError
 from larql.jsonfile import read_json
 from larql.model.config import ModelConfig
-from larql.model.model import Model
 from larql.model.hf_names import hf_tensor_name
+from larql.model.model import Model
 from larql.model.weights import named_tensors
 from larql.quant import QuantMatrix
 from larql.quant.reference import to_bf16
@@ -239,6 +239,11 @@ def source_chat_template(source: Path) -> str | None:
     return None
 
 
+def _constant(value: F32) -> Callable[[], F32]:
+    """An ExportTensor loader for a vector the model already holds as float32."""
+    return lambda: value
+
+
 def export_model(model: Model, out: str | Path, dtype: str = "bf16", overwrite: bool = False) -> Path:
     """A loaded model (GGUF, HF directory) as an HF directory; quantized weights are dequantized.
 
@@ -250,7 +255,7 @@ def export_model(model: Model, out: str | Path, dtype: str = "bf16", overwrite: 
         if isinstance(value, QuantMatrix):
             tensors.append(ExportTensor(name, (value.n_rows, value.n_cols), value.dequantize))
         else:
-            tensors.append(ExportTensor(name, (int(value.size),), (lambda v=value: v)))
+            tensors.append(ExportTensor(name, (int(value.size),), _constant(value)))
     tok = TokenizerFiles(model.tokenizer.tok.to_str(), model.tokenizer.bos_id, tuple(model.tokenizer.eos_ids),
                          source_chat_template(Path(model.source)))
     return write_hf_dir(out, model.config, tensors, tok, dtype, overwrite)

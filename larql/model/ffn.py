@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -31,12 +31,14 @@ FeatureVectors = tuple["F32 | None", "F32 | None", "F32 | None"]  # (gate row, u
 _GELU_C = np.float32(np.sqrt(2.0 / np.pi))
 
 
+# float32 in, float32 out: numpy's stubs widen products with float32 scalars to float64, hence the casts
 def gelu_tanh(x: F32) -> F32:
-    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(_GELU_C * (x + np.float32(0.044715) * x * x * x)))
+    inner = _GELU_C * (x + np.float32(0.044715) * x * x * x)
+    return cast(F32, np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner)))
 
 
 def silu(x: F32) -> F32:
-    return x / (np.float32(1.0) + np.exp(-x))
+    return cast(F32, x / (np.float32(1.0) + np.exp(-x)))
 
 
 def gated(activation: str, gate: F32, up: F32 | None) -> F32:
@@ -83,6 +85,7 @@ class FFN:
         if lw.router is not None:
             return self._experts(i, h, hooks, start)
         overrides = edits.feature_overrides(i) if edits is not None else {}
+        assert lw.gate is not None and lw.down is not None  # a dense layer (None only with a router)
         gate = lw.gate.matmul(h)  # (T, ffn) every feature's gate score: its gate row . h
         if lw.gate_bias is not None:
             gate += lw.gate_bias
@@ -121,6 +124,7 @@ class FFN:
         lw, n = self.weights.layers[i], self.names[i]
         if self.edits is not None:
             raise UnsupportedError(f"layer {i}: FFN edits address one dense FFN; this layer is a mixture of experts")
+        assert lw.router is not None  # called only for a layer with a router
         logits = lw.router.matmul(h)  # (T, n_experts)
         if hooks:
             logits = run_hook(hooks, n.router, logits, start)
@@ -156,7 +160,9 @@ class FFN:
         downs = [(f, d) for f, (_, _, d) in overrides.items() if d is not None]
         if downs:
             if i not in self._downs:
-                self._downs[i] = self.weights.layers[i].down.dequantize()  # (hidden, ffn)
+                down_matrix = self.weights.layers[i].down
+                assert down_matrix is not None  # overrides: a dense layer (FFN edits refuse experts)
+                self._downs[i] = down_matrix.dequantize()  # (hidden, ffn)
             stored = self._downs[i]
             for f, down in downs:
                 out += np.outer(act[:, f], down - stored[:, f])  # swap the feature's column

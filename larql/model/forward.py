@@ -10,6 +10,8 @@ hook point (TransformerLens names, see `hooks.py`); with no hooks the cost is on
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -75,6 +77,7 @@ class Forward:
         k = lw.k.matmul(h)  # (T, n_kv * head_dim)
         v = lw.v.matmul(h)  # (T, n_kv * head_dim)
         if lw.q_bias is not None:
+            assert lw.k_bias is not None and lw.v_bias is not None  # q, k and v biases come together
             q, k, v = q + lw.q_bias, k + lw.k_bias, v + lw.v_bias
         q = q.reshape(t, cfg.n_heads, cfg.head_dim)  # (T, n_heads, d)
         k = k.reshape(t, cfg.n_kv_heads, cfg.head_dim)  # (T, n_kv, d)
@@ -82,6 +85,7 @@ class Forward:
         if hooks:  # TransformerLens's hook_q / hook_k: the projections, before q/k norm and rotation
             q, k, v = run_hook(hooks, n.q, q, start), run_hook(hooks, n.k, k, start), run_hook(hooks, n.v, v, start)
         if cfg.qk_norm:
+            assert lw.q_norm is not None and lw.k_norm is not None  # qk_norm: the loader read both
             q = rms_norm(q, lw.q_norm, cfg.norm_eps)  # (T, n_heads, d)
             k = rms_norm(k, lw.k_norm, cfg.norm_eps)  # (T, n_kv, d)
         if cfg.positions == "rope":
@@ -94,9 +98,9 @@ class Forward:
         scores_hook = pattern_hook = None
         if hooks:
             if n.scores in hooks:
-                scores_hook = lambda x: run_hook(hooks, n.scores, x, start)
+                scores_hook = partial(run_hook, hooks, n.scores, start=start)
             if n.pattern in hooks:
-                pattern_hook = lambda x: run_hook(hooks, n.pattern, x, start)
+                pattern_hook = partial(run_hook, hooks, n.pattern, start=start)
         z = attention(q, keys, values, start, cfg.attn_scale, cfg.layer_window(i), cfg.attn_softcap,
                       scores_hook, pattern_hook)  # (T, n_heads*d)
         out = lw.o.matmul(z)  # (T, hidden)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+
 @njit(cache=True, fastmath=False)
 def rms_norm_rows(x, weight, eps, out):
     """out[r] = x[r] / rms(x[r]) * weight, for x `[rows, n]` float32."""

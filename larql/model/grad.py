@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypedDict, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -64,9 +65,9 @@ def _act(kind: str, g: F32) -> tuple[F32, F32]:
         y = np.float32(0.5) * g * (np.float32(1.0) + t)
         dy = np.float32(0.5) * (np.float32(1.0) + t) + np.float32(0.5) * g * (np.float32(1.0) - t * t) * _GELU_C * (
             np.float32(1.0) + np.float32(3 * 0.044715) * g * g)
-        return y, dy
+        return cast(F32, y), cast(F32, dy)  # float32 throughout; numpy's stubs widen the scalar products
     s = np.float32(1.0) / (np.float32(1.0) + np.exp(-g))
-    return g * s, s * (np.float32(1.0) + g * (np.float32(1.0) - s))
+    return g * s, cast(F32, s * (np.float32(1.0) + g * (np.float32(1.0) - s)))
 
 
 # -- dense layers -------------------------------------------------------------------------------------
@@ -95,7 +96,11 @@ class DenseLayer:
 
     @staticmethod
     def of(lw: LayerWeights, ffn: tuple[F32, F32, F32] | None = None) -> DenseLayer:
-        gate, up, down = ffn if ffn is not None else (lw.gate.dequantize(), lw.up.dequantize(), lw.down.dequantize())
+        if ffn is None:
+            # require_backward refuses a model without a gated dense FFN
+            assert lw.gate is not None and lw.up is not None and lw.down is not None
+            ffn = (lw.gate.dequantize(), lw.up.dequantize(), lw.down.dequantize())
+        gate, up, down = ffn
         return DenseLayer(lw.attn_norm, lw.q.dequantize(), lw.k.dequantize(), lw.v.dequantize(), lw.o.dequantize(),
                           lw.ffn_norm, gate, up, down, lw.q_bias, lw.k_bias, lw.v_bias, lw.q_norm, lw.k_norm,
                           lw.post_attn_norm, lw.post_ffn_norm)
@@ -126,6 +131,16 @@ def _inject(ctxs: Sequence[TailContext], offsets: I64) -> tuple[I64, I64]:
     rows = np.concatenate([off + c.inject_rows for off, c in zip(offsets, ctxs)]).astype(np.int64)
     groups = np.concatenate([np.full(len(c.inject_rows), c.group, np.int64) for c in ctxs])
     return rows, groups
+
+
+class _AttnSaved(TypedDict):
+    """What `_attend` keeps for `_attend_back`."""
+
+    p: F32  # (H, n, S) attention probabilities
+    kx: F32  # (S, H, d) keys and values repeated over each group's heads
+    vx: F32
+    q: F32
+    capped: F32 | None  # tanh(scores / softcap) with soft-capping
 
 
 @dataclass
@@ -173,6 +188,7 @@ class Tail:
         k = h @ dl.k.T  # (T, n_kv*d)
         v = h @ dl.v.T
         if dl.q_bias is not None:
+            assert dl.k_bias is not None and dl.v_bias is not None  # q, k and v biases come together
             q, k, v = q + dl.q_bias, k + dl.k_bias, v + dl.v_bias
         q = q.reshape(t, cfg.n_heads, cfg.head_dim)
         k = k.reshape(t, cfg.n_kv_heads, cfg.head_dim)
@@ -208,14 +224,14 @@ class Tail:
             allowed &= (qpos[:, None] - kpos[None, :]) < window
         return allowed
 
-    def _attend(self, i: int, q: F32, keys: F32, values: F32, qpos: I64) -> tuple[F32, dict[str, object]]:
+    def _attend(self, i: int, q: F32, keys: F32, values: F32, qpos: I64) -> tuple[F32, _AttnSaved]:
         """q `(n, H, d)` at positions qpos; keys/values `(S, n_kv, d)` at positions 0..S-1 -> z `(n, H*d)`."""
         cfg = self.cfg
         group = cfg.n_heads // cfg.n_kv_heads
         kx = np.repeat(keys, group, axis=1)  # (S, H, d)
         vx = np.repeat(values, group, axis=1)
         scores = np.einsum("nhd,shd->hns", q, kx) * np.float32(cfg.attn_scale)  # (H, n, S)
-        capped = None
+        capped: F32 | None = None
         if cfg.attn_softcap:
             capped = np.tanh(scores / np.float32(cfg.attn_softcap))
             scores = capped * np.float32(cfg.attn_softcap)
@@ -227,7 +243,7 @@ class Tail:
         z = np.einsum("hns,shd->nhd", p, vx)  # (n, H, d)
         return z.reshape(len(qpos), -1), {"p": p, "kx": kx, "vx": vx, "q": q, "capped": capped}
 
-    def _attend_back(self, dz: F32, s: dict[str, object]) -> tuple[F32, F32, F32]:
+    def _attend_back(self, dz: F32, s: _AttnSaved) -> tuple[F32, F32, F32]:
         """-> dq `(n, H, d)`, dK and dV `(S, n_kv, d)` over all key positions."""
         cfg = self.cfg
         p, kx, vx, q = s["p"], s["kx"], s["vx"], s["q"]
@@ -235,9 +251,9 @@ class Tail:
         dz = dz.reshape(n, cfg.n_heads, cfg.head_dim)
         dp = np.einsum("nhd,shd->hns", dz, vx)  # (H, n, S)
         dvx = np.einsum("hns,nhd->shd", p, dz)  # (S, H, d)
-        ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True))  # type: ignore[operator]
+        ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True))
         if s["capped"] is not None:
-            ds = ds * (np.float32(1.0) - s["capped"] ** 2)  # type: ignore[operator]
+            ds = ds * (np.float32(1.0) - s["capped"] ** 2)
         ds = ds * np.float32(cfg.attn_scale)
         dq = np.einsum("hns,shd->nhd", ds, kx)
         dkx = np.einsum("hns,nhd->shd", ds, q)
@@ -316,7 +332,7 @@ class Tail:
             return
         cfg = self.cfg
         empty = np.zeros((0, cfg.n_kv_heads, cfg.head_dim), np.float32)
-        fulls = [TailContext(c.ids, 0, r, np.zeros(0, np.int64), []) for c, r in zip(ctxs, full_resid)]
+        fulls = [TailContext(c.ids, 0, r, np.zeros(0, np.int64), prefix_kv=[]) for c, r in zip(ctxs, full_resid)]
         bounds = np.cumsum([0] + [len(c.ids) for c in ctxs])
         positions = np.concatenate([np.arange(len(c.ids)) for c in ctxs])
         x = np.concatenate(full_resid).astype(np.float32)  # (sum T, hidden)

@@ -41,7 +41,7 @@ def top_tokens(logits: F32, k: int) -> NDArray[np.int64]:
     return ids[np.lexsort((ids, -x[ids]))].astype(np.int64)
 
 
-def kl(p_log: F32, q_log: F32) -> float:
+def kl(p_log: NDArray[np.floating], q_log: NDArray[np.floating]) -> float:
     """KL(p || q) of two log-probability vectors (natural log)."""
     return float(np.sum(np.exp(p_log) * (p_log - q_log)))
 

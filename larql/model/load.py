@@ -105,7 +105,8 @@ def _load_hf_dir(name: str, path: Path) -> Model:
         raise ModelFormatError(f"{path}: not a model directory (no config.json)")
     hf = read_hf_config(config_path)
     check_hf_values(hf, str(path))
-    text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else {}
+    text_config = hf.get("text_config")
+    text = text_config if isinstance(text_config, dict) else {}
     tie = hf.get("tie_word_embeddings", text.get("tie_word_embeddings"))
     if tie is not None and not isinstance(tie, bool):
         raise ModelFormatError(f"{config_path}: tie_word_embeddings must be true or false, not {str(tie)[:40]!r}")

@@ -60,7 +60,7 @@ class Model:
         """The hook points a forward pass of this model reaches, in order: not `hook_rot_q/k` without
         RoPE (GPT-2), `mlp.hook_router` only in a mixture of experts, which has no `mlp.hook_pre/post`."""
         c = self.config
-        unreached = ("attn.hook_rot_q", "attn.hook_rot_k") if c.positions != "rope" else ()
+        unreached: tuple[str, ...] = ("attn.hook_rot_q", "attn.hook_rot_k") if c.positions != "rope" else ()
         unreached += ("mlp.hook_pre", "mlp.hook_post") if c.n_experts else ("mlp.hook_router",)
         return all_hook_names(c.n_layers, unreached)
 

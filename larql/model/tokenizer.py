@@ -98,7 +98,7 @@ def _build_from_gguf(meta: dict[str, Any], source: str) -> Tokenizer:
         unk_id = int(meta.get("tokenizer.ggml.unknown_token_id", 0))
         tok = Tokenizer(models.BPE(vocab, _spm_merges(tokens, scores), unk_token=tokens[unk_id],
                                    byte_fallback=True, fuse_unk=True))
-        norms = [normalizers.Replace(" ", "▁")]
+        norms: list[normalizers.Normalizer] = [normalizers.Replace(" ", "▁")]
         if meta.get("tokenizer.ggml.add_space_prefix", False):
             norms.insert(0, normalizers.Prepend("▁"))
         tok.normalizer = normalizers.Sequence(norms)

@@ -8,9 +8,10 @@ convention too: Gemma's `(1 + w)` is stored as `w + 1`, so the forward pass alwa
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray

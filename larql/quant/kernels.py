@@ -13,6 +13,8 @@ have to agree with float32 matmul over the dequantized weights within rounding.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numba import njit, prange
 
@@ -462,12 +464,15 @@ def matmul_small_generic(qtype, block_size, type_size, w, wi8, tab, xs, out):
             out[t, r] = _dot_generic(qtype, w, wi8, r, tab, xs[t], buf, type_size, block_size)
 
 
-DEQUANTIZE = {T_Q8_0: dequantize_q8_0, T_Q5_0: dequantize_q5_0, T_Q4_1: dequantize_q4_1,
-              T_Q4_K: dequantize_q4_k, T_Q6_K: dequantize_q6_k}
+# each kernel's own signature (the per-type kernels differ in arity); callers pass args[3:] of QuantMatrix._args
+Kernel = Callable[..., None]
 
-MATVEC = {T_Q8_0: matvec_q8_0, T_Q4_0: matvec_q4_0, T_Q4_1: matvec_q4_1, T_Q5_0: matvec_q5_0,
-          T_Q5_1: matvec_q5_1, T_Q4_K: matvec_q4_k, T_Q6_K: matvec_q6_k}
+DEQUANTIZE: dict[int, Kernel] = {T_Q8_0: dequantize_q8_0, T_Q5_0: dequantize_q5_0, T_Q4_1: dequantize_q4_1,
+                                 T_Q4_K: dequantize_q4_k, T_Q6_K: dequantize_q6_k}
 
-MATMUL_SMALL = {T_Q8_0: matmul_small_q8_0, T_Q4_0: matmul_small_q4_0, T_Q4_1: matmul_small_q4_1,
-                T_Q5_0: matmul_small_q5_0, T_Q5_1: matmul_small_q5_1, T_Q4_K: matmul_small_q4_k,
-                T_Q6_K: matmul_small_q6_k}
+MATVEC: dict[int, Kernel] = {T_Q8_0: matvec_q8_0, T_Q4_0: matvec_q4_0, T_Q4_1: matvec_q4_1, T_Q5_0: matvec_q5_0,
+                             T_Q5_1: matvec_q5_1, T_Q4_K: matvec_q4_k, T_Q6_K: matvec_q6_k}
+
+MATMUL_SMALL: dict[int, Kernel] = {T_Q8_0: matmul_small_q8_0, T_Q4_0: matmul_small_q4_0, T_Q4_1: matmul_small_q4_1,
+                                   T_Q5_0: matmul_small_q5_0, T_Q5_1: matmul_small_q5_1, T_Q4_K: matmul_small_q4_k,
+                                   T_Q6_K: matmul_small_q6_k}

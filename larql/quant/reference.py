@@ -159,9 +159,9 @@ def dequantize_q4_k(blocks: U8) -> F32:
 
 def dequantize_q5_k(blocks: U8) -> F32:
     n = blocks.shape[0]
-    high = np.unpackbits(blocks[:, 16:48], axis=1, bitorder="little").reshape(n, 32, 8)
-    high = high.transpose(0, 2, 1).reshape(n, 256)  # weight 32*s+i <- bit s of qh[i]
-    return _k_apply(blocks, _k_nibbles(blocks[:, 48:176]) | (high << 4))
+    bits = np.unpackbits(blocks[:, 16:48], axis=1, bitorder="little").reshape(n, 32, 8)
+    high = bits.transpose(0, 2, 1).reshape(n, 256)  # weight 32*s+i <- bit s of qh[i]
+    return _k_apply(blocks, _k_nibbles(blocks[:, 48:176]) | (high << np.uint8(4)))
 
 
 # Q6_K: 256 weights in 210 bytes, w = (d * sc[e // 16]) * (q - 32), q = 6 bits
@@ -201,6 +201,6 @@ DEQUANTIZE = {
 
 def dequantize_reference(raw: U8, qtype: GGMLType, n_cols: int) -> F32:
     """Raw rows `[n_rows, row_bytes]` -> float32 `[n_rows, n_cols]` with the numpy reference."""
-    block_size, type_size = BLOCK_LAYOUT[qtype]
+    _, type_size = BLOCK_LAYOUT[qtype]
     blocks = np.ascontiguousarray(raw).reshape(-1, type_size)
     return DEQUANTIZE[qtype](blocks).reshape(-1, n_cols)

@@ -18,8 +18,19 @@ from numba import njit, prange
 from numpy.typing import NDArray
 
 from larql.quant.kernels import (
-    T_Q4_0, T_Q4_1, T_Q4_K, T_Q5_0, T_Q5_1, T_Q5_K, T_Q6_K, _k_quant, _k_scale_min, _lane_sum, _q6_k_quant,
-    _u16, _u32,
+    T_Q4_0,
+    T_Q4_1,
+    T_Q4_K,
+    T_Q5_0,
+    T_Q5_1,
+    T_Q5_K,
+    T_Q6_K,
+    _k_quant,
+    _k_scale_min,
+    _lane_sum,
+    _q6_k_quant,
+    _u16,
+    _u32,
 )
 from larql.quant.types import GGMLType
 

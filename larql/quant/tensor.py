@@ -15,6 +15,9 @@ from larql.errors import QuantError
 from larql.quant import kernels, repack
 from larql.quant.types import BLOCK_LAYOUT, GGMLType, row_bytes
 
+# what every kernel takes first: (qtype, block_size, type_size, raw rows, the same bytes as int8, f16/bf16 table)
+KernelArgs = tuple[int, int, int, NDArray[np.uint8], NDArray[np.int8], NDArray[np.float32]]
+
 # Above this many activation rows a weight is dequantized in chunks and multiplied with BLAS; at
 # or below it, the `matmul_small_*` kernels stream the blocks once (cheaper than writing float32 weights).
 SMALL_BATCH = 16
@@ -73,7 +76,7 @@ class QuantMatrix:
     def nbytes(self) -> int:
         return int(self.raw.nbytes)
 
-    def _args(self, raw: NDArray[np.uint8]) -> tuple:  # type: ignore[type-arg]
+    def _args(self, raw: NDArray[np.uint8]) -> KernelArgs:
         block_size, type_size = BLOCK_LAYOUT[self.qtype]
         table = kernels.BF16_TO_F32 if self.qtype == GGMLType.BF16 else kernels.F16_TO_F32
         return int(self.qtype), block_size, type_size, raw, raw.view(np.int8), table

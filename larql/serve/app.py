@@ -85,7 +85,7 @@ class ServerState:
 
 
 def state(conn: HTTPConnection) -> ServerState:
-    return conn.app.state.larql  # type: ignore[no-any-return]
+    return conn.app.state.larql
 
 
 def bearer(conn: HTTPConnection) -> str | None:

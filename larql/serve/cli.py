@@ -27,7 +27,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(args.src, host=args.host, port=args.port, config=config, log_level=args.log_level)
 
 
-def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_command(sub: argparse._SubParsersAction) -> None:
     d = Limits()
     sv = sub.add_parser("serve", help="serve a vindex or model over HTTP: LQL, REST shortcuts, OpenAI-style "
                                       "completions, a token WebSocket")

@@ -50,7 +50,7 @@ def anchor(stmt: ast.Statement, root: Path, source: str) -> ast.Statement:
     whatever the process's working directory is); a path that resolves outside it, symbolic links
     followed, is refused."""
     if isinstance(stmt, ast.PipeStmt):
-        return replace(stmt, stages=tuple(anchor(s, root, source) for s in stmt.stages))  # type: ignore[type-var]
+        return replace(stmt, stages=tuple(anchor(s, root, source) for s in stmt.stages))
     base = root.resolve()
     changes: dict[str, str] = {}
     for name in PATH_FIELDS.get(type(stmt), ()):
@@ -62,7 +62,7 @@ def anchor(stmt: ast.Statement, root: Path, source: str) -> ast.Statement:
             raise _located(stmt, source, f"{p}: outside the server's directory {base}",
                            "name a path under the directory `larql serve` was started in")
         changes[name] = str(base / p)  # unresolved: a patch keeps the name it was given
-    return replace(stmt, **changes) if changes else stmt  # type: ignore[type-var]
+    return replace(stmt, **changes) if changes else stmt
 
 
 def check_request(statements: list[ast.Statement], source: str, *, root: Path, allow_edits: bool,

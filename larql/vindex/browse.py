@@ -7,14 +7,15 @@ parsed from LQL (the LQL issue maps WHERE clauses onto these arguments).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from larql.errors import VindexError
 from larql.vindex.describe import STOP_WORDS, clean_token
 
 if TYPE_CHECKING:
-    from larql.vindex.store import Vindex
+    from larql.vindex.store import VindexReader
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class EntityCount:
     max_score: float
 
 
-def _layers(v: Vindex, layers: tuple[int, int] | list[int] | None) -> list[int]:
+def _layers(v: VindexReader, layers: tuple[int, int] | list[int] | None) -> list[int]:
     if layers is None:
         return list(range(v.num_layers))
     if isinstance(layers, tuple):
@@ -63,13 +64,13 @@ def _layers(v: Vindex, layers: tuple[int, int] | list[int] | None) -> list[int]:
     return list(layers)
 
 
-def _hit(v: Vindex, layer: int, feature: int, score: float, n_down: int) -> FeatureHit:
+def _hit(v: VindexReader, layer: int, feature: int, score: float, n_down: int) -> FeatureHit:
     ids, _ = v.down_meta(layer)
     tokens = tuple(clean_token(v.token_text(int(t))) for t in ids[feature][: max(n_down, 1)])
     return FeatureHit(layer, feature, score, tokens[0], tokens[1:n_down + 1] if n_down else ())
 
 
-def walk(v: Vindex, prompt: str, top: int = 10, layers: tuple[int, int] | list[int] | None = None,
+def walk(v: VindexReader, prompt: str, top: int = 10, layers: tuple[int, int] | list[int] | None = None,
          n_down: int = 3) -> WalkResult:
     """Gate KNN of the last prompt token's (scaled) embedding at every selected layer: a feature
     scan, not inference (no attention runs)."""
@@ -82,13 +83,13 @@ def walk(v: Vindex, prompt: str, top: int = 10, layers: tuple[int, int] | list[i
     return WalkResult(prompt, v.tokenizer.token_text(ids[-1]), ids[-1], tuple(chosen), tuple(hits))
 
 
-def nearest(v: Vindex, entity: str, layer: int, limit: int = 20) -> list[FeatureHit]:
+def nearest(v: VindexReader, entity: str, layer: int, limit: int = 20) -> list[FeatureHit]:
     """SELECT ... FROM EDGES NEAREST TO "entity" AT LAYER n: gate KNN of the entity's mean embedding."""
     query = v.entity_embedding(entity)
     return [_hit(v, layer, f, s, 3) for f, s in v.gate_knn(layer, query, limit)]
 
 
-def iter_features(v: Vindex, layers: tuple[int, int] | list[int] | None = None) -> Iterator[FeatureHit]:
+def iter_features(v: VindexReader, layers: tuple[int, int] | list[int] | None = None) -> Iterator[FeatureHit]:
     """Every feature's metadata (score = c_score), layer by layer."""
     for layer in _layers(v, layers):
         ids, scores = v.down_meta(layer)
@@ -97,7 +98,7 @@ def iter_features(v: Vindex, layers: tuple[int, int] | list[int] | None = None) 
             yield FeatureHit(layer, f, float(scores[f, 0]), tokens[0], tokens[1:])
 
 
-def select_features(v: Vindex, layer: int | None = None, feature: int | None = None, token: str | None = None,
+def select_features(v: VindexReader, layer: int | None = None, feature: int | None = None, token: str | None = None,
                     limit: int | None = None) -> list[FeatureHit]:
     """SELECT * FROM FEATURES [WHERE layer = .. AND feature = .. AND token = ..]: token is an exact,
     case-insensitive match on the top output token."""
@@ -115,7 +116,7 @@ def select_features(v: Vindex, layer: int | None = None, feature: int | None = N
     return rows
 
 
-def select_edges(v: Vindex, entity: str | None = None, layer: int | None = None, min_score: float | None = None,
+def select_edges(v: VindexReader, entity: str | None = None, layer: int | None = None, min_score: float | None = None,
                  order: str = "score", descending: bool = True, limit: int = 20) -> list[FeatureHit]:
     """SELECT ... FROM EDGES (scan mode): features whose top output token contains `entity`
     (case-insensitive), optionally at one layer and above a score, ordered by score or layer."""
@@ -125,7 +126,7 @@ def select_edges(v: Vindex, entity: str | None = None, layer: int | None = None,
     rows = [h for h in iter_features(v, None if layer is None else [layer])
             if (needle is None or needle in h.top_token.lower()) and (min_score is None or h.score >= min_score)]
     key = (lambda h: h.score) if order == "score" else (lambda h: (h.layer, h.feature))
-    rows.sort(key=key, reverse=descending)  # type: ignore[arg-type]
+    rows.sort(key=key, reverse=descending)
     return rows[:limit]
 
 
@@ -134,7 +135,7 @@ def is_entity_like(token: str) -> bool:
     return len(t) >= 3 and t.isascii() and t.isalpha() and t[0].isupper() and t.lower() not in STOP_WORDS
 
 
-def select_entities(v: Vindex, layer: int | None = None, limit: int = 50) -> list[EntityCount]:
+def select_entities(v: VindexReader, layer: int | None = None, limit: int = 50) -> list[EntityCount]:
     """Entity-like top tokens (capitalised, alphabetic, >= 3 letters, not stop words) by how many
     features write them."""
     counts: Counter[str] = Counter()

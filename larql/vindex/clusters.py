@@ -84,5 +84,6 @@ def cluster_directions(directions: NDArray[np.float16], members: list[tuple[int,
         top_tokens.append(common)
         labels.append("/".join(common[:3]) if common else f"cluster-{c}")
         counts.append(int(sum(words_c.values())))
+    assert km.centroids is not None  # set by train()
     return Clusters(km.centroids.astype(np.float32), labels, counts, top_tokens,
                     [(layer, f, int(c)) for (layer, f), c in zip(members, assign)])

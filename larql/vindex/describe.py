@@ -23,12 +23,12 @@ from larql.errors import VindexError
 
 if TYPE_CHECKING:
     from larql.model import Model
-    from larql.vindex.store import Vindex
+    from larql.vindex.store import VindexReader
 
 BANDS = ("syntax", "knowledge", "output")
 MIN_GATE = 5.0  # LARQL's threshold: weaker (and all negative) gate scores are not edges
 HITS_PER_LAYER = 20
-CAP = {"brief": {"syntax": 10, "knowledge": 10, "output": 5}, "verbose": 30, "raw": 30}
+CAP: dict[str, dict[str, int] | int] = {"brief": {"syntax": 10, "knowledge": 10, "output": 5}, "verbose": 30, "raw": 30}
 
 STOP_WORDS = frozenset("""
 a about above after again against all also am an and any are as at be because been before being
@@ -54,7 +54,7 @@ BASELINE_WORDS = ("the house water dog run blue happy music river city country p
 _BASELINES: WeakKeyDictionary[object, np.ndarray] = WeakKeyDictionary()
 
 
-def baseline_query(v: Vindex) -> np.ndarray:
+def baseline_query(v: VindexReader) -> np.ndarray:
     if v not in _BASELINES:
         _BASELINES[v] = np.mean([v.entity_embedding(w) for w in BASELINE_WORDS], axis=0)
     return _BASELINES[v]
@@ -112,7 +112,7 @@ def _band_of(layer: int, bands: dict[str, list[int]]) -> str:
     return "knowledge"
 
 
-def feature_edges(v: Vindex, entity: str, layers: list[int], relations_only: bool = False,
+def feature_edges(v: VindexReader, entity: str, layers: list[int], relations_only: bool = False,
                   contrastive: bool = True) -> list[Edge]:
     """Gate-KNN edges of `entity` over `layers`, merged by target (LARQL §4.1 steps 1-4)."""
     query = v.entity_embedding(entity)
@@ -149,7 +149,7 @@ def feature_edges(v: Vindex, entity: str, layers: list[int], relations_only: boo
     return edges
 
 
-def describe(v: Vindex, entity: str, band: str | None = None, at_layer: int | None = None,
+def describe(v: VindexReader, entity: str, band: str | None = None, at_layer: int | None = None,
              relations_only: bool = False, mode: str = "brief", model: Model | None = None,
              probes: bool = True, contrastive: bool = True,
              progress: Callable[[str, int, int], None] | None = None) -> DescribeResult:
@@ -178,9 +178,10 @@ def describe(v: Vindex, entity: str, band: str | None = None, at_layer: int | No
     by_band: dict[str, list[Edge]] = {b: [] for b in BANDS}
     for e in edges:
         by_band[_band_of(e.layer, bands)].append(e)
+    caps = CAP[mode]
     for b in BANDS:
-        cap = CAP[mode][b] if isinstance(CAP[mode], dict) else CAP[mode]
-        by_band[b] = sorted(by_band[b], key=lambda e: -e.score)[:cap]  # type: ignore[index]
+        cap = caps[b] if isinstance(caps, dict) else caps
+        by_band[b] = sorted(by_band[b], key=lambda e: -e.score)[:cap]
     max_gate = max((e.score for e in edges), default=0.0)
     signal = "clean" if max_gate >= 20 else "moderate" if max_gate >= 10 else "diffuse" if edges else "none"
     result = DescribeResult(entity, True, signal, max_gate, by_band, layer_bands=bands)

@@ -17,6 +17,7 @@ from pathlib import Path
 import numba
 import numpy as np
 from numba import njit, prange
+from numpy.typing import NDArray
 
 from larql.errors import UnsupportedError, VindexError
 from larql.model import Model
@@ -35,7 +36,8 @@ VOCAB_CHUNK = 16384  # unembedding rows per GEMM in down_meta
 
 
 @njit(cache=True, parallel=True)
-def _topk_update(scores, base, top_ids, top_vals):  # pragma: no cover - numba
+def _topk_update(scores: NDArray[np.float32], base: int, top_ids: NDArray[np.uint32],
+                 top_vals: NDArray[np.float32]) -> None:  # pragma: no cover - numba
     """Merge scores `(features, chunk)` for tokens base.. into each feature's running top-k.
 
     Kept sorted by score descending; an equal score never displaces an earlier (lower) token id.
@@ -200,6 +202,7 @@ def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dty
         outputs: list[str] = []
         layers = []
         for i, lw in enumerate(w.layers):
+            assert lw.gate is not None and lw.down is not None  # a dense FFN: mixtures of experts are refused above
             gate = lw.gate.dequantize().astype(np_dtype)  # (ffn, hidden)
             gate_offset = gates.write_aligned(gate)
             ids, vals = down_top_tokens(lw.down, unembed, top_k)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 def build_index(gates: NDArray[np.floating]) -> faiss.Index:
     """A flat inner-product index over gate vectors `(features, hidden)` in their stored dtype."""
     hidden = gates.shape[1]
+    index: faiss.Index
     if gates.dtype == np.float16:
         index = faiss.IndexScalarQuantizer(hidden, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
         index.add_sa_codes(np.ascontiguousarray(gates).view(np.uint8))

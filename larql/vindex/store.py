@@ -48,7 +48,7 @@ class Vindex:
         self.vocab_size: int = self.index["vocab_size"]
         self.dtype = np.dtype(layout.DTYPES[self.index["dtype"]])
         self.top_k: int = self.index["down_top_k"]
-        self._maps: dict[str, np.memmap] = {}
+        self._maps: dict[str, NDArray[np.uint8]] = {}  # a memmap, or an empty array for an empty file
         self._gate_indexes: dict[int, Any] = {}  # layer -> faiss index of its gate vectors, built on first KNN
         self._token_texts: dict[int, str] = {}  # token id -> its text, decoded once
         check.check_down_meta_header(self.path, self._map(layout.DOWN_META_FILE)[: layout.DOWN_META_HEADER].tobytes(),
@@ -61,7 +61,7 @@ class Vindex:
 
     # -- access -------------------------------------------------------------------------------
 
-    def _map(self, name: str) -> np.memmap:
+    def _map(self, name: str) -> NDArray[np.uint8]:
         if name not in self._maps:
             f = self.path / name
             self._maps[name] = np.memmap(f, dtype=np.uint8, mode="r") if f.stat().st_size else np.zeros(0, np.uint8)
@@ -201,7 +201,8 @@ class Vindex:
 class MetaSource(Protocol):
     """What feature_meta reads: a store, or an editable view whose down_meta carries its edits."""
 
-    path: Path
+    @property
+    def path(self) -> Path: ...
 
     def num_features(self, layer: int) -> int: ...
 
@@ -230,3 +231,27 @@ def open_vindex(path: str | Path) -> Vindex:
         >>> v.gate_knn(10, v.entity_embedding("France"), k=5)
     """
     return Vindex(path)
+
+
+class VindexReader(MetaSource, Protocol):
+    """What browsing and DESCRIBE read (larql.vindex.browse, .describe): a Vindex, or an
+    EditableVindex, which reads through its patch overlay."""
+
+    @property
+    def index(self) -> dict[str, Any]: ...
+
+    @property
+    def num_layers(self) -> int: ...
+
+    @property
+    def tokenizer(self) -> TextTokenizer: ...
+
+    def feature_meta(self, layer: int, feature: int) -> FeatureMeta: ...
+
+    def feature_label(self, layer: int, feature: int) -> str | None: ...
+
+    def gate_knn(self, layer: int, query: NDArray[np.float32], k: int = 10) -> list[tuple[int, float]]: ...
+
+    def token_embedding(self, token_id: int, scaled: bool = True) -> NDArray[np.float32]: ...
+
+    def entity_embedding(self, text: str, scaled: bool = True) -> NDArray[np.float32]: ...

@@ -25,13 +25,13 @@ class BinaryFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._f: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed by close()
+        self._f: BinaryIO = open(path, "wb")
         self._hash = hashlib.sha256()
         self.size = 0
 
     def write(self, data: bytes | memoryview | np.ndarray) -> int:
         """Append bytes; returns the offset they start at."""
-        buf = memoryview(np.ascontiguousarray(data)).cast("B") if isinstance(data, np.ndarray) else memoryview(data)
+        buf = np.ascontiguousarray(data).data.cast("B") if isinstance(data, np.ndarray) else memoryview(data)
         start = self.size
         self._f.write(buf)
         self._hash.update(buf)

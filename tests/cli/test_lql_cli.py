@@ -10,7 +10,6 @@ import pytest
 from tests.cli.conftest import larql
 
 
-
 @pytest.fixture(scope="module")
 def vx(tiny_vindex: Path) -> Path:
     return tiny_vindex

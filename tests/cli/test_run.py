@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import golden
 from tests.cli.conftest import larql
+from tests.conftest import golden
 
 
 def test_run_json_on_real_model() -> None:

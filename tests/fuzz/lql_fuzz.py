@@ -221,9 +221,9 @@ def fuzz_parser(inputs: Iterator[str]) -> Report:
             r.rejected += 1
             try:
                 str(e)  # rendering must not fail either
-            except Exception as e2:  # noqa: BLE001
+            except Exception as e2:
                 r.fail(f"render {type(e2).__name__}", text)
-        except Exception as e:  # noqa: BLE001 - the point is to catch anything
+        except Exception as e:
             r.fail(type(e).__name__ + (f"[{type(e.orig_exc).__name__}]" if hasattr(e, "orig_exc") else ""), text)
         r.times.append((time.perf_counter() - t0, text))
     return r
@@ -254,7 +254,7 @@ def fuzz_executor(inputs: Iterator[str], session: Callable[[], object]) -> Repor
         except LarqlError as e:
             r.rejected += 1
             str(e)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             r.fail(f"{type(e).__name__}: {str(e)[:80]}", text)
         r.times.append((time.perf_counter() - t0, text))
     return r

@@ -11,9 +11,9 @@ from pathlib import Path
 import gguf
 import pytest
 
+from larql.edit.view import edit_vindex
 from larql.lql.session import Session
 from larql.vindex.extract import extract
-from larql.edit.view import edit_vindex
 from tests.fuzz.lql_fuzz import EXECUTOR_SEEDS, fuzz_executor, fuzz_parser, mutations
 from tests.synthetic import TinySpec, hf_weights, write_gguf
 

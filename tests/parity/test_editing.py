@@ -18,7 +18,7 @@ FACTS = [("Atlantis", "capital", "Poseidon", "The capital of Atlantis is"),
          ("Mars", "language", "Martian", "The official language of Mars is")]
 
 
-def _p(m, prompt: str, token_id: int) -> float:  # noqa: ANN001
+def _p(m, prompt: str, token_id: int) -> float:
     return float(np.exp(log_softmax(m.next_logits(m.tokenize(prompt)))[token_id]))
 
 

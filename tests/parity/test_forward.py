@@ -35,7 +35,7 @@ def test_per_layer_activations_match_hf(real_model: larql.Model) -> None:
     for i, p in enumerate(golden(real_model.name, "hf")[:ACTIVATION_PROMPTS]):
         captured: dict[str, np.ndarray] = {}
 
-        def keep(x: np.ndarray, name: str) -> None:
+        def keep(x: np.ndarray, name: str, captured: dict[str, np.ndarray] = captured) -> None:
             captured[name] = x.copy()
 
         names = ["hook_embed"] + [f"blocks.{layer}.{kind}" for layer in range(n_layers)

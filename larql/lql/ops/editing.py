@@ -149,7 +149,7 @@ def update(stmt: ast.UpdateStmt, session: Session, result: Result) -> None:
     for layer, feature in slots:
         ids, scores = v.down_meta(layer)
         new_ids = (tid,) if tid is not None else tuple(int(i) for i in ids[feature])
-        new_scores = (confidence if confidence is not None else float(scores[feature, 0]),)
+        new_scores: tuple[float, ...] = (confidence if confidence is not None else float(scores[feature, 0]),)
         if tid is None:
             new_scores += tuple(float(s) for s in scores[feature, 1:])
         v.patches.record(PatchOp("update", layer, feature, meta=MetaOverride(new_ids, new_scores)))

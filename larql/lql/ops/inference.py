@@ -6,6 +6,7 @@ from collections.abc import Sized
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from larql.errors import LqlSemanticError
 from larql.lql import ast
@@ -15,8 +16,8 @@ from larql.model.generate import log_softmax
 from larql.model.interp import (
     first_target_token,
     kl,
-    logit_attribution,
     layer_deltas,
+    logit_attribution,
     logit_lens,
     rank_of,
     residual_hook_names,
@@ -91,10 +92,10 @@ def trace(stmt: ast.TraceStmt, session: Session, result: Result) -> None:
     totals: list[float] = []
     for pos in positions:
         tag = [pos] if stmt.positions == "all" else []
+        stages: list[tuple[str, NDArray[np.float32], NDArray[np.float32] | None, NDArray[np.float32] | None]]
         stages = [("emb", cache["hook_embed"][pos], None, None)]
         for layer in layers:
-            attn, ffn = layer_deltas(cache, layer, pos)
-            stages.append((f"L{layer}", cache[f"blocks.{layer}.hook_resid_post"][pos], attn, ffn))
+            stages.append((f"L{layer}", cache[f"blocks.{layer}.hook_resid_post"][pos], *layer_deltas(cache, layer, pos)))
         if target is not None:  # each write read through the final norm onto the target's logit
             emb_term, parts = logit_attribution(m, cache, target, pos)
             running = emb_term + np.concatenate([[0.0], np.cumsum(parts.sum(axis=1))])  # after emb, L0, L1, ...
@@ -104,21 +105,21 @@ def trace(stmt: ast.TraceStmt, session: Session, result: Result) -> None:
             if target is not None:
                 layer = -1 if attn is None else int(label[1:])
                 a, f = (None, None) if attn is None else (float(parts[layer, 0]), float(parts[layer, 1]))
-                who = "" if a is None else ("attn" if abs(a) > abs(f) else "ffn")  # type: ignore[arg-type]
+                who = "" if a is None or f is None else ("attn" if abs(a) > abs(f) else "ffn")
                 rows.append(tag + [label, rank_of(logp, target), float(np.exp(logp[target])),
                                    "" if a is None else a, "" if f is None else f,
                                    float(running[layer + 1]), who])
             elif stmt.decompose:
-                if attn is None:
+                if attn is None or ffn is None:  # the embedding row (both or neither are None)
                     continue
                 na, nf = float(np.linalg.norm(attn)), float(np.linalg.norm(ffn))
                 rows.append(tag + [label, na, nf, float(np.linalg.norm(resid)),
                                    f"{100 * na / (na + nf):.0f}%"])
             else:
                 top = int(np.argmax(logp))
-                na = "" if attn is None else float(np.linalg.norm(attn))
-                nf = "" if ffn is None else float(np.linalg.norm(ffn))
-                rows.append(tag + [label, m.tokenizer.token_text(top), float(np.exp(logp[top])), na, nf])
+                rows.append(tag + [label, m.tokenizer.token_text(top), float(np.exp(logp[top])),
+                                   "" if attn is None else float(np.linalg.norm(attn)),
+                                   "" if ffn is None else float(np.linalg.norm(ffn))])
     pos_col = ["pos"] if stmt.positions == "all" else []
     if target is not None:
         result.title = f"TRACE {stmt.prompt!r} FOR {m.tokenizer.token_text(target)!r}"

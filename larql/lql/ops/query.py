@@ -69,7 +69,7 @@ def explain_walk(stmt: ast.ExplainWalkStmt, session: Session, result: Result) ->
     n_down = 5 if stmt.verbose else 3
     layers = (stmt.layers.start, stmt.layers.end) if stmt.layers else None
     if stmt.band is not None and stmt.band != "all" and layers is None:
-        layers = tuple(v.index["layer_bands"][stmt.band])  # type: ignore[assignment]
+        layers = tuple(v.index["layer_bands"][stmt.band])
     w = browse.walk(v, stmt.prompt, top=stmt.top or walk_top(stmt), layers=layers, n_down=n_down)
     result.title = f"EXPLAIN WALK {stmt.prompt!r} (token {w.token!r})"
     result.columns = ["layer", "feature", "top", "gate", "down", "relation"]
@@ -101,7 +101,7 @@ def _match(cond: ast.Condition, value: Any, stmt: ast.Statement, session: Sessio
     if op == "=":
         return abs(value - want) <= 1e-3 if isinstance(value, float) else value == want  # type: ignore[operator]
     return {"!=": value != want, "<": value < want, ">": value > want, "<=": value <= want,
-            ">=": value >= want}[op]  # type: ignore[operator]
+            ">=": value >= want}[op]
 
 
 EDGE_FIELDS = {"layer": "layer", "feature": "feature", "target": "token", "token": "token", "top_token": "token",
@@ -136,6 +136,7 @@ def select(stmt: ast.SelectStmt, session: Session, result: Result) -> None:
     else:
         layer = next((c.value for c in stmt.where if c.field == "layer" and c.op == "=" and isinstance(c.value, int)), None)
         hits = list(browse.iter_features(v, None if layer is None else [layer]))
+    rows: list[dict[str, Any]]
     rows = [{"layer": h.layer, "feature": h.feature, "token": h.top_token, "also": ", ".join(h.down_tokens[:3]),
              "relation": v.feature_label(h.layer, h.feature) or "", "score": h.score} for h in hits]
     rows = _filter(rows, stmt.where, EDGE_FIELDS, stmt, session)
@@ -173,7 +174,7 @@ def _order(rows: list[dict[str, Any]], stmt: ast.SelectStmt, session: Session, f
 def _project(stmt: ast.SelectStmt, result: Result, rows: list[dict[str, Any]]) -> None:
     """The columns SELECT named (the planner checked them), headed as they were written; * is all."""
     names = list(stmt.fields) or list(SELECT_COLUMNS[stmt.source])
-    keys = [select_column(stmt.source, n) for n in names]
+    keys = [select_column(stmt.source, n) or n for n in names]  # never None: the planner checked the names
     result.columns = names
     result.rows = [[r[k] for k in keys] for r in rows]
 
@@ -194,6 +195,7 @@ def show_layers(stmt: ast.ShowLayersStmt, session: Session, result: Result) -> N
 
 def show_features(stmt: ast.ShowFeaturesStmt, session: Session, result: Result) -> None:
     v = _v(session)
+    rows: list[dict[str, Any]]
     rows = [{"feature": h.feature, "token": h.top_token, "score": h.score, "down": ", ".join(h.down_tokens),
              "relation": v.feature_label(h.layer, h.feature) or ""} for h in browse.iter_features(v, [stmt.layer])]
     for cond in stmt.where:  # LARQL: token = "x" (and relation) is a substring match

@@ -61,7 +61,7 @@ def test_infer_compare_shows_an_overlay_edit(src: dict) -> None:
 
 
 def test_trace_rows_agree_with_infer(src: dict) -> None:
-    use, infer, default, target, decompose = execute(
+    _use, infer, default, target, decompose = execute(
         f'USE "{src["inference"]}"; INFER "hello there" TOP 1; TRACE "hello there"; '
         'TRACE "hello there" FOR "a" LAYERS 1-3; TRACE "hello there" DECOMPOSE')
     assert [r[0] for r in default.rows] == ["emb", "L0", "L1", "L2", "L3"]

@@ -105,9 +105,9 @@ def test_existing_outputs_are_replaced_only_with_force(vxi: Path, tmp_path: Path
     # (other options) refused without FORCE and replaced with it
     gguf = vxi.parent / "m.gguf"
     refused(f'EXTRACT MODEL "{gguf}" INTO "{trace}"', "already exists; add FORCE")
-    (reused,) = execute(f'EXTRACT MODEL "{gguf}" INTO "{out}" WITH INFERENCE')[:1]
+    (_reused,) = execute(f'EXTRACT MODEL "{gguf}" INTO "{out}" WITH INFERENCE')[:1]
     assert open_vindex(out).index["extract_level"] == "inference"
-    (other,) = execute(f'EXTRACT MODEL "{gguf}" INTO "{tmp_path / "b.vindex"}"')[:1]
+    (_other,) = execute(f'EXTRACT MODEL "{gguf}" INTO "{tmp_path / "b.vindex"}"')[:1]
     refused(f'EXTRACT MODEL "{gguf}" INTO "{tmp_path / "b.vindex"}" WITH INFERENCE', "holds a different vindex")
     execute(f'EXTRACT MODEL "{gguf}" INTO "{tmp_path / "b.vindex"}" WITH INFERENCE FORCE')
     assert open_vindex(tmp_path / "b.vindex").index["extract_level"] == "inference"

@@ -36,7 +36,7 @@ def test_unknown_alias() -> None:
 def test_truncated_gguf(good_gguf: Path, tmp_path: Path, keep: int) -> None:
     data = good_gguf.read_bytes()
     bad = tmp_path / "cut.gguf"
-    bad.write_bytes(data[:keep] if keep > 0 else data[:keep])
+    bad.write_bytes(data[:keep])
     with pytest.raises(ModelFormatError, match=r"cut\.gguf: (truncated|not a GGUF)"):
         larql.load(bad)
 
@@ -70,7 +70,10 @@ def test_unsupported_architecture(tmp_path: Path) -> None:
     path = tmp_path / "mamba.gguf"
     w = gguf.GGUFWriter(str(path), "mamba")
     w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     with pytest.raises(UnsupportedError, match=r"mamba\.gguf: architecture 'mamba' is not supported \(supported: gemma3, llama, qwen2, qwen3, phi3, gpt2\)"):
         larql.load(path)
 

@@ -23,7 +23,7 @@ def test_rms_norm_matches_float64() -> None:
 
 
 @pytest.mark.parametrize("activation, numpy_act", [("gelu_tanh", gelu_tanh), ("silu", silu)])
-def test_gated_activation_matches_numpy(activation: str, numpy_act) -> None:  # noqa: ANN001
+def test_gated_activation_matches_numpy(activation: str, numpy_act) -> None:
     rng = np.random.default_rng(1)
     gate = (rng.standard_normal((5, 2048)) * 4).astype(np.float32)
     up = rng.standard_normal((5, 2048)).astype(np.float32)

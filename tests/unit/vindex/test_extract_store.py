@@ -13,10 +13,10 @@ import pytest
 
 import larql
 from larql.errors import VindexError
-from larql.vindex.extract import extract
-from larql.vindex import layout
-from larql.vindex.store import open_vindex
 from larql.quant.quantize import quantize_q4_k, quantize_q6_k
+from larql.vindex import layout
+from larql.vindex.extract import extract
+from larql.vindex.store import open_vindex
 from tests.conftest import rel_err
 from tests.synthetic import TinySpec, hf_weights, reference_logits, write_gguf, write_hf_dir
 
