@@ -48,6 +48,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         sys.stderr.write("larql: error: --top and --json need a prompt (without one, larql run opens a chat)\n")
         return 2
     model = larql.load(args.model)
+    if args.ffn:
+        try:
+            from larql.serve.ffn_remote import use_remote_ffn
+        except ImportError as e:
+            raise LarqlError(f"--ffn needs {e.name}: pip install 'larql[serve]'") from e
+        model = use_remote_ffn(model, args.ffn)
     out = sys.stdout
     if args.prompt is None:
         from larql.cli_chat import run_chat
@@ -229,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--top-p", type=float, default=1.0)
     run.add_argument("--seed", type=int, default=None)
     run.add_argument("--stats", action="store_true", help="print token count and speed to stderr")
+    run.add_argument("--ffn", default=None, metavar="URL",
+                     help="compute the FFN of the layers an FFN server serves there (larql serve --ffn-only)")
     run.set_defaults(func=cmd_run)
 
     ex = sub.add_parser("extract", help="decompile a model into a vindex directory")
