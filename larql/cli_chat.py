@@ -94,7 +94,10 @@ class Conversation:
         """The whole conversation as the model reads it, ending where the assistant speaks next."""
         if self.template is not None:
             return self.template.render(self.model, self.messages)
-        return self.model.tokenize("".join(m["content"] for m in self.messages))
+        # plain continuation: the text as the terminal shows it, a reply ending its line
+        return self.model.tokenize("".join(m["content"] + ("\n" if m["role"] == "assistant" and
+                                                            not m["content"].endswith("\n") else "")
+                                           for m in self.messages))
 
     def reply(self, text: str, params: SamplingParams, max_tokens: int) -> Iterator[str]:
         """Add the user's `text` and yield the reply's text as it is generated (not the stop token).
@@ -138,6 +141,8 @@ class Conversation:
                 self.cached.append(tok)
         except (KeyboardInterrupt, GeneratorExit):
             self.last.stopped = True
+            if not shown:  # stopped before a word of the reply: the question is withdrawn with it
+                del self.messages[-2:]
             raise
         finally:
             reply["content"] = shown

@@ -178,6 +178,11 @@ def test_conversation_keeps_its_cache_and_cuts_it_back_exactly(smol: larql.Model
     assert talk.cached[:len(asked)] == asked and talk.cache.length == len(talk.cached) == len(asked) + 3
     talk.reset()
     assert talk.messages == [] and talk.cache.length == 0
+    reply = talk.reply("What is the capital of France?", greedy, 20)
+    first = next(reply)
+    reply.close()  # what Ctrl-C does to a reply mid-way: the part shown stays
+    assert talk.last.stopped and talk.messages[-1] == {"role": "assistant", "content": first}
+    assert talk.cache.length == len(talk.cached) and talk.cached == talk.prompt_ids()[:len(talk.cached)]
 
 
 def test_plain_continuation_without_a_template(tiny_gguf: Path) -> None:
