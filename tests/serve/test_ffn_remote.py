@@ -87,4 +87,8 @@ def test_command_line_serve_and_run(tmp_path: Path) -> None:
         proc.wait(timeout=60)
     bad = run_larql("serve", "gemma3-270m", "--ffn-only", "--layers", "4-40", "--port", "0")
     assert bad.returncode == 1 and bad.stderr.strip().endswith("--layers 4-40: gemma3-270m has layers 0..17")
-    assert run_larql("serve", "gemma3-270m", "--ffn-only").returncode == 1
+    for args, message in ((["--ffn-only"], "--ffn-only needs --layers A-B"),
+                          (["--layers", "1-2"], "--layers goes with --ffn-only"),
+                          (["--ffn-only", "--layers", "x"], "--layers must be a layer range such as 4-11")):
+        r = run_larql("serve", "gemma3-270m", *args, "--port", "0")
+        assert r.returncode == 1 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
