@@ -44,8 +44,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     import larql
 
+    if args.prompt is None and (args.top or args.json):
+        sys.stderr.write("larql: error: --top and --json need a prompt (without one, larql run opens a chat)\n")
+        return 2
     model = larql.load(args.model)
+    if args.ffn:
+        try:
+            from larql.serve.ffn_remote import use_remote_ffn
+        except ImportError as e:
+            raise LarqlError(f"--ffn needs {e.name}: pip install 'larql[serve]'") from e
+        model = use_remote_ffn(model, args.ffn)
     out = sys.stdout
+    if args.prompt is None:
+        from larql.cli_chat import run_chat
+
+        return run_chat(model, args)
     if args.top:
         ids = model.tokenize(args.prompt)
         t0 = time.perf_counter()
@@ -211,16 +224,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="larql", description="A language model as a database.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run = sub.add_parser("run", help="generate text from a model (streams tokens as they come)")
+    run = sub.add_parser("run", help="generate text from a model (streams tokens as they come); no prompt: a chat")
     run.add_argument("model", help="alias (gemma3-270m, smollm2-135m), a .gguf file or an HF directory")
-    run.add_argument("prompt")
-    run.add_argument("--max-tokens", type=int, default=32, help="tokens to generate (default 32)")
+    run.add_argument("prompt", nargs="?", help="the text to continue; without it, a chat in the terminal (the model's "
+                     "chat template, /reset, /exit)")
+    run.add_argument("--max-tokens", type=int, default=32, help="tokens to generate (default 32; in a chat, a reply's)")
     run.add_argument("--top", type=int, default=0, metavar="K", help="print the next-token distribution instead")
     run.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     run.add_argument("--top-k", type=int, default=0)
     run.add_argument("--top-p", type=float, default=1.0)
     run.add_argument("--seed", type=int, default=None)
     run.add_argument("--stats", action="store_true", help="print token count and speed to stderr")
+    run.add_argument("--ffn", default=None, metavar="URL",
+                     help="compute the FFN of the layers an FFN server serves there (larql serve --ffn-only)")
     run.set_defaults(func=cmd_run)
 
     ex = sub.add_parser("extract", help="decompile a model into a vindex directory")

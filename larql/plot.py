@@ -1,6 +1,7 @@
 """Pictures of results with matplotlib (the optional extra `larql[plot]`): a TRACE ... FOR as the
-target's rank and probability across layers, and a TRACE ... POSITIONS ALL as a logit-lens heatmap
-(layer x position, coloured by the top token's probability, labelled with it).
+target's rank and probability across layers, a TRACE ... POSITIONS ALL as a logit-lens heatmap
+(layer x position, coloured by the top token's probability, labelled with it), and each head's
+attention pattern (query x key) at a layer.
 
     from larql import plot
     from larql.lql.executor import execute
@@ -16,10 +17,13 @@ from __future__ import annotations
 
 import io
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from larql.errors import LarqlError
 from larql.lql.result import Result
+
+if TYPE_CHECKING:
+    from larql.model.interp import AttentionPatterns
 
 
 def _matplotlib() -> Any:
@@ -108,6 +112,42 @@ def lens(result: Result | dict[str, Any], figsize: tuple[float, float] | None = 
                 color="black" if grid[y][x] > 0.6 else "white")
     fig.colorbar(im, ax=ax, label="probability")
     ax.set_title(title, fontsize=10)
+    return fig
+
+
+def attention(patterns: AttentionPatterns | dict[str, Any], layer: int | None = None,
+              heads: list[int] | None = None, figsize: tuple[float, float] | None = None) -> Any:
+    """Each head's attention at `layer` (default: the first captured) as a query (row) x key (column)
+    heatmap labelled with the tokens, from `larql.model.interp.attention_patterns(...)` or the JSON
+    `GET /v1/attention` answers; `heads` picks some (default: all)."""
+    import numpy as np
+
+    Figure = _matplotlib()
+    if isinstance(patterns, dict):
+        tokens, layers, grid = list(patterns["tokens"]), list(patterns["layers"]), np.asarray(patterns["patterns"])
+    else:
+        tokens, layers, grid = patterns.tokens, patterns.layers, patterns.pattern
+    layer = layers[0] if layer is None else layer
+    if layer not in layers:
+        raise LarqlError(f"plot.attention: layer {layer} is not among the layers captured ({layers})")
+    per_head = grid[layers.index(layer)]  # (heads, queries, keys)
+    chosen = list(range(per_head.shape[0])) if heads is None else heads
+    bad = [h for h in chosen if not 0 <= h < per_head.shape[0]]
+    if bad or not chosen:
+        raise LarqlError(f"plot.attention: no head {bad[0] if bad else '(none chosen)'} (heads 0..{per_head.shape[0] - 1})")
+    cols = min(4, len(chosen))
+    rows = (len(chosen) + cols - 1) // cols
+    side = 1.2 + 0.3 * len(tokens)
+    fig = Figure(figsize=figsize or (side * cols + 1.0, side * rows), layout="constrained")
+    labels = [repr(t)[1:-1][:10] for t in tokens]
+    im = None
+    for k, h in enumerate(chosen):
+        ax = fig.add_subplot(rows, cols, k + 1)
+        im = ax.imshow(per_head[h], cmap="viridis", vmin=0.0, vmax=1.0)
+        ax.set_xticks(range(len(tokens)), labels, rotation=60, ha="right", fontsize=7)
+        ax.set_yticks(range(len(tokens)), labels, fontsize=7)
+        ax.set_title(f"layer {layer}, head {h}", fontsize=9)
+    fig.colorbar(im, ax=fig.axes, label="attention weight (query row, key column)", shrink=0.8)
     return fig
 
 

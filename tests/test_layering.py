@@ -13,7 +13,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "larql"
 # the layer of each part of larql, lowest first; a module may import its own layer and lower ones
 ORDER = ["errors", "quant", "model", "vindex", "edit", "facade", "lql", "top"]
-TOP = {"cli", "cli_core", "cli_db", "cli_edit", "cli_build", "build", "progress", "repl", "repl_config", "render", "plot",
+TOP = {"cli", "cli_core", "cli_chat", "cli_db", "cli_edit", "cli_build", "build", "progress", "repl", "repl_config", "render", "plot",
        "meta_commands", "__main__", "serve"}  # the shells above lql
 
 

@@ -110,8 +110,8 @@ def _reads_only(argv: list[str]) -> bool:
     "g.vindex" finds the same extraction there and reuses it)."""
     if argv[0] == "echo" or argv[1:] in ([], ["--version"]) or argv[1] == "verify":
         return True
-    if argv[1] == "run":
-        return not argv[2].startswith("path/")  # placeholders
+    if argv[1] == "run":  # not placeholders, nor the chat (no prompt: it needs a terminal, tests/cli/test_chat.py)
+        return not argv[2].startswith("path/") and len(argv) > 3 and not argv[3].startswith("-")
     writes = ("INSERT", "COMPILE", "APPLY", "CROWN", "BEGIN", "SAVE")
     # USE REMOTE needs the server the serving section starts by hand (tests/serve run one for real)
     return argv[1] == "lql" and len(argv) > 2 and not any(w in argv[2] for w in writes) and "USE REMOTE" not in argv[2]

@@ -7,6 +7,7 @@ share: top tokens, KL, ranks, target token ids, the logit lens and per-layer att
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -216,3 +217,39 @@ def copy_kv(dst: KVCache, src: KVCache, layers: list[int] | None = None, positio
         sl = slice(positions.start or 0, stop)
         dst.k[layer][:, sl] = src.k[layer][:, sl]
         dst.v[layer][:, sl] = src.v[layer][:, sl]
+
+
+# ---- attention patterns -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AttentionPatterns:
+    """Each head's attention for a prompt: `pattern[i, h, q, k]` is how much query position q of
+    layer `layers[i]`'s head h attends to key position k (a row sums to 1; keys after q, and keys a
+    sliding window hides, are 0). The softmax the forward pass computes (`blocks.L.attn.hook_pattern`),
+    after any soft-cap."""
+
+    ids: list[int]
+    tokens: list[str]  # each id's text
+    layers: list[int]
+    pattern: F32  # (len(layers), n_heads, seq, seq)
+
+    def layer(self, layer: int) -> F32:
+        """`(n_heads, seq, seq)` of one layer (by model layer number)."""
+        if layer not in self.layers:
+            raise ModelError(f"layer {layer} is not among the layers captured ({self.layers})")
+        return self.pattern[self.layers.index(layer)]
+
+
+def attention_patterns(m: Model, ids: list[int], layers: list[int] | None = None) -> AttentionPatterns:
+    """Every head's attention pattern at `layers` (default: all) for the prompt `ids`, from one forward pass."""
+    n = m.config.n_layers
+    wanted = list(range(n)) if layers is None else [int(i) for i in layers]
+    bad = [i for i in wanted if not 0 <= i < n]
+    if bad:
+        raise ModelError(f"{m.name}: no layer {bad[0]} (layers 0..{n - 1})")
+    _, cache = m.run_with_cache(ids, names=[f"blocks.{i}.attn.hook_pattern" for i in wanted])
+    # each capture is (T, heads, S) for queries x heads x keys: heads first, as transformers orders them
+    pattern = np.stack([cache[f"blocks.{i}.attn.hook_pattern"].transpose(1, 0, 2) for i in wanted]) if wanted \
+        else np.zeros((0, m.config.n_heads, len(ids), len(ids)), dtype=np.float32)
+    return AttentionPatterns(list(ids), [m.tokenizer.token_text(int(i)) for i in ids], wanted,
+                             np.ascontiguousarray(pattern, dtype=np.float32))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +11,7 @@ from numpy.typing import NDArray
 from larql.errors import ContextLengthError, ModelError
 from larql.model.attention import KVCache
 from larql.model.config import ModelConfig
-from larql.model.ffn import FFNEdits
+from larql.model.ffn import FFN, FFNEdits
 from larql.model.forward import Forward
 from larql.model.generate import Generation, SamplingParams, sample
 from larql.model.hooks import (
@@ -43,6 +43,17 @@ class Model:
     def with_edits(self, edits: FFNEdits | None) -> Model:
         """This model (same weights, tokenizer) with another FFN edit strategy."""
         return Model(self.name, self.source, self.config, self.weights, self.tokenizer, edits)
+
+    def ffn_block(self, layer: int, h: NDArray[np.float32]) -> NDArray[np.float32]:
+        """Layer `layer`'s FFN output `(T, hidden)` for its normed input h `(T, hidden)`, no hooks."""
+        return self._forward.ffn(layer, np.ascontiguousarray(h, dtype=np.float32), None, 0)
+
+    def with_ffn(self, wrap: Callable[[FFN], FFN]) -> Model:
+        """This model (same weights, tokenizer, edits) with its FFN block replaced by `wrap(ffn)`: a
+        seam for an FFN computed elsewhere (larql/serve/ffn_remote.py serves a layer range over HTTP)."""
+        m = self.with_edits(self.edits)
+        m._forward.ffn = wrap(m._forward.ffn)
+        return m
 
     def dense(self) -> Model:
         """This model with the plain dense FFN (same weights, no vindex walk, no patch overlay)."""

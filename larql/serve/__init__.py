@@ -7,6 +7,7 @@
     DELETE /v1/session                  drop this client's session (its edits)
     POST /v1/completions, /v1/chat/completions   OpenAI-compatible ("stream": true for SSE)
     WS   /v1/stream                     token frames, a done frame; {"type": "cancel"} stops
+    GET|POST /v1/attention              every head's attention pattern for a prompt (a layer, or all)
     GET  /                              the browser console (larql/serve/console.py)
     GET  /v1/lql/keywords, POST /v1/lql/complete   the console editor's completion
 

@@ -146,7 +146,7 @@ async def internal_error(request: Request, e: Exception) -> Response:
 
 def create_app(served: Served, config: ServeConfig | None = None) -> Starlette:
     """The Starlette app serving `served` (see larql/serve/__init__.py for the routes)."""
-    from larql.serve import console, generation, lql_routes
+    from larql.serve import attention, console, generation, lql_routes
 
     server = ServerState(served, config or ServeConfig())
 
@@ -156,7 +156,14 @@ def create_app(served: Served, config: ServeConfig | None = None) -> Starlette:
         # uvicorn has already let in-flight requests finish (its graceful-shutdown wait)
         server.pool.shutdown(wait=False, cancel_futures=True)
 
-    app = Starlette(routes=lql_routes.routes() + generation.routes() + console.routes(), lifespan=lifespan,
+    if server.config.ffn_layers is not None:  # --ffn-only: the FFN of a layer range and nothing else
+        from larql.serve import ffn_remote
+
+        ffn_remote.check_range(server)
+        routes = ffn_remote.routes()
+    else:
+        routes = lql_routes.routes() + generation.routes() + attention.routes() + console.routes()
+    app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={LarqlError: larql_error, HTTPException: http_error,
                                         Exception: internal_error})
     app.state.larql = server

@@ -22,8 +22,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     limits = Limits(max_body_bytes=args.max_body, max_statements=args.max_statements, max_tokens=args.max_tokens,
                     timeout_s=args.timeout)
     token = args.token or os.environ.get("LARQL_TOKEN") or None
+    if args.layers and not args.ffn_only:
+        raise ServeError("--layers goes with --ffn-only (the layer range whose FFN this server computes)")
+    ffn_layers = None
+    if args.ffn_only:
+        from larql.serve.ffn_remote import parse_layers
+
+        if not args.layers:
+            raise ServeError("--ffn-only needs --layers A-B (the layers whose FFN this server computes)")
+        ffn_layers = parse_layers(args.layers)
     config = ServeConfig(allow_edits=args.allow_edits, token=token, root=Path.cwd(), limits=limits,
-                         workers=args.workers)
+                         workers=args.workers, ffn_layers=ffn_layers)
     return serve(args.src, host=args.host, port=args.port, config=config, log_level=args.log_level)
 
 
@@ -44,6 +53,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--max-tokens", type=int, default=d.max_tokens, help="tokens one completion may generate")
     sv.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds one request may take")
     sv.add_argument("--workers", type=int, default=4, help="threads running statements and generation")
+    sv.add_argument("--ffn-only", action="store_true",
+                    help="serve only the FFN of --layers A-B (POST /v1/ffn), for clients run with --ffn URL")
+    sv.add_argument("--layers", default=None, metavar="A-B", help="with --ffn-only: the layers whose FFN to serve")
     sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     sv.set_defaults(func=cmd_serve)
 

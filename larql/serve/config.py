@@ -24,3 +24,4 @@ class ServeConfig:
     root: Path = field(default_factory=Path.cwd)  # statements' paths must stay under it
     limits: Limits = field(default_factory=Limits)
     workers: int = 4  # threads running statements and generation (numba releases the GIL in its kernels)
+    ffn_layers: tuple[int, int] | None = None  # --ffn-only --layers A-B: serve only these layers' FFN

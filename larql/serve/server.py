@@ -63,6 +63,8 @@ def serve(src: str | Path, host: str = "127.0.0.1", port: int = 8080, config: Se
     sock = bind(host, port)
     server = _uvicorn(create_app(served, config), config, log_level)
     mode = "edits allowed" + (" with a token" if config.token else "") if config.allow_edits else "read-only"
+    if config.ffn_layers is not None:
+        mode = f"the FFN of layers {config.ffn_layers[0]}-{config.ffn_layers[1]} only"
     print(f"larql: serving {served.name} ({served.path}) at {url_of(sock)} ({mode}); Ctrl-C stops", flush=True,
           file=sys.stderr)
     # uvicorn re-raises the signal that stopped it once it has shut down; with these handlers in

@@ -9,6 +9,7 @@ As a script it takes the README's picture of a running server:
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import shutil
@@ -22,6 +23,8 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+
+from larql.formats import cell_text
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 playwright = pytest.importorskip("playwright.sync_api", reason="pip install playwright (in the dev extra)")
@@ -155,6 +158,40 @@ def test_logit_lens_is_a_heatmap(page: Any) -> None:
     assert chart.locator("rect.cell").count() == 5 * 5  # 5 positions x (emb, L0..L3)
     assert chart.locator("text.cell-label").count() == 25
     assert page.locator("article[data-kind=lens] details summary").text_content() == "25 rows"
+
+
+def test_attention_is_a_heatmap_per_head(page: Any, server: str) -> None:
+    want = httpx.get(f"{server}/v1/attention", params={"prompt": "hello there", "layer": 2}, timeout=120).json()
+    heads, tokens = want["patterns"][0], want["tokens"]
+    n = len(tokens)
+    assert page.locator("#attn-layer option").all_text_contents() == ["0", "1", "2", "3"]
+    page.locator("#attn-prompt").fill("hello there")
+    page.locator("#attn-layer").select_option("2")  # a prompt already typed: choosing a layer shows it
+    card = page.locator("article[data-kind=attention]")
+    card.wait_for(timeout=120_000)
+    assert card.locator(".title").text_content() == f'Attention at layer 2 for "hello there" ({n} tokens, {len(heads)} heads)'
+    charts = card.locator("svg.attn-chart")
+    assert charts.count() == len(heads) >= 2
+    for h in range(len(heads)):
+        chart = card.locator(f"svg.attn-chart[data-head='{h}']")
+        assert chart.get_attribute("data-layer") == "2"
+        assert chart.locator("rect.cell").count() == n * n
+        # each cell's tooltip carries the weight the API sent for (query, key), as tables show numbers
+        titles = chart.locator("rect.cell title").all_text_contents()
+        assert titles == [f"query {q} {json.dumps(tokens[q], ensure_ascii=False)} → key {k} {json.dumps(tokens[k], ensure_ascii=False)}: "
+                          f"{cell_text(heads[h][q][k])}" for q in range(n) for k in range(n)]
+        fills = chart.locator("rect.cell").evaluate_all("cs => cs.map(c => c.getAttribute('fill'))")
+        above = [fills[q * n + k] for q in range(n) for k in range(n) if k > q]
+        assert set(above) == {"rgb(68,1,84)"}  # a query never attends to a later key: weight 0, the colour map's 0
+        assert fills[0] == "rgb(253,231,37)"  # the first query attends only to itself: weight 1
+    assert card.locator("svg.attn-chart text.attn-label").count() == 2 * n * len(heads)  # queries and keys labelled
+    from PIL import Image
+
+    img = np.asarray(Image.open(io.BytesIO(charts.first.screenshot())).convert("RGB")).astype(int)
+    assert len({tuple(p) for p in img.reshape(-1, 3)[::3]}) > 10  # drawn, not a blank box
+    page.locator("#attn-layer").select_option("0")  # another layer: fetched and drawn again
+    page.locator("svg.attn-chart[data-layer='0']").first.wait_for(timeout=120_000)
+    assert page.locator("svg.attn-chart").count() == len(heads)
 
 
 def test_describe_is_a_card_and_text_stays_text(page: Any, browse: str) -> None:

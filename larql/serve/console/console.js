@@ -1,6 +1,7 @@
 // The larql console: an LQL editor with the grammar's completion, and each result as a table, a
 // DESCRIBE card, a TRACE ... FOR chart (rank and probability across layers) or a logit-lens heatmap
-// (TRACE ... POSITIONS ALL). It talks to this server's /v1 API only; every text from the server is
+// (TRACE ... POSITIONS ALL); and each head's attention pattern for a prompt (/v1/attention) as a
+// query x key heatmap per head, a layer at a time. It talks to this server's /v1 API only; every text from the server is
 // put into the page as text (textContent / text nodes), never as markup.
 "use strict";
 
@@ -290,12 +291,70 @@
   query.addEventListener("blur", () => setTimeout(closeCompletions, 150));
   runButton.addEventListener("click", run);
 
+  // ---- attention patterns -----------------------------------------------------------------------
+
+  const attnPrompt = $("#attn-prompt"), attnLayer = $("#attn-layer"), attnRun = $("#attn-run"), attnOut = $("#attn-output");
+  const label = (tok) => JSON.stringify(tok).slice(1, -1).slice(0, 10);
+
+  // one head: a row per query position, a column per key position, coloured by the weight
+  function attentionHeatmap(tokens, weights, layer, head) {
+    const n = tokens.length, cs = Math.max(8, Math.min(28, 360 / n)), L = 84, T = 8, B = 78;
+    const W = L + cs * n + 8, H = T + cs * n + B;
+    const chart = svg("svg", { class: "chart attn-chart", viewBox: `0 0 ${W} ${H}`, width: W, height: H,
+      role: "img", "aria-label": `layer ${layer} head ${head}: ${n} queries by ${n} keys`,
+      "data-layer": layer, "data-head": head });
+    weights.forEach((row, q) => row.forEach((w, k) => {
+      chart.append(svg("rect", { class: "cell", x: L + k * cs, y: T + q * cs, width: cs - 1, height: cs - 1,
+        fill: viridis(w), "data-q": q, "data-k": k },
+        svg("title", {}, `query ${q} ${JSON.stringify(tokens[q])} → key ${k} ${JSON.stringify(tokens[k])}: ${cellText(w)}`)));
+    }));
+    const small = cs < 11; // too small a cell for a label on every row: every other one
+    tokens.forEach((tok, i) => {
+      if (small && i % 2) return;
+      chart.append(svg("text", { class: "attn-label", x: L - 4, y: T + i * cs + cs / 2 + 3, "text-anchor": "end" }, label(tok)));
+      const x = L + i * cs + cs / 2, y = T + n * cs + 6;
+      chart.append(svg("text", { class: "attn-label", x, y, "text-anchor": "end",
+        transform: `rotate(-60 ${x} ${y})` }, label(tok)));
+    });
+    return chart;
+  }
+
+  async function showAttention() {
+    const prompt = attnPrompt.value;
+    if (!prompt) return;
+    attnRun.disabled = true;
+    const params = new URLSearchParams({ prompt, layer: attnLayer.value || "0" });
+    let body;
+    try {
+      const response = await fetch(`/v1/attention?${params}`);
+      body = await response.json();
+    } catch (e) {
+      body = { error: { type: "ConnectionError", message: `the server did not answer (${e.message})` } };
+    }
+    if (body.error) {
+      attnOut.replaceChildren(el("pre", { class: "error", role: "alert" }, `${body.error.type}: ${body.error.message}`));
+    } else {
+      const layer = body.layers[0], heads = body.patterns[0];
+      attnOut.replaceChildren(el("article", { class: "result", "data-kind": "attention" },
+        el("div", { class: "title" }, `Attention at layer ${layer} for ${JSON.stringify(body.prompt)} (${body.tokens.length} tokens, ${body.heads} heads)`),
+        el("div", { class: "attn-heads" }, ...heads.map((w, h) => el("figure", { class: "attn-head" },
+          el("h3", {}, `head ${h}`), attentionHeatmap(body.tokens, w, layer, h))))));
+    }
+    attnRun.disabled = false;
+  }
+
+  attnRun.addEventListener("click", showAttention);
+  attnPrompt.addEventListener("keydown", (ev) => { if (ev.key === "Enter") { ev.preventDefault(); showAttention(); } });
+  attnLayer.addEventListener("change", () => { if (attnPrompt.value) showAttention(); });
+
   // ---- what is served ---------------------------------------------------------------------------
 
   fetch("/v1/info").then((r) => r.json()).then((info) => {
     const parts = [info.model, info.kind === "vindex" ? `vindex, ${info.level} level` : "model",
       `${info.layers} layers`, info.allow_edits ? "edits allowed" : "read-only"];
     $("#info").textContent = parts.join(" · ");
+    attnLayer.replaceChildren(...Array.from({ length: info.layers }, (_, i) => el("option", { value: String(i) }, String(i))));
+    if (!info.model_weights) $("#attention").hidden = true; // a browse-level vindex runs no attention
   }).catch(() => { $("#info").textContent = "the server did not answer"; });
   fetch("/v1/lql/keywords").then((r) => r.json()).then((k) => { keywords = k.keywords; }).catch(() => {});
 })();

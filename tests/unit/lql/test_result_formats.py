@@ -144,3 +144,23 @@ def test_plot_names_the_statement_it_needs(traced: dict[str, Result]) -> None:
         plot.lens(traced["infer"])
     with pytest.raises(LarqlError, match=r"plot.trace needs .* FOR"):
         plot.trace(traced["lens"])
+
+
+def test_plot_attention_draws_a_heatmap_per_head(vxi: Path) -> None:
+    import larql
+    from larql.model.interp import attention_patterns
+
+    m = larql.load(vxi)
+    att = attention_patterns(m, m.tokenize("hello there"))
+    fig = plot.attention(att, layer=2)
+    images = [ax.get_images()[0].get_array() for ax in fig.axes if ax.get_images()]
+    assert len(images) == m.config.n_heads
+    assert all(np.array_equal(np.asarray(img), att.layer(2)[h]) for h, img in enumerate(images))  # unrounded
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == [repr(t)[1:-1][:10] for t in att.tokens]
+    assert _pixels(plot.png(fig))[..., :3].std() > 0.05
+    as_json = {"tokens": att.tokens, "layers": att.layers, "patterns": att.pattern.tolist()}
+    assert len([ax for ax in plot.attention(as_json, layer=1, heads=[0]).axes if ax.get_images()]) == 1
+    with pytest.raises(LarqlError, match="no head 9"):
+        plot.attention(att, heads=[9])
+    with pytest.raises(LarqlError, match="layer 7 is not among"):
+        plot.attention(att, layer=7)
