@@ -47,7 +47,7 @@ class Terminal:
         env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": str(columns)}
         self.proc = subprocess.Popen([sys.executable, "-m", "larql", *args], stdin=slave, stdout=slave,
                                      stderr=slave, env=env,
-                                     preexec_fn=_controlling_terminal)  # noqa: PLW1509 - no threads here yet
+                                     preexec_fn=_controlling_terminal)
         os.close(slave)
         self.master, self.raw = master, b""
         self.screen = pyte.Screen(columns, rows)
