@@ -44,6 +44,9 @@ KL_PROMPTS = ("{} is a", "{} is known for", "In {}, people")
 # 20 stacked edits kept 50% of unrelated top-1s instead of 33% (KL 2.30 -> 1.61)
 WEIGHT_DECAY = 2.0
 CLAMP = 2.0
+# A subject whose target does not win within those bounds is optimised again with ROME's (SmolLM2-135M's
+# layer-4 edits needed them: with 2 and 2 alone, single-edit efficacy fell to 45.7)
+ROME_WEIGHT_DECAY, ROME_CLAMP = 0.5, 4.0
 LR = 0.5  # Adam step per coordinate, in units of the MLP output's rms at the subject
 MAX_STEPS = 25
 EXTRA_STEPS = 2  # MPES: keep going this many steps after every target token is top-1
@@ -172,7 +175,26 @@ def optimise_values(model: Model, groups: Sequence[Sequence[Fact]], layers: Sequ
     """One value per subject group, all groups optimised side by side: their prompts go through the
     tail together (one GEMM per weight over every group's rows, each group adding its own delta), each
     group keeps its own loss, candidates and Adam state and leaves the batch when it is done. The
-    same numbers as optimising each group alone, in far fewer, larger matrix products."""
+    same numbers as optimising each group alone, in far fewer, larger matrix products.
+
+    Values are kept small (WEIGHT_DECAY, CLAMP); the groups whose targets do not all win within those
+    bounds are optimised again with ROME's looser ones, and the better of the two results is kept."""
+    results = _optimise_values(model, groups, layers, prefixes, ffn_layers, max_steps, kl_weight, progress,
+                               WEIGHT_DECAY, CLAMP)
+    missed = [i for i, r in enumerate(results) if not r.top1]
+    if missed and (WEIGHT_DECAY, CLAMP) != (ROME_WEIGHT_DECAY, ROME_CLAMP):
+        again = _optimise_values(model, [groups[i] for i in missed], layers, prefixes, ffn_layers, max_steps,
+                                 kl_weight, progress, ROME_WEIGHT_DECAY, ROME_CLAMP)
+        for i, r in zip(missed, again):
+            if r.top1 or r.nll_after < results[i].nll_after:
+                results[i] = r
+    return results
+
+
+def _optimise_values(model: Model, groups: Sequence[Sequence[Fact]], layers: Sequence[int], prefixes: Sequence[str],
+                     ffn_layers: Callable[[int], DenseLayer] | None, max_steps: int, kl_weight: float,
+                     progress: Callable[[str], None] | None, weight_decay: float, clamp: float,
+                     ) -> list[ValueResult]:
     layers = sorted(set(layers))
     first, cfg = layers[0], model.config
     built = [_build_group(model, facts, layers, prefixes) for facts in groups]
@@ -237,9 +259,9 @@ def optimise_values(model: Model, groups: Sequence[Sequence[Fact]], layers: Sequ
                 continue
             still.append(g)
             lr = LR * g.mlp_norm / np.sqrt(cfg.hidden)
-            max_norm = CLAMP * g.mlp_norm
+            max_norm = clamp * g.mlp_norm
             for layer in layers:
-                grad = grads[layer][gi].astype(np.float64) + 2 * WEIGHT_DECAY * g.deltas[layer] / g.mlp_norm ** 2
+                grad = grads[layer][gi].astype(np.float64) + 2 * weight_decay * g.deltas[layer] / g.mlp_norm ** 2
                 g.m1[layer] = 0.9 * g.m1[layer] + 0.1 * grad
                 g.m2[layer] = 0.999 * g.m2[layer] + 0.001 * grad * grad
                 upd = lr * (g.m1[layer] / (1 - 0.9 ** step)) / (np.sqrt(g.m2[layer] / (1 - 0.999 ** step)) + 1e-12)

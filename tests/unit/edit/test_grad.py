@@ -113,3 +113,25 @@ def test_values_of_several_subjects_in_one_pass_equal_each_alone(deep_tiny: larq
             np.testing.assert_allclose(got.keys[layer], alone.keys[layer], rtol=1e-6, atol=1e-6)
             scale = float(np.abs(alone.deltas[layer]).max())
             assert np.abs(got.deltas[layer] - alone.deltas[layer]).max() <= 1e-3 * scale
+
+
+def test_a_value_that_cannot_win_within_the_small_bounds_is_optimised_again_with_romes(
+        deep_tiny: larql.Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Values are kept small (value.CLAMP); a subject whose target cannot win within that clamp gets
+    ROME's looser bounds, and the better result is the one returned."""
+    from larql.edit import value
+    from larql.edit.facts import Fact
+
+    facts = [Fact("ab", "xx ab yy", "qq", "r")]
+
+    def run(decay: float, clamp: float) -> value.ValueResult:
+        return value._optimise_values(deep_tiny, [facts], [1, 2], ["pp "], None, 12, value.KL_WEIGHT, None,
+                                      decay, clamp)[0]
+
+    monkeypatch.setattr(value, "CLAMP", 1e-6)  # no delta can win
+    tiny, rome = run(value.WEIGHT_DECAY, 1e-6), run(value.ROME_WEIGHT_DECAY, value.ROME_CLAMP)
+    assert not tiny.top1 and rome.nll_after < tiny.nll_after
+    got = value.optimise_values(deep_tiny, [facts], [1, 2], ["pp "], max_steps=12)[0]
+    assert got.nll_after == pytest.approx(rome.nll_after, rel=1e-6) and got.top1 == rome.top1
+    for layer in (1, 2):
+        np.testing.assert_allclose(got.deltas[layer], rome.deltas[layer], rtol=1e-6, atol=1e-7)
