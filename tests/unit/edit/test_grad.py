@@ -135,3 +135,10 @@ def test_a_value_that_cannot_win_within_the_small_bounds_is_optimised_again_with
     assert got.nll_after == pytest.approx(rome.nll_after, rel=1e-6) and got.top1 == rome.top1
     for layer in (1, 2):
         np.testing.assert_allclose(got.deltas[layer], rome.deltas[layer], rtol=1e-6, atol=1e-7)
+
+
+def test_models_measured_to_need_romes_value_bounds_get_them() -> None:
+    from larql.edit import value
+
+    assert value.value_bounds("smollm2-135m") == (value.ROME_WEIGHT_DECAY, value.ROME_CLAMP)
+    assert value.value_bounds("gemma3-270m") == (value.WEIGHT_DECAY, value.CLAMP)
