@@ -34,7 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.edit.overlay import FeatureOverride, MetaOverride, PatchOverlay
-from larql.edit.weight_op import WeightOp
+from larql.edit.weight_op import WeightOp, f32_b64
 from larql.errors import VindexError
 from larql.jsonfile import read_json
 from larql.tempfiles import clean_stale, publish, temp_path
@@ -115,7 +115,7 @@ class PatchOp:
             elif self.op == "insert" and key in ("entity", "target"):
                 out[key] = ""  # LARQL requires both strings in an insert; read back as absent
         for name, vec in self.vectors.items():
-            out[f"{name}_vector_b64"] = base64.b64encode(np.asarray(vec, dtype="<f4").tobytes()).decode()
+            out[f"{name}_vector_b64"] = f32_b64(vec)
         if self.meta is not None:
             top = self.meta.token_ids[0]
             out["down_meta"] = {"t": token_text(top) if token_text else "", "i": top, "c": self.meta.scores[0],

@@ -19,7 +19,8 @@ FACT_FIELDS = ("subject", "relation", "prompt", "target")
 MAX_RANK = 100_000
 
 
-def _b64(a: F32) -> str:
+def f32_b64(a: NDArray[np.floating]) -> str:
+    """A vector or matrix as .vlp stores it: little-endian float32 bytes, base64."""
     return base64.b64encode(np.ascontiguousarray(a, dtype="<f4").tobytes()).decode()
 
 
@@ -66,7 +67,7 @@ class WeightOp:
 
     def to_json(self) -> dict[str, Any]:
         return {"op": self.op, "layer": self.layer, "method": self.method, "rank": self.rank,
-                "u_b64": _b64(self.u), "v_b64": _b64(self.v), "keys_b64": _b64(self.keys),
+                "u_b64": f32_b64(self.u), "v_b64": f32_b64(self.v), "keys_b64": f32_b64(self.keys),
                 "facts": [dict(f) for f in self.facts]}
 
     @staticmethod

@@ -3,7 +3,6 @@ recomputation), never in a crash, a hang, an unpickling or a patch that is half 
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import pickle
@@ -18,6 +17,7 @@ import pytest
 
 from larql.edit import stats
 from larql.edit.patch import MAX_PATCH_BYTES
+from larql.edit.weight_op import f32_b64 as b64
 from larql.errors import LqlSemanticError, ModelFormatError
 from larql.lql.executor import execute
 from larql.lql.session import Session
@@ -36,10 +36,6 @@ def session(vx: Path) -> Session:
     s = Session()
     execute(f'USE "{vx}"', s)
     return s
-
-
-def b64(values: np.ndarray) -> str:
-    return base64.b64encode(np.asarray(values, "<f4").tobytes()).decode()
 
 
 def valid_doc() -> dict[str, Any]:

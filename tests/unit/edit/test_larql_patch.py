@@ -4,7 +4,6 @@ its REMOVE PATCH (which matches `description`) finds them."""
 
 from __future__ import annotations
 
-import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import pytest
 
 from larql.edit.overlay import MetaOverride
 from larql.edit.patch import Patch, PatchOp, save_patch
+from larql.edit.weight_op import f32_b64 as b64
 from larql.errors import LqlSemanticError
 from larql.lql.executor import execute
 from larql.lql.session import Session
@@ -33,10 +33,6 @@ def session(vx: Path) -> Session:
     s = Session()
     execute(f'USE "{vx}"', s)
     return s
-
-
-def b64(values: np.ndarray) -> str:
-    return base64.b64encode(np.asarray(values, "<f4").tobytes()).decode()
 
 
 GATE = np.linspace(-1, 1, HIDDEN).astype(np.float32)
