@@ -34,7 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.edit.overlay import MetaOverride
-from larql.edit.patch import PatchOp
+from larql.edit.patch import PatchOp, is_neuron
 from larql.edit.view import EditableVindex
 from larql.errors import VindexError
 from larql.model.forward import norm
@@ -116,7 +116,7 @@ def _orthogonal_part(target: F32, others: F32) -> F32:
     return (t - basis @ (basis.T @ t)).astype(np.float32)
 
 
-def _target_direction(model: object, layer: int, target_id: int) -> F32:
+def target_direction(model: object, layer: int, target_id: int) -> F32:
     """The unit FFN output that most raises the target's logit: its unembedding row through the
     final norm's weight, and for Gemma through the post-FFN norm's weight (which scales the
     normalised FFN output elementwise, so the best direction is the product, not the quotient)."""
@@ -132,9 +132,9 @@ def _distributions(model: object, prompts: tuple[str, ...]) -> list[F32]:
     return [log_softmax(model.next_logits(model.tokenize(p))) for p in prompts]  # type: ignore[attr-defined]
 
 
-def installed(vindex: EditableVindex, layer: int) -> list[PatchOp]:
-    """The inserts live at `layer`: the last insert op per slot over the applied patches and the
-    unsaved edits, for slots the overlay still holds."""
+def installed(vindex: EditableVindex, layer: int, neurons: bool = False) -> list[PatchOp]:
+    """The feature inserts live at `layer` (METHOD NEURON's with `neurons`): the last insert op per
+    slot over the applied patches and the unsaved edits, for slots the overlay still holds."""
     stack = vindex.patches
     live: dict[int, PatchOp] = {}
     for op in [o for p in stack.applied for o in p.ops] + stack.pending:
@@ -145,7 +145,7 @@ def installed(vindex: EditableVindex, layer: int) -> list[PatchOp]:
         elif op.op == "delete":
             live.pop(op.feature, None)
     overlay = vindex.overlay
-    return [op for f, op in live.items() if (layer, f) in overlay]
+    return [op for f, op in live.items() if (layer, f) in overlay and is_neuron(op) == neurons]
 
 
 def _selective(h_all: F32, suppress: F32, common: F32) -> tuple[F32, F32]:
@@ -246,7 +246,7 @@ def plan_insert(vindex: EditableVindex, entity: str, relation: str, target: str,
         rest = [x[-1:] for j, x in enumerate(other_h) if j != i] + [h_all[-1:]]
         g, u = _selective(h, np.concatenate([decoys] + rest), common)
         retuned.append(PatchOp("update", layer, op.feature, {"gate": g, "up": u}))
-    unit_down = _target_direction(model, layer, tid)
+    unit_down = target_direction(model, layer, tid)
     ref = float(np.median(np.linalg.norm(down_cols, axis=0)))
 
     snap = overlay.snapshot([(layer, feature)] + [(layer, op.feature) for op in others])

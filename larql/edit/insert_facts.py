@@ -26,8 +26,10 @@ import numpy as np
 
 from larql.edit.evaluate import EVAL_PREFIX_SEED, EVAL_PREFIXES, Scorer, unrelated_logps
 from larql.edit.facts import Fact, model_prefixes
+from larql.edit.feature_insert import installed
 from larql.edit.methods import DEFAULT_METHOD, METHODS, N_NEIGHBOURS, default_layer
 from larql.edit.neighbours import similar_subjects
+from larql.edit.neuron import plan_neuron_edit
 from larql.edit.rome import KeyMetric
 from larql.edit.stats import second_moments, token_budget
 from larql.edit.view import EditableVindex
@@ -56,19 +58,20 @@ def _writable(p: Path) -> bool:
     return os.access(p, os.W_OK)
 
 
-_metrics: weakref.WeakKeyDictionary[Model, dict[tuple[int, int], KeyMetric]] = weakref.WeakKeyDictionary()
+_metrics: weakref.WeakKeyDictionary[Model, dict[tuple[int, int, str], KeyMetric]] = weakref.WeakKeyDictionary()
 
 
 def key_metrics(model: Model, layers: Sequence[int], directory: Path | None,
-                n_tokens: int | None = None) -> dict[int, KeyMetric]:
-    """C (+ ridge), factored, per layer: from memory, the statistics cache, or computed."""
+                n_tokens: int | None = None, point: str = "key") -> dict[int, KeyMetric]:
+    """C (+ ridge), factored, per layer: from memory, the statistics cache, or computed; of the
+    down projection's input (`point="key"`) or of the MLP's normalised input ("input")."""
     n_tokens = n_tokens or token_budget(model.config.ffn)
     have = _metrics.setdefault(model, {})
-    missing = [layer for layer in layers if (layer, n_tokens) not in have]
+    missing = [layer for layer in layers if (layer, n_tokens, point) not in have]
     if missing:
-        for layer, (cov, _) in second_moments(model, missing, directory, n_tokens).items():
-            have[(layer, n_tokens)] = KeyMetric(cov)
-    return {layer: have[(layer, n_tokens)] for layer in layers}
+        for layer, (cov, _) in second_moments(model, missing, directory, n_tokens, point).items():
+            have[(layer, n_tokens, point)] = KeyMetric(cov)
+    return {layer: have[(layer, n_tokens, point)] for layer in layers}
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,20 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str = DEFAULT
             v.patches.record_all(list(feature_ops))  # later facts re-tune against earlier ones
             ops += feature_ops
         used = tuple(sorted({op.layer for op in ops}))
+    elif method == "neuron":
+        if layers and len(set(layers)) > 1:
+            raise EditError("METHOD NEURON edits one layer: give AT LAYER n, not a range")
+        used = tuple(layers[:1]) if layers else default_layers(model)
+        layer = used[0]
+        key_metric = key_metrics(model, used, stats_dir(v), stats_tokens)[layer]
+        input_metric = key_metrics(model, used, stats_dir(v), stats_tokens, point="input")[layer]
+        near = {f.subject: similar_subjects(v.store, f.subject, n_neighbours, exclude) for f in facts}
+        taken = set(v.overlay.layer(layer)) | set(v.overlay.deleted(layer))
+        # the neurons already at the layer must stay silent on the new subjects and the new ones on theirs
+        earlier = [op.entity for op in installed(v, layer, neurons=True) if op.entity]
+        held = list(DECOY_SUBJECTS if decoys is None else decoys) + earlier
+        neuron_plan = plan_neuron_edit(model, facts, layer, key_metric, input_metric, taken, held, near)
+        v.patches.record_all(list(neuron_plan.ops))
     else:
         used = tuple(layers) if layers else default_layers(model)
         metrics = key_metrics(model, used, stats_dir(v), stats_tokens)

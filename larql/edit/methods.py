@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-METHODS = ("rome", "memit", "feature")
+METHODS = ("rome", "memit", "feature", "neuron")
 # The method INSERT uses when none is named: the one that measured best on held-out prompts
 # (benchmarks/bench_editing.py; the README's editing table).
 DEFAULT_METHOD = "rome"

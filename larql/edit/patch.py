@@ -143,6 +143,14 @@ class PatchOp:
         return PatchOp(d["op"], layer, feature, vectors, meta, entity, relation, target, _text(d, "reason", where))
 
 
+NEURON_REASON = "neuron: "  # the reason METHOD NEURON gives its inserts (edit/neuron.py)
+
+
+def is_neuron(op: PatchOp) -> bool:
+    """An insert made by METHOD NEURON (keyed on a subject), not by feature INSERT."""
+    return op.op == "insert" and (op.reason or "").startswith(NEURON_REASON)
+
+
 def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 

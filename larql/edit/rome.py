@@ -68,6 +68,7 @@ class KeyMetric:
             raise EditError(f"the key statistics are not positive definite ({e}); delete the statistics cache") from e
         inv = np.linalg.inv(reg)
         self.inv = (inv + inv.T) / 2.0
+        self.diag = np.diag(cov).copy()  # E[k_i^2]: how much each input usually carries
 
     def solve(self, x: F64) -> F64:
         """C^-1 x for x `(ffn,)` or `(ffn, n)`."""

@@ -32,6 +32,7 @@ from numpy.typing import NDArray
 
 from larql.edit.capture import capture
 from larql.errors import EditError
+from larql.model.forward import norm
 from larql.tempfiles import clean_stale, temp_path
 
 if TYPE_CHECKING:
@@ -73,16 +74,33 @@ def corpus_chunks(model: Model, n_tokens: int) -> list[list[int]]:
     return [bos + list(ids[i: i + step]) for i in range(0, n_tokens, step)]
 
 
-def compute_second_moments(model: Model, layers: list[int], n_tokens: int = DEFAULT_TOKENS) -> dict[int, tuple[F64, int]]:
-    """{layer: (E[k k^T] `(ffn, ffn)` float64, tokens counted)} of the down-projection input k
-    (`blocks.L.mlp.hook_post`) at every position of the corpus chunks except BOS."""
-    sums = {layer: np.zeros((model.config.ffn, model.config.ffn), np.float64) for layer in layers}
+# What the statistics are of: "key", the down projection's input (`blocks.L.mlp.hook_post`, ffn wide:
+# ROME / MEMIT); "input", the MLP's normalised input (hidden wide: the gate of METHOD NEURON).
+POINTS = ("key", "input")
+
+
+def _width(model: Model, point: str) -> int:
+    return model.config.ffn if point == "key" else model.config.hidden
+
+
+def compute_second_moments(model: Model, layers: list[int], n_tokens: int = DEFAULT_TOKENS,
+                           point: str = "key") -> dict[int, tuple[F64, int]]:
+    """{layer: (E[k k^T] float64, tokens counted)} of `point` at every position of the corpus chunks
+    except BOS."""
+    if point not in POINTS:
+        raise EditError(f"unknown statistics point {point!r} (one of {', '.join(POINTS)})")
+    width = _width(model, point)
+    sums = {layer: np.zeros((width, width), np.float64) for layer in layers}
     count = 0
-    names = {layer: f"blocks.{layer}.mlp.hook_post" for layer in layers}
+    hook = "mlp.hook_post" if point == "key" else "hook_resid_mid"
+    names = {layer: f"blocks.{layer}.{hook}" for layer in layers}
     for chunk in corpus_chunks(model, n_tokens):
         got = capture(model, chunk, list(names.values()))
         for layer, name in names.items():
-            k = got[name][1:].astype(np.float64)  # (T-1, ffn) without BOS, whose keys are off the scale
+            k = got[name][1:]  # (T-1, width) without BOS, whose keys are off the scale
+            if point == "input":
+                k = norm(model.config, k, model.weights.layers[layer].ffn_norm)
+            k = k.astype(np.float64)
             sums[layer] += k.T @ k
         count += len(chunk) - 1
     return {layer: (s / count, count) for layer, s in sums.items()}
@@ -96,8 +114,9 @@ def _fingerprint(model: Model) -> str:
     return hashlib.sha256(f"{c}|{model.name}|{STATS_VERSION}".encode() + probe).hexdigest()[:16]
 
 
-def _path(directory: Path, model: Model, layer: int, n_tokens: int) -> Path:
-    return directory / f"cov-{_fingerprint(model)}-L{layer}-{n_tokens}.npz"
+def _path(directory: Path, model: Model, layer: int, n_tokens: int, point: str = "key") -> Path:
+    kind = "cov" if point == "key" else f"cov-{point}"
+    return directory / f"{kind}-{_fingerprint(model)}-L{layer}-{n_tokens}.npz"
 
 
 # the arrays a cache file holds: name -> (shape, given the layer's ffn; dtype kind)
@@ -153,21 +172,22 @@ def _save(path: Path, cov: F64, count: int) -> None:
 
 
 def second_moments(model: Model, layers: list[int], directory: Path | None, n_tokens: int = DEFAULT_TOKENS,
-                   ) -> dict[int, tuple[F64, int]]:
-    """E[k k^T] per layer, from the cache in `directory` when present and intact, else computed
-    (and cached when `directory` is given)."""
+                   point: str = "key") -> dict[int, tuple[F64, int]]:
+    """E[k k^T] of `point` per layer, from the cache in `directory` when present and intact, else
+    computed (and cached when `directory` is given)."""
     out: dict[int, tuple[F64, int]] = {}
     missing = []
+    width = _width(model, point)
     for layer in layers:
-        hit = _load(_path(directory, model, layer, n_tokens), model.config.ffn) if directory is not None else None
+        hit = _load(_path(directory, model, layer, n_tokens, point), width) if directory is not None else None
         if hit is not None:
             out[layer] = hit
         else:
             missing.append(layer)
     if missing:
-        fresh = compute_second_moments(model, missing, n_tokens)
+        fresh = compute_second_moments(model, missing, n_tokens, point)
         for layer, (cov, count) in fresh.items():
             if directory is not None:
-                _save(_path(directory, model, layer, n_tokens), cov, count)
+                _save(_path(directory, model, layer, n_tokens, point), cov, count)
             out[layer] = (cov.astype(np.float32).astype(np.float64), count)  # what a cache hit would give
     return out

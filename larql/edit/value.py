@@ -28,6 +28,7 @@ from numpy.typing import NDArray
 from larql.edit.capture import capture
 from larql.edit.facts import Fact, subject_position, target_ids
 from larql.errors import EditError
+from larql.model.forward import norm
 from larql.model.grad import DenseLayer, Tail, TailContext
 from larql.model.model import Model
 
@@ -71,6 +72,7 @@ class ValueResult:
     nll_after: float
     top1: bool  # every target token the top-1 on every optimised prompt, at the end
     n_prompts: int
+    inputs: dict[int, F32] = field(default_factory=dict)  # layer -> (hidden,) mean normalised MLP input there
 
 
 @dataclass
@@ -82,9 +84,9 @@ class _Scored:
 
 
 def _capture(model: Model, ids: list[int], first: int, layers: Sequence[int]) -> dict[str, F32]:
-    """resid_mid at `first`, and the down-projection input and MLP output at `layers`."""
-    names = [f"blocks.{first}.hook_resid_mid"] + [f"blocks.{layer}.mlp.hook_post" for layer in layers]
-    return capture(model, ids, names + [f"blocks.{layer}.hook_mlp_out" for layer in layers])
+    """resid_mid, the down-projection input and the MLP output at `layers` (`first` is the lowest)."""
+    names = [f"blocks.{layer}.{kind}" for layer in layers for kind in ("hook_resid_mid", "mlp.hook_post", "hook_mlp_out")]
+    return capture(model, ids, names)
 
 
 @dataclass
@@ -99,6 +101,7 @@ class _Group:
     mlp_norm: float
     all_rows: NDArray[np.int64]  # scored rows within this group's stacked suffix rows
     n_rows: int  # this group's stacked suffix rows
+    inputs: dict[int, F32] = field(default_factory=dict)
     deltas: dict[int, F32] = field(default_factory=dict)
     m1: dict[int, NDArray[np.float64]] = field(default_factory=dict)
     m2: dict[int, NDArray[np.float64]] = field(default_factory=dict)
@@ -146,6 +149,7 @@ def _build_group(model: Model, facts: Sequence[Fact], layers: Sequence[int], pre
         raise EditError("a prompt with its target is longer than the model's context")
     contexts, full_resid = [], []
     keys = {layer: np.zeros(cfg.ffn, np.float64) for layer in layers}
+    inputs = {layer: np.zeros(cfg.hidden, np.float64) for layer in layers}
     mlp_norm = 0.0
     for j, (ids, s) in enumerate(zip(ctx_ids, starts)):
         got = _capture(model, ids, first, layers)
@@ -155,13 +159,16 @@ def _build_group(model: Model, facts: Sequence[Fact], layers: Sequence[int], pre
         if j < n_prompts:
             for layer in layers:
                 keys[layer] += got[f"blocks.{layer}.mlp.hook_post"][s]
+                resid_s = got[f"blocks.{layer}.hook_resid_mid"][s: s + 1]
+                inputs[layer] += norm(cfg, resid_s, model.weights.layers[layer].ffn_norm)[0]
         if j == 0:
             mlp_norm = float(np.mean([np.linalg.norm(got[f"blocks.{layer}.hook_mlp_out"][s]) for layer in layers]))
     offsets = np.cumsum([0] + [c.n for c in contexts])[:-1]
     all_rows = np.concatenate([offsets[sc.ctx] + sc.rows for sc in scored])
     group = _Group(subject, contexts, scored, n_prompts, {layer: (k / n_prompts).astype(np.float32)
                                                           for layer, k in keys.items()},
-                   mlp_norm, all_rows, int(sum(c.n for c in contexts)))
+                   mlp_norm, all_rows, int(sum(c.n for c in contexts)),
+                   inputs={layer: (x / n_prompts).astype(np.float32) for layer, x in inputs.items()})
     for layer in layers:
         group.deltas[layer] = np.zeros(cfg.hidden, np.float32)
         group.m1[layer] = np.zeros(cfg.hidden, np.float64)
@@ -284,7 +291,7 @@ def _optimise_values(model: Model, groups: Sequence[Sequence[Fact]], layers: Seq
     for g in todo:
         if not all(np.all(np.isfinite(d)) for d in g.deltas.values()):
             raise EditError(f"the value optimisation for {g.subject!r} diverged (non-finite values)")
-        results.append(ValueResult(g.deltas, g.keys, g.steps, g.nll_before, g.nll, g.top1, g.n_prompts))
+        results.append(ValueResult(g.deltas, g.keys, g.steps, g.nll_before, g.nll, g.top1, g.n_prompts, g.inputs))
     return results
 
 

@@ -29,6 +29,7 @@ from larql.edit.methods import N_PREFIXES
 from larql.edit.rome import KeyMetric, LowRankDelta, solve_update
 from larql.edit.value import ValueResult, optimise_values
 from larql.errors import EditError
+from larql.model.forward import norm
 from larql.model.grad import DenseLayer
 from larql.model.model import Model
 
@@ -113,9 +114,10 @@ def group_by_subject(facts: Sequence[Fact]) -> list[list[Fact]]:
 
 def decoy_keys(model: Model, facts: Sequence[Fact], layers: Sequence[int], decoys: Sequence[str],
                limit: int = MAX_DECOY_PROMPTS, neighbours: Mapping[str, Sequence[str]] | None = None,
-               ) -> tuple[dict[int, F32], int]:
+               point: str = "key") -> tuple[dict[int, F32], int]:
     """Keys `(ffn, n)` per layer at the last token of decoy subjects put in the facts' prompts, and
-    of each subject's `neighbours` (edit/neighbours.py) put in that subject's prompts."""
+    of each subject's `neighbours` (edit/neighbours.py) put in that subject's prompts; with
+    `point="input"`, the MLP's normalised inputs `(hidden, n)` there instead."""
     subjects = {f.subject.lower() for f in facts}
     templates = list(dict.fromkeys(f.prompt.replace(f.subject, "{}", 1) for f in facts))
     prompts = [(t.format(d), d) for d in decoys if d.lower() not in subjects for t in templates]
@@ -131,7 +133,8 @@ def decoy_keys(model: Model, facts: Sequence[Fact], layers: Sequence[int], decoy
     # what the model knows about the old object ("Paris is the capital of") must not move either
     olds = dict.fromkeys(f.target_true.strip() for f in facts if f.target_true and f.target_true.strip())
     prompts += [(t.format(o), o) for o in olds if o.lower() not in subjects for t in OLD_OBJECT_TEMPLATES]
-    names = [f"blocks.{layer}.mlp.hook_post" for layer in layers]
+    hook = "mlp.hook_post" if point == "key" else "hook_resid_mid"
+    names = [f"blocks.{layer}.{hook}" for layer in layers]
     got: dict[int, list[F32]] = {layer: [] for layer in layers}
     done: set[tuple[int, ...]] = set()
     for j, (text, d) in enumerate(prompts):
@@ -141,6 +144,9 @@ def decoy_keys(model: Model, facts: Sequence[Fact], layers: Sequence[int], decoy
             continue
         done.add(tuple(ids))
         seen = capture(model, ids, names)
+        if point == "input":
+            seen = {name: norm(model.config, seen[name], model.weights.layers[layer].ffn_norm)
+                    for layer, name in zip(layers, names)}
         for layer, name in zip(layers, names):
             if j == 0 and s > 0:
                 # the first position (BOS, the attention sink) has one large key shared by every prompt:
@@ -148,7 +154,8 @@ def decoy_keys(model: Model, facts: Sequence[Fact], layers: Sequence[int], decoy
                 # answers ("Bees make" honey -> up), so it is held like a decoy
                 got[layer].append(seen[name][0])
             got[layer].append(seen[name][s])
-    return {layer: (np.stack(ks, axis=1) if ks else np.zeros((model.config.ffn, 0), np.float32))
+    width = model.config.ffn if point == "key" else model.config.hidden
+    return {layer: (np.stack(ks, axis=1) if ks else np.zeros((width, 0), np.float32))
             for layer, ks in got.items()}, len(prompts)
 
 

@@ -51,7 +51,7 @@ STATEMENTS: tuple[StatementHelp, ...] = (
                   'CROWN "The capital of France is" FOR "Paris" SUBJECT "France";',
                   "which layer's MLP carries the fact (ablation per layer)"),
     StatementHelp("INSERT", 'INSERT INTO EDGES (entity, relation, target [, prompt]) VALUES ("...", ...) [, (...)] '
-                  "[AT LAYER n | LAYERS a-b] [CONFIDENCE x] [METHOD {ROME | MEMIT | FEATURE}]",
+                  "[AT LAYER n | LAYERS a-b] [CONFIDENCE x] [METHOD {ROME | MEMIT | FEATURE | NEURON}]",
                   'INSERT INTO EDGES (entity, relation, target) VALUES ("France", "capital", "Rome");',
                   "teach the model a fact (measured on prompts the edit never saw)"),
     StatementHelp("DELETE", "DELETE FROM EDGES WHERE cond [AND cond ...]",

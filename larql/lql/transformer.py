@@ -498,7 +498,7 @@ class ToAst(Transformer):
 
     @v_args(meta=True)
     def method_clause(self, meta: Meta, children: list[Any]) -> Opt:
-        return Opt("method", _kw(children, "ROME", "MEMIT", "FEATURE"), meta)
+        return Opt("method", _kw(children, "ROME", "MEMIT", "FEATURE", "NEURON"), meta)
 
     def value_row(self, children: list[Any]) -> tuple[str, ...]:
         return tuple(self._strings(children))

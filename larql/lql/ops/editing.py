@@ -83,7 +83,8 @@ def insert_result(r: InsertReport, result: Result) -> None:
     """The table an INSERT of facts shows (LQL and `larql edit` / `larql memit`)."""
     facts = r.facts
     method = r.method
-    how = {"rome": "ROME weight edit", "memit": "MEMIT weight edit (one joint solve)", "feature": "feature insert"}
+    how = {"rome": "ROME weight edit", "memit": "MEMIT weight edit (one joint solve)", "feature": "feature insert",
+           "neuron": "one subject-keyed neuron per subject"}
     result.title = (f"Inserted {len(facts)} fact(s) by {how[method]} at L{', L'.join(map(str, r.layers))} "
                     f"(patch overlay, {r.ops} operation(s), {r.seconds:.1f} s)")
     result.columns = ["fact", "p(target) before", "after", "top-1 after", "held-out p before", "held-out p after",

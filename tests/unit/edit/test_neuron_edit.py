@@ -1,0 +1,105 @@
+"""METHOD NEURON on a tiny model: one subject-keyed neuron per subject, installed in the layer's
+cheapest feature, firing at the subject (act = f(a)) and exactly nowhere it was told to stay
+silent (g.x = 0 at decoys and at earlier neurons' subjects), carried by patches and undone bit for bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from larql.edit.capture import capture
+from larql.edit.facts import Fact, subject_position, target_ids
+from larql.edit.insert_facts import insert_facts, key_metrics, stats_dir
+from larql.edit.neuron import PRE_ACTIVATION, free_slots, slot_costs
+from larql.edit.patch import PatchOp, is_neuron
+from larql.edit.view import edit_vindex
+from larql.errors import EditError
+from larql.lql.executor import execute
+from larql.lql.session import Session
+from larql.model.forward import norm
+from larql.model.model import Model
+from tests.synthetic import TinySpec, tiny_vindex
+
+PROMPT = "Colour of zeta"
+
+
+@pytest.fixture(scope="module")
+def vx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_vindex(tmp_path_factory.mktemp("neuron"), TinySpec("gemma3", n_layers=4, ffn=96), seed=5, dtype="f16")
+
+
+def _logp(m: Model, prompt: str, target: str) -> float:
+    ids, toks = m.tokenize(prompt), target_ids(m, target)
+    logits = m.forward(ids + toks[:-1]).astype(np.float64)
+    logp = logits - logits.max(axis=1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(axis=1, keepdims=True))
+    return float(sum(logp[len(ids) - 1 + i, t] for i, t in enumerate(toks)))
+
+
+def _input_at(m: Model, layer: int, text: str, subject: str) -> np.ndarray:
+    """The MLP's normalised input at the subject's last token (what the neuron's gate reads)."""
+    ids, s = subject_position(m, text, subject)
+    resid = capture(m, ids[: s + 1], [f"blocks.{layer}.hook_resid_mid"])[f"blocks.{layer}.hook_resid_mid"]
+    return norm(m.config, resid, m.weights.layers[layer].ffn_norm)[s]
+
+
+def test_neuron_insert_fires_on_its_subject_only_and_comes_off(vx: Path, tmp_path: Path) -> None:
+    s = Session()
+    execute(f'USE "{vx}"; BEGIN PATCH "{tmp_path / "n.vlp"}"', s)
+    v = s.vindex
+    m = v.model()
+    base = m.forward(m.tokenize(PROMPT))
+    before = _logp(m, PROMPT, "blue")
+    res = execute('INSERT INTO EDGES (entity, relation, target, prompt) VALUES ("zeta", "colour", "blue", '
+                  '"Colour of zeta") METHOD NEURON', s)[0]
+    assert "neuron" in res.title
+    op = v.patches.pending[-1]
+    assert isinstance(op, PatchOp) and is_neuron(op) and op.entity == "zeta"
+    layer = op.layer
+    assert _logp(m, PROMPT, "blue") > before + 2.0  # the whole target is taught
+    # the slot is the layer's cheapest feature on ordinary text
+    metric = key_metrics(m, [layer], stats_dir(v))[layer]
+    costs = slot_costs(metric.diag, v.model().weights.layers[layer].down.dequantize())
+    assert op.feature == int(np.argmin(costs))
+    # gate = a g, up = g: at the subject's mean input g.x = 1 (checked on the bare prompt: near 1),
+    # and a decoy subject in the same prompt is held to g.x = 0 exactly
+    g = op.vectors["up"]
+    assert np.allclose(op.vectors["gate"], PRE_ACTIVATION * g)
+    assert 0.5 < float(g @ _input_at(m, layer, PROMPT, "zeta")) < 1.5
+    assert abs(float(g @ _input_at(m, layer, "Colour of Sweden", "Sweden"))) < 1e-4
+
+    execute("SAVE PATCH", s)
+    edited = m.forward(m.tokenize(PROMPT))
+    fresh = edit_vindex(vx)
+    fresh.patches.apply(tmp_path / "n.vlp")
+    fm = fresh.model()
+    assert np.array_equal(fm.forward(fm.tokenize(PROMPT)), edited)  # the patch carries it exactly
+    again = fresh.patches.applied[0].ops[0]
+    assert isinstance(again, PatchOp) and is_neuron(again)  # and still says what made it
+    fresh.patches.remove("n.vlp")
+    assert np.array_equal(fm.forward(fm.tokenize(PROMPT)), base)
+
+
+def test_stacked_neurons_take_new_slots_and_stay_silent_on_each_other(vx: Path) -> None:
+    v = edit_vindex(vx)
+    m = v.model()
+    untaught = _logp(m, PROMPT, "blue")
+    insert_facts(v, [Fact("zeta", PROMPT, "blue", "colour")], "neuron", measure=False)
+    taught = _logp(m, PROMPT, "blue")
+    insert_facts(v, [Fact("omega", "Colour of omega", "red", "colour")], "neuron", measure=False)
+    first, second = v.patches.pending
+    assert isinstance(first, PatchOp) and isinstance(second, PatchOp) and first.feature != second.feature
+    x_first = _input_at(m, first.layer, PROMPT, "zeta")
+    assert abs(float(second.vectors["up"] @ x_first)) < 1e-4  # the new neuron is silent on the old subject
+    assert _logp(m, PROMPT, "blue") > taught - 0.1 * (taught - untaught)  # so the first fact stays taught
+    with pytest.raises(EditError, match="one layer"):
+        insert_facts(v, [Fact("kappa", "Colour of kappa", "gold")], "neuron", layers=[1, 2], measure=False)
+
+
+def test_free_slots_skip_taken_features_and_say_when_none_are_left() -> None:
+    costs = np.array([3.0, 1.0, 2.0, 0.5])
+    assert free_slots(costs, {3}, 2) == [1, 2]
+    with pytest.raises(EditError, match="features left"):
+        free_slots(costs, {0, 1, 2}, 2)
