@@ -187,6 +187,43 @@ def _gemma3(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
     )
 
 
+# llama.cpp's Gemma 2 sizes by layer count; the 27B (46 layers) scales queries by its hidden size per head
+GEMMA2_27B_LAYERS = 46
+
+
+def _gemma2(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
+    """Gemma 2 as llama.cpp runs it. Its GGUF stores no query scale (HF's query_pre_attn_scalar):
+    llama.cpp derives it from the model size, 1/sqrt(hidden // heads) for the 27B (46 layers) and
+    1/sqrt(head_dim) otherwise, which is what the released models' configs say. Every 2nd layer is
+    global; the soft-caps default to 50 and 30 when the metadata lacks them, as in llama.cpp."""
+    p = "gemma2."
+    n_layers = int(_need(meta, p + "block_count", source))
+    hidden = int(_need(meta, p + "embedding_length", source))
+    n_heads = int(_need(meta, p + "attention.head_count", source))
+    head_dim = int(meta.get(p + "attention.key_length", hidden // n_heads))
+    pattern = int(meta.get(p + "attention.sliding_window_pattern", 2))
+    rope_base = float(meta.get(p + "rope.freq_base", 10_000.0))
+    scale_dim = hidden // n_heads if n_layers == GEMMA2_27B_LAYERS else head_dim
+    return ModelConfig(
+        arch="gemma2", n_layers=n_layers, hidden=hidden,
+        ffn=int(_need(meta, p + "feed_forward_length", source)),
+        n_heads=n_heads, n_kv_heads=int(meta.get(p + "attention.head_count_kv", n_heads)),
+        head_dim=head_dim, vocab=int(meta.get(p + "vocab_size", 0)),
+        context_length=int(meta.get(p + "context_length", 8192)),
+        norm_eps=float(_need(meta, p + "attention.layer_norm_rms_epsilon", source)),
+        rope_base=rope_base, rope_base_local=float(meta.get(p + "rope.freq_base_swa", rope_base)),
+        rope_interleaved=False,
+        sliding_window=int(meta.get(p + "attention.sliding_window", 4096)),
+        # llama.cpp's set_swa_pattern(n): layer i slides unless i % n == n - 1
+        global_layers=tuple(pattern > 0 and i % pattern == pattern - 1 for i in range(n_layers)),
+        embed_scale=math.sqrt(hidden), attn_scale=scale_dim ** -0.5,
+        qk_norm=False, sandwich_norms=True, activation="gelu_tanh",
+        final_softcap=float(meta.get(p + "final_logit_softcapping", 30.0)),
+        attn_softcap=float(meta.get(p + "attn_logit_softcapping", 50.0)),
+        tied_embeddings=tied,
+    )
+
+
 def _llama(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
     arch = str(meta["general.architecture"])
     p = arch + "."
@@ -254,6 +291,7 @@ def _gpt2(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
 
 ARCHITECTURES: dict[str, Callable[[dict[str, Any], str, bool], ModelConfig]] = {
     "gemma3": _gemma3,
+    "gemma2": _gemma2,
     "llama": _llama,
     "qwen2": _llama,  # q/k/v biases are tensors; rope_interleaved is false for every arch but llama
     "qwen3": _qwen3,
