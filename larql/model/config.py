@@ -235,6 +235,11 @@ def _llama(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
     scaling = str(meta.get(p + "rope.scaling.type", "none"))
     if scaling not in ("none", "linear"):
         raise UnsupportedError(f"{source}: metadata {p}rope.scaling.type is {scaling!r}; larql runs none or linear")
+    # Mixtral is a llama in GGUF, with its experts counted in the metadata
+    n_experts, used = int(meta.get(p + "expert_count", 0)), int(meta.get(p + "expert_used_count", 0))
+    if n_experts and not 0 < used <= n_experts:
+        raise ModelFormatError(f"{source}: metadata {p}expert_used_count is {used}; it must be 1..{p}expert_count "
+                               f"({n_experts})")
     return ModelConfig(
         arch=arch, n_layers=n_layers, hidden=hidden,
         ffn=int(_need(meta, p + "feed_forward_length", source)),
@@ -252,6 +257,7 @@ def _llama(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
         final_softcap=0.0, attn_softcap=0.0, tied_embeddings=tied,
         rope_scaling="" if scaling == "none" else scaling,
         rope_factor=float(meta.get(p + "rope.scaling.factor", 1.0)),
+        n_experts=n_experts, n_experts_used=used if n_experts else 0,
     )
 
 

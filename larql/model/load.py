@@ -13,7 +13,7 @@ from pathlib import Path
 from larql.errors import LarqlError, ModelFormatError, UnknownModelError, UnsupportedError
 from larql.model.config import check_config, check_hf_values, config_from_gguf, read_hf_config
 from larql.model.gguf_file import GGUFFile
-from larql.model.gguf_fused import FUSED_ARCHS, FusedGGUF
+from larql.model.gguf_fused import FusedGGUF, is_fused
 from larql.model.hf_config import config_from_hf
 from larql.model.hf_names import SANDWICH_ARCHS, hf_tensor
 from larql.model.model import Model
@@ -93,7 +93,7 @@ def _load_gguf(name: str, path: Path) -> Model:
     cfg = config_from_gguf(gguf.metadata, str(path), tied)
     if any(name.startswith("rope_factors") for name in gguf.tensors):  # Phi-3's long-context "longrope"
         raise UnsupportedError(f"{path}: rope_factors tensors (longrope scaling) are not supported")
-    weights = load_weights(FusedGGUF(gguf, cfg) if cfg.arch in FUSED_ARCHS else gguf, cfg)
+    weights = load_weights(FusedGGUF(gguf, cfg) if is_fused(gguf, cfg) else gguf, cfg)
     if cfg.vocab == 0:
         cfg = replace(cfg, vocab=weights.output.n_rows)
     return Model(name, path, cfg, weights, tokenizer_from_gguf(gguf.metadata, str(path)))

@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 import larql
+from larql.errors import ModelFormatError
+from larql.model.gguf_file import GGUFFile
 from larql.model.weights import named_tensors
 from tests.conftest import rel_err
 from tests.synthetic import BYTE_SYMBOLS, VOCAB
@@ -22,11 +24,18 @@ from tests.synthetic import BYTE_SYMBOLS, VOCAB
 REFS = Path(__file__).resolve().parents[1] / "golden" / "architectures"
 
 
-def write_gguf(ref: str, path: Path) -> Path:
-    """The reference directory `ref` as a GGUF file at `path` (its architecture's, from config.json)."""
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's converter reorders a llama's q/k rows so that rope pairs adjacent elements."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(ref: str, path: Path, stacked: bool = True) -> Path:
+    """The reference directory `ref` as a GGUF file at `path` (its architecture's, from config.json;
+    Mixtral is a llama with experts, stacked `[E, ...]` as llama.cpp converts it today, or one tensor
+    per expert as its older files have them when not `stacked`)."""
     m = larql.load(REFS / ref)
     c = m.config
-    arch = c.arch
+    arch = "llama" if c.arch == "mixtral" else c.arch
     w = gguf.GGUFWriter(str(path), arch)
     for key, value in ((f"{arch}.block_count", c.n_layers), (f"{arch}.embedding_length", c.hidden),
                        (f"{arch}.feed_forward_length", c.ffn), (f"{arch}.attention.head_count", c.n_heads),
@@ -40,6 +49,9 @@ def write_gguf(ref: str, path: Path) -> Path:
         w.add_float32(f"{arch}.rope.freq_base", c.rope_base)
     if c.sliding_window:
         w.add_uint32(f"{arch}.attention.sliding_window", c.sliding_window)
+    if c.n_experts:
+        w.add_uint32("llama.expert_count", c.n_experts)
+        w.add_uint32("llama.expert_used_count", c.n_experts_used)
     if arch == "gemma2":  # llama.cpp reads the soft-caps, and derives the query scale (no key for it)
         w.add_float32("gemma2.attn_logit_softcapping", c.attn_softcap)
         w.add_float32("gemma2.final_logit_softcapping", c.final_softcap)
@@ -64,6 +76,13 @@ def write_gguf(ref: str, path: Path) -> Path:
         if arch == "gpt2":
             for kind in ("weight", "bias"):
                 tensors[b + "ffn_up." + kind] = tensors.pop(b + "ffn_gate." + kind)
+        if arch == "llama":
+            tensors[b + "attn_q.weight"] = _permute(tensors[b + "attn_q.weight"], c.n_heads)
+            tensors[b + "attn_k.weight"] = _permute(tensors[b + "attn_k.weight"], c.n_kv_heads)
+        if c.n_experts and stacked:  # (E, ffn, hidden) for gate and up, (E, hidden, ffn) for down
+            for part in ("ffn_gate", "ffn_up", "ffn_down"):
+                tensors[b + part + "_exps.weight"] = np.stack(
+                    [tensors.pop(f"{b}{part}.{e}.weight") for e in range(c.n_experts)])
     for name, data in tensors.items():
         w.add_tensor(name, np.ascontiguousarray(data))
     w.write_header_to_file()
@@ -93,3 +112,45 @@ def test_gemma2_gguf_query_scale_is_llama_cpps(tmp_path: Path) -> None:
     is lost in the file, and larql scales as llama.cpp does, by 1/sqrt(head_dim)."""
     m = larql.load(write_gguf("gemma2", tmp_path / "g.gguf"))
     assert m.config.attn_scale == 8 ** -0.5 and larql.load(REFS / "gemma2").config.attn_scale == 12 ** -0.5
+
+
+@pytest.mark.parametrize("stacked", [True, False])
+def test_mixtral_gguf_matches_transformers(stacked: bool, tmp_path: Path) -> None:
+    """Mixtral as llama.cpp stores it: a llama (q/k rows permuted) with expert_count and
+    expert_used_count, its experts in 3-D `ffn_*_exps` tensors (read as zero-copy row ranges) or,
+    in older files, one tensor per expert."""
+    m = larql.load(write_gguf("mixtral", tmp_path / "m.gguf", stacked))
+    assert (m.config.arch, m.config.n_experts, m.config.n_experts_used, m.config.rope_interleaved) == ("llama", 4, 2, True)
+    assert m.weights.layers[1].experts[2][0].name == ("blk.1.ffn_gate_exps.weight[128:192]" if stacked
+                                                      else "blk.1.ffn_gate.2.weight")
+    want = np.load(REFS / "mixtral.npz")
+    for p in (0, 1):
+        logits = m.forward(want[f"p{p}.ids"])
+        assert rel_err(logits, want[f"p{p}.logits"]) <= 1e-4
+        assert np.array_equal(logits.argmax(-1), want[f"p{p}.logits"].argmax(-1))
+    if stacked:  # a vindex stores the experts one tensor each, and runs the same model
+        from larql.vindex.extract import extract
+
+        vx = extract(tmp_path / "m.gguf", tmp_path / "m.vindex", level="inference", dtype="f32")
+        assert np.array_equal(larql.load(vx).forward(want["p1.ids"]), m.forward(want["p1.ids"]))
+
+
+def test_mixtral_gguf_with_too_few_experts_is_refused(tmp_path: Path) -> None:
+    path = write_gguf("mixtral", tmp_path / "m.gguf")
+    meta = dict(GGUFFile(path).metadata)
+    w = gguf.GGUFWriter(str(tmp_path / "bad.gguf"), "llama")  # the same file claiming 8 experts
+    for key in ("block_count", "embedding_length", "feed_forward_length", "attention.head_count",
+                "attention.head_count_kv", "context_length"):
+        w.add_uint32(f"llama.{key}", meta[f"llama.{key}"])
+    w.add_uint32("llama.expert_count", 8)
+    w.add_uint32("llama.expert_used_count", 2)
+    reader = GGUFFile(path)
+    for name in reader.tensors:
+        w.add_tensor(name, np.ascontiguousarray(reader.matrix(name).dequantize().reshape(reader.tensors[name].shape)))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelFormatError, match=r"bad\.gguf: tensor blk\.0\.ffn_gate_exps\.weight has 256 rows; the "
+                                               r"config implies 8 experts x 64"):
+        larql.load(tmp_path / "bad.gguf")
