@@ -210,6 +210,9 @@ def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wi
             vtype = field.types[0]
             sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
             writer.add_key_value(field.name, field.contents(), vtype, sub)
+        factors = v.index["model_config"].get("rope_freq_factors")
+        if factors:  # Llama 3.1's rope scaling, which llama.cpp reads from this tensor
+            writer.add_tensor("rope_freqs.weight", np.asarray(factors, dtype=np.float32))
         for e in manifest:
             m = edited_matrix(source, e["name"], edited)
             if m is not None:

@@ -73,6 +73,9 @@ class ModelConfig:
     # mixture of experts (Mixtral): experts per layer, and how many each position uses; 0: dense FFN
     n_experts: int = 0
     n_experts_used: int = 0
+    # llama.cpp's rope_freqs.weight (its form of Llama 3.1's scaling): one factor per frequency, each
+    # global-layer frequency divided by its factor; () for none
+    rope_freq_factors: tuple[float, ...] = ()
 
     def layer_rope_base(self, layer: int) -> float:
         return self.rope_base if self.global_layers[layer] else self.rope_base_local
@@ -86,7 +89,11 @@ class ModelConfig:
         d = self.head_dim
         exponent = np.arange(0, d, 2, dtype=np.float32) / np.float32(d)
         inv = (np.float32(1.0) / np.power(np.float32(base), exponent)).astype(np.float32)  # (d/2,)
-        if not self.rope_scaling or base != self.rope_base:
+        if base != self.rope_base:
+            return inv
+        if self.rope_freq_factors:  # as ggml_rope_ext's freq_factors: theta_i / factor_i
+            inv = (inv / np.asarray(self.rope_freq_factors, dtype=np.float32)).astype(np.float32)
+        if not self.rope_scaling:
             return inv
         factor = np.float32(self.rope_factor)
         if self.rope_scaling == "linear":

@@ -13,6 +13,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numba
 import numpy as np
@@ -21,6 +22,7 @@ from numpy.typing import NDArray
 
 from larql.errors import VindexError
 from larql.model import Model
+from larql.model.config import ModelConfig
 from larql.model.load import load, resolve
 from larql.model.weights import named_tensors
 from larql.pathguard import overlap
@@ -134,6 +136,15 @@ def _sha256_path(path: Path) -> tuple[str, int]:
                 h.update(block)
                 size += len(block)
     return h.hexdigest(), size
+
+
+def model_config(cfg: ModelConfig) -> dict[str, Any]:
+    """index.json's model_config: the config's fields, tuples as lists; rope_freq_factors only when
+    there are some (so that a vindex without them is written as before that field existed)."""
+    mc = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()}
+    if not mc["rope_freq_factors"]:
+        del mc["rope_freq_factors"]
+    return mc
 
 
 def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dtype: str = "f16",
@@ -257,7 +268,7 @@ def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dty
             "num_layers": cfg.n_layers, "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn,
             "vocab_size": w.token_embd.n_rows, "embed_scale": cfg.embed_scale, "down_top_k": top_k,
             "has_model_weights": level != "browse", "layer_bands": layout.layer_bands(cfg.n_layers),
-            "layers": layers, "model_config": {**asdict(cfg), "global_layers": list(cfg.global_layers)},
+            "layers": layers, "model_config": model_config(cfg),
             "tokenizer": {"bos_id": model.tokenizer.bos_id, "eos_ids": list(model.tokenizer.eos_ids)},
         }
         if requantized is not None:

@@ -7,6 +7,7 @@ gguf-py give transformers' logits."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +16,8 @@ import numpy as np
 import pytest
 
 import larql
-from larql.errors import ModelFormatError
+from larql.errors import ModelFormatError, UnsupportedError
+from larql.model.config import ModelConfig
 from larql.model.gguf_file import GGUFFile
 from larql.model.weights import named_tensors
 from tests.conftest import rel_err
@@ -27,6 +29,24 @@ REFS = Path(__file__).resolve().parents[1] / "golden" / "architectures"
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's converter reorders a llama's q/k rows so that rope pairs adjacent elements."""
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama3_rope_factors(c: ModelConfig) -> np.ndarray:
+    """rope_freqs.weight as llama.cpp's converter computes it from a llama3 rope_scaling: 1 for the
+    high frequencies, the factor for the low ones, a smooth blend between."""
+    inv = 1.0 / c.rope_base ** (np.arange(0, c.head_dim, 2, dtype=np.float32) / c.head_dim)
+    old, low, high = c.rope_original_context, c.rope_low_freq_factor, c.rope_high_freq_factor
+    out = []
+    for freq in inv:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(c.rope_factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / c.rope_factor + smooth))
+    return np.array(out, dtype=np.float32)
 
 
 def write_gguf(ref: str, path: Path, stacked: bool = True) -> Path:
@@ -83,6 +103,8 @@ def write_gguf(ref: str, path: Path, stacked: bool = True) -> Path:
             for part in ("ffn_gate", "ffn_up", "ffn_down"):
                 tensors[b + part + "_exps.weight"] = np.stack(
                     [tensors.pop(f"{b}{part}.{e}.weight") for e in range(c.n_experts)])
+    if c.rope_scaling == "llama3":  # as llama.cpp's converter writes Llama 3.1's scaling: no metadata, a tensor
+        tensors["rope_freqs.weight"] = llama3_rope_factors(c)
     for name, data in tensors.items():
         w.add_tensor(name, np.ascontiguousarray(data))
     w.write_header_to_file()
@@ -154,3 +176,33 @@ def test_mixtral_gguf_with_too_few_experts_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ModelFormatError, match=r"bad\.gguf: tensor blk\.0\.ffn_gate_exps\.weight has 256 rows; the "
                                                r"config implies 8 experts x 64"):
         larql.load(tmp_path / "bad.gguf")
+
+
+def test_llama31_rope_freqs_match_transformers_llama3_scaling(tmp_path: Path) -> None:
+    """llama.cpp stores Llama 3.1's rope scaling as `rope_freqs.weight`, one factor per frequency: the
+    tiny llama3 reference (original context 64: every band of the scaling occurs) written that way
+    gives transformers' logits, and so does a vindex extracted from it (the factors in its config)."""
+    from larql.vindex.extract import extract
+
+    m = larql.load(write_gguf("llama3", tmp_path / "l.gguf"))
+    assert m.config.rope_scaling == "" and len(m.config.rope_freq_factors) == m.config.head_dim // 2
+    f = m.config.rope_freq_factors  # all three bands: kept (1), blended, divided by the factor (8)
+    assert f[0] == 1.0 and 1.0 < f[1] < 8.0 and f[-1] == 8.0
+    want = np.load(REFS / "llama3.npz")
+    for p in (0, 1):
+        logits = m.forward(want[f"p{p}.ids"])
+        assert rel_err(logits, want[f"p{p}.logits"]) <= 1e-4
+        assert np.array_equal(logits.argmax(-1), want[f"p{p}.logits"].argmax(-1))
+    vx = larql.load(extract(tmp_path / "l.gguf", tmp_path / "l.vindex", level="inference", dtype="f32"))
+    assert vx.config == m.config and np.array_equal(vx.forward(want["p1.ids"]), m.forward(want["p1.ids"]))
+    from larql.vindex.verify import verify_vindex
+
+    assert verify_vindex(tmp_path / "l.vindex").config_diffs == []  # the factors as the source has them
+    # COMPILE carries the factors back into a GGUF, and refuses a safetensors directory, which has no place for them
+    from larql.edit.compile import compile_gguf, compile_safetensors
+    from larql.edit.view import edit_vindex
+
+    back = larql.load(compile_gguf(edit_vindex(tmp_path / "l.vindex"), tmp_path / "back.gguf").path)
+    assert back.config.rope_freq_factors == f and np.array_equal(back.forward(want["p1.ids"]), m.forward(want["p1.ids"]))
+    with pytest.raises(UnsupportedError, match=r"safetensors export writes no per-frequency rope factors"):
+        compile_safetensors(edit_vindex(tmp_path / "l.vindex"), tmp_path / "hf")
