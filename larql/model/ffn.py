@@ -78,6 +78,7 @@ class FFN:
         # dequantized W_down `(hidden, ffn)` of layers where a down column was overridden: the base
         # weights never change, so one copy per layer serves every later edit
         self._downs: dict[int, F32] = {}
+        self._expert_downs: dict[tuple[int, int], F32] = {}  # the same per (layer, expert)
 
     def __call__(self, i: int, h: F32, hooks: HookFns | None, start: int) -> F32:
         """FFN output `(T, hidden)` of layer i for its normed input h `(T, hidden)`."""
@@ -160,7 +161,9 @@ class FFN:
             y = down.matmul(act)  # (t_e, hidden)
             downs = [(j, dv) for j, (_, _, dv) in mine.items() if dv is not None]
             if downs:
-                stored = down.dequantize()  # (hidden, ffn): an expert's, small next to the layer
+                if (i, int(e)) not in self._expert_downs:
+                    self._expert_downs[(i, int(e))] = down.dequantize()  # (hidden, ffn), once, as _downs
+                stored = self._expert_downs[(i, int(e))]
                 for j, dv in downs:
                     y += np.outer(act[:, j], dv - stored[:, j])  # swap the feature's column
             out[rows] += y * weight[rows, slot][:, None]

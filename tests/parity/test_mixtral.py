@@ -137,7 +137,8 @@ def test_weight_edits_on_experts_are_refused_before_any_work(vindex: Path) -> No
     with pytest.raises(UnsupportedError, match="weight edits .* cannot run on mixtral: its mixture of experts"):
         Tail(m.config, m.weights, 1)
     with pytest.raises(LqlSemanticError, match=r"weight edits \(ROME/MEMIT\) cannot run on mixtral: its mixture of "
-                                               r"experts has no backward pass in larql yet"):
+                                               r"experts has no backward pass in larql yet; use INSERT ... METHOD "
+                                               r"FEATURE \(it takes a feature of the expert the router picks\)"):
         execute(f'USE "{vindex}"; INSERT INTO EDGES (entity, relation, target) VALUES ("B", "x", "q") METHOD ROME')
 
 
