@@ -54,6 +54,11 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any], str]] = {
     "gemma2": ("gemma2", {"sliding_window": 4, "query_pre_attn_scalar": 12, "attn_logit_softcapping": 5.0,
                           "final_logit_softcapping": 10.0, "hidden_activation": "gelu_pytorch_tanh"},
                "attention and final soft-caps, alternating sliding window, query_pre_attn_scalar, sandwich norms"),
+    # a GGUF stores no query scale: llama.cpp derives 1/sqrt(head_dim) (1/sqrt(hidden / heads) for the
+    # 27B), as the released models' query_pre_attn_scalar says; this one follows that rule
+    "gemma2_gguf": ("gemma2", {"sliding_window": 4, "query_pre_attn_scalar": 8, "attn_logit_softcapping": 5.0,
+                               "final_logit_softcapping": 10.0, "hidden_activation": "gelu_pytorch_tanh"},
+                    "Gemma 2 with query_pre_attn_scalar = head_dim, as the released 2B and 9B: the GGUF reference"),
     "gemma3": ("gemma3_text", {"sliding_window": 4, "query_pre_attn_scalar": 8, "rope_parameters": _GEMMA3_ROPE,
                                "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]},
                "q/k norms, sandwich norms, linear rope scaling on the global layer"),

@@ -125,7 +125,8 @@ def _write_gates_and_meta(v: EditableVindex, w: VindexWriter, edited: Edited) ->
         meta.write(np.ascontiguousarray(scores, dtype="<f4"))
         layers.append({"layer": layer, "num_features": int(gate.shape[0]), "gate_offset": gate_offset,
                        "gate_length": int(gate.nbytes), "down_meta_offset": dm_offset,
-                       "down_meta_length": int(ids.size * 8)})
+                       "down_meta_length": int(ids.size * 8),
+                       **({"num_experts": v.num_experts(layer)} if v.num_experts(layer) else {})})
     return layers
 
 
@@ -142,16 +143,20 @@ def edited_matrix(source: Any, name: str, edited: Edited) -> np.ndarray | None:
     if not vectors and not gone and field != "down":
         return None  # a layer with weight edits only: its gate and up keep their stored blocks
     m = source.matrix(name).dequantize()  # float32: gate/up (ffn, hidden), down (hidden, ffn)
+    n = m.shape[1] if field == "down" else m.shape[0]
+    # expert e's tensors (blk.L.ffn_gate.e.weight) hold the layer's features e x ffn .. (e + 1) x ffn - 1
+    first = int(parts[3]) * n if len(parts) == 5 else 0
     for f, ov in vectors.items():
         vec = getattr(ov, field)
-        if vec is not None:
+        if vec is not None and 0 <= f - first < n:
             if field == "down":
-                m[:, f] = vec
+                m[:, f - first] = vec
             else:
-                m[f] = vec
+                m[f - first] = vec
     if field == "down":
         for f in gone:
-            m[:, f] = 0.0
+            if 0 <= f - first < n:
+                m[:, f - first] = 0.0
         if delta is not None:
             m += delta[0] @ delta[1].T  # ROME / MEMIT weight edits: W_down + U V^T
     return np.ascontiguousarray(m, dtype=np.float32)
@@ -205,6 +210,9 @@ def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wi
             vtype = field.types[0]
             sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
             writer.add_key_value(field.name, field.contents(), vtype, sub)
+        factors = v.index["model_config"].get("rope_freq_factors")
+        if factors:  # Llama 3.1's rope scaling, which llama.cpp reads from this tensor
+            writer.add_tensor("rope_freqs.weight", np.asarray(factors, dtype=np.float32))
         for e in manifest:
             m = edited_matrix(source, e["name"], edited)
             if m is not None:

@@ -37,6 +37,7 @@ from larql.edit.overlay import MetaOverride
 from larql.edit.patch import PatchOp, is_neuron
 from larql.edit.view import EditableVindex
 from larql.errors import VindexError
+from larql.model.ffn import gated
 from larql.model.forward import norm
 from larql.model.generate import log_softmax
 from larql.model.interp import first_target_token, kl, rank_of
@@ -92,19 +93,34 @@ def relation_prompt(entity: str, relation: str) -> str:
     return f"The {words} of {entity} is"
 
 
-def _ffn_inputs(model: object, prompts: list[str], layer: int, last_only: bool) -> tuple[F32, F32]:
-    """(FFN inputs h `[n, hidden]`, activations `[n, ffn]`) at `layer` for the prompts' positions."""
+def _ffn_inputs(model: object, prompts: list[str], layer: int, last_only: bool) -> tuple[F32, F32 | None]:
+    """(FFN inputs h `[n, hidden]`, activations `[n, ffn]`) at `layer` for the prompts' positions;
+    no activations for a mixture of experts (there is no one FFN: see `_slot_ffn`)."""
     cfg, lw = model.config, model.weights.layers[layer]  # type: ignore[attr-defined]
-    names = [f"blocks.{layer}.hook_resid_mid", f"blocks.{layer}.mlp.hook_post"]
+    names = [f"blocks.{layer}.hook_resid_mid"] + ([] if lw.router is not None else [f"blocks.{layer}.mlp.hook_post"])
     hs, acts = [], []
     for p in prompts:
         _, cache = model.run_with_cache(model.tokenize(p), names=names)  # type: ignore[attr-defined]
-        resid, act = cache[names[0]], cache[names[1]]
-        if last_only:
-            resid, act = resid[-1:], act[-1:]
+        resid = cache[names[0]][-1:] if last_only else cache[names[0]]
         hs.append(norm(cfg, resid, lw.ffn_norm, lw.ffn_norm_bias))
-        acts.append(act)
-    return np.concatenate(hs), np.concatenate(acts)
+        if len(names) > 1:
+            acts.append(cache[names[1]][-1:] if last_only else cache[names[1]])
+    return np.concatenate(hs), np.concatenate(acts) if acts else None
+
+
+def _slot_ffn(model: object, layer: int, h_prompt: F32, h_decoys: F32, acts: F32 | None) -> tuple[int, F32, F32]:
+    """(the first feature number of the FFN the slot is taken from, its W_down `(hidden, ffn)`, the
+    decoys' activations `(n, ffn)`). In a mixture of experts, the FFN is the expert the router
+    weighs most at the prompt's last position (expert e's features are numbered from e x ffn), so
+    the feature acts where the prompt goes; its weight there is absorbed by the down scale search."""
+    lw = model.weights.layers[layer]  # type: ignore[attr-defined]
+    if lw.router is None:
+        assert lw.down is not None and acts is not None  # a dense FFN
+        return 0, lw.down.dequantize(), acts
+    e = int(np.argmax(lw.router.matmul(h_prompt[None, :])[0]))
+    gate, up, down = lw.experts[e]
+    act = gated(model.config.activation, gate.matmul(h_decoys), up.matmul(h_decoys))  # type: ignore[attr-defined]
+    return e * gate.n_rows, down.dequantize(), act
 
 
 def _orthogonal_part(target: F32, others: F32) -> F32:
@@ -225,15 +241,13 @@ def plan_insert(vindex: EditableVindex, entity: str, relation: str, target: str,
     other_h = [_ffn_inputs(model, [relation_prompt(op.entity or "", op.relation or "")], layer, last_only=False)[0]
                for op in others]
 
-    down = model.weights.layers[layer].down
-    assert down is not None  # a dense FFN: a mixture of experts has no feature slots
-    down_cols = down.dequantize()  # (hidden, ffn)
+    first, down_cols, acts = _slot_ffn(model, layer, h_all[-1], h_decoys, acts)  # down_cols: (hidden, ffn)
     if same:
         feature = same[0].feature
     else:
         importance = np.abs(acts).mean(axis=0) * np.linalg.norm(down_cols, axis=0)  # (ffn,)
         taken = set(overlay.layer(layer)) | overlay.deleted(layer) | set(overlay.meta(layer))
-        feature = next(int(f) for f in np.argsort(importance, kind="stable") if int(f) not in taken)
+        feature = next(first + int(f) for f in np.argsort(importance, kind="stable") if first + int(f) not in taken)
     try:
         gate, up = _selective(h_all, np.concatenate([h_decoys] + [h[-1:] for h in other_h]), common)
     except VindexError:

@@ -149,7 +149,7 @@ def load_source(v: EditableVindex, source: str | Path) -> tuple[str, list[PatchO
     if not path.exists():
         raise EditError(f"MERGE {path}: no such file or vindex; name a .vindex directory or a .vlp file")
     s = v.store
-    patch: Patch = load_patch(path, Shape(s.hidden, int(s.index["intermediate_size"]), s.num_layers, s.vocab_size))
+    patch: Patch = load_patch(path, Shape(s.hidden, v.overlay.num_features, s.num_layers, s.vocab_size))
     if not made_for(patch, s.index):
         raise EditError(f"MERGE {path}: this patch was made for {patch.base_model!r}, the vindex in use holds "
                         f"{s.index['model']!r}; merge patches of the same model")
@@ -275,15 +275,15 @@ def _relocate(v: EditableVindex, ops: list[PatchOp | WeightOp], cur_facts: dict[
 
 def _least_used(v: EditableVindex, layer: int) -> list[int]:
     """The layer's features, least used first: INSERT's measure (mean |activation| on the decoy
-    prompts x |down column|) with model weights, else the lowest down_meta score."""
-    if not v.has_model_weights:
+    prompts x |down column|) with model weights and a dense FFN, else the lowest down_meta score."""
+    if not v.has_model_weights or v.num_experts(layer):
         return [int(f) for f in np.argsort(np.abs(v.store.down_meta(layer)[1][:, 0]), kind="stable")]
     from larql.edit.feature_insert import DECOY_PROMPTS, _ffn_inputs
 
     model = v.model()
     _, acts = _ffn_inputs(model, list(DECOY_PROMPTS), layer, last_only=True)
     down_matrix = model.weights.layers[layer].down
-    assert down_matrix is not None  # a dense FFN: a mixture of experts has no feature slots
+    assert down_matrix is not None and acts is not None  # a dense FFN (experts are ranked above)
     down = down_matrix.dequantize()
     return [int(f) for f in np.argsort(np.abs(acts).mean(axis=0) * np.linalg.norm(down, axis=0), kind="stable")]
 

@@ -351,7 +351,7 @@ class PatchStack:
 
     def apply(self, path: str | Path) -> Patch:
         v = self.store
-        patch = load_patch(path, Shape(v.hidden, int(v.index["intermediate_size"]), v.num_layers, v.vocab_size))
+        patch = load_patch(path, Shape(v.hidden, self.overlay.num_features, v.num_layers, v.vocab_size))
         if not made_for(patch, v.index):
             raise VindexError(f"{path}: this patch was made for {patch.base_model!r}, the vindex in use holds "
                               f"{v.index['model']!r} (if that is this model under another name, set the patch's "

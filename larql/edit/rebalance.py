@@ -88,6 +88,10 @@ def rebalance(v: EditableVindex, layer: int | None = None, max_iters: int | None
     if layer is not None and not 0 <= layer < v.num_layers:
         raise EditError(f"layer {layer} is out of range (layers 0-{v.num_layers - 1})")
     report = RebalanceReport(layers=[layer] if layer is not None else feature_layers(v))
+    moe = next((L for L in report.layers if v.num_experts(L)), None)
+    if moe is not None:  # its facts sit in different experts, each weighed by the router: not one FFN to tune
+        raise EditError(f"REBALANCE re-tunes the facts of one dense FFN; layer {moe} of {v.index['family']} is a "
+                        f"mixture of {v.num_experts(moe)} experts (re-INSERT a fact there to re-tune it)")
     ops: list[PatchOp] = []
     for L in report.layers:
         layer_ops, facts, iters, done = _rebalance_layer(v, L, limit, floor, ceiling)

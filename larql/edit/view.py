@@ -32,7 +32,9 @@ class EditableVindex:
 
     def __init__(self, store: Vindex) -> None:
         self.store = store
-        self.overlay = PatchOverlay(store.num_layers, int(store.index["intermediate_size"]), store.hidden)
+        # a mixture-of-experts layer numbers every expert's features in one range (FORMAT.md)
+        most = max(store.num_features(layer) for layer in range(store.num_layers))
+        self.overlay = PatchOverlay(store.num_layers, most, store.hidden)
         self.patches = PatchStack(store, self.overlay)
         self._model: Model | None = None  # the walk model, built on first use (it repacks weights once)
 
@@ -76,6 +78,12 @@ class EditableVindex:
 
     def num_features(self, layer: int) -> int:
         return self.store.num_features(layer)
+
+    def num_experts(self, layer: int) -> int:
+        return self.store.num_experts(layer)
+
+    def feature_name(self, layer: int, feature: int) -> str:
+        return self.store.feature_name(layer, feature)
 
     def gate_vectors(self, layer: int) -> NDArray[np.floating]:
         """The stored gate vectors (edited gates live in the overlay; see gate_knn)."""

@@ -53,6 +53,6 @@ def walk_model(vindex_path: str | Path, top_k: int | None = None,
     """A model over the vindex at `vindex_path`, its FFN the walk over a fresh overlay holding
     `overrides` (for experiments and benchmarks; LQL and `larql.load` go through EditableVindex)."""
     v = open_vindex(vindex_path)
-    overlay = PatchOverlay(v.num_layers, int(v.index["intermediate_size"]), v.hidden)
+    overlay = PatchOverlay(v.num_layers, max(v.num_features(layer) for layer in range(v.num_layers)), v.hidden)
     overlay.update(overrides or {})
     return carried_model(v, OverlayEdits(overlay, top_k))

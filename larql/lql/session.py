@@ -25,5 +25,5 @@ class Session:
         if v is None:
             return "no vindex in use"
         i = v.index
-        return (f"{v.path} ({i['num_layers']} layers, {i['num_layers'] * i['intermediate_size']:,} features, "
+        return (f"{v.path} ({i['num_layers']} layers, {sum(e['num_features'] for e in i['layers']):,} features, "
                 f"model: {i['model']}, level: {i['extract_level']})")

@@ -73,6 +73,9 @@ class ModelConfig:
     # mixture of experts (Mixtral): experts per layer, and how many each position uses; 0: dense FFN
     n_experts: int = 0
     n_experts_used: int = 0
+    # llama.cpp's rope_freqs.weight (its form of Llama 3.1's scaling): one factor per frequency, each
+    # global-layer frequency divided by its factor; () for none
+    rope_freq_factors: tuple[float, ...] = ()
 
     def layer_rope_base(self, layer: int) -> float:
         return self.rope_base if self.global_layers[layer] else self.rope_base_local
@@ -86,7 +89,11 @@ class ModelConfig:
         d = self.head_dim
         exponent = np.arange(0, d, 2, dtype=np.float32) / np.float32(d)
         inv = (np.float32(1.0) / np.power(np.float32(base), exponent)).astype(np.float32)  # (d/2,)
-        if not self.rope_scaling or base != self.rope_base:
+        if base != self.rope_base:
+            return inv
+        if self.rope_freq_factors:  # as ggml_rope_ext's freq_factors: theta_i / factor_i
+            inv = (inv / np.asarray(self.rope_freq_factors, dtype=np.float32)).astype(np.float32)
+        if not self.rope_scaling:
             return inv
         factor = np.float32(self.rope_factor)
         if self.rope_scaling == "linear":
@@ -187,6 +194,43 @@ def _gemma3(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
     )
 
 
+# llama.cpp's Gemma 2 sizes by layer count; the 27B (46 layers) scales queries by its hidden size per head
+GEMMA2_27B_LAYERS = 46
+
+
+def _gemma2(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
+    """Gemma 2 as llama.cpp runs it. Its GGUF stores no query scale (HF's query_pre_attn_scalar):
+    llama.cpp derives it from the model size, 1/sqrt(hidden // heads) for the 27B (46 layers) and
+    1/sqrt(head_dim) otherwise, which is what the released models' configs say. Every 2nd layer is
+    global; the soft-caps default to 50 and 30 when the metadata lacks them, as in llama.cpp."""
+    p = "gemma2."
+    n_layers = int(_need(meta, p + "block_count", source))
+    hidden = int(_need(meta, p + "embedding_length", source))
+    n_heads = int(_need(meta, p + "attention.head_count", source))
+    head_dim = int(meta.get(p + "attention.key_length", hidden // n_heads))
+    pattern = int(meta.get(p + "attention.sliding_window_pattern", 2))
+    rope_base = float(meta.get(p + "rope.freq_base", 10_000.0))
+    scale_dim = hidden // n_heads if n_layers == GEMMA2_27B_LAYERS else head_dim
+    return ModelConfig(
+        arch="gemma2", n_layers=n_layers, hidden=hidden,
+        ffn=int(_need(meta, p + "feed_forward_length", source)),
+        n_heads=n_heads, n_kv_heads=int(meta.get(p + "attention.head_count_kv", n_heads)),
+        head_dim=head_dim, vocab=int(meta.get(p + "vocab_size", 0)),
+        context_length=int(meta.get(p + "context_length", 8192)),
+        norm_eps=float(_need(meta, p + "attention.layer_norm_rms_epsilon", source)),
+        rope_base=rope_base, rope_base_local=float(meta.get(p + "rope.freq_base_swa", rope_base)),
+        rope_interleaved=False,
+        sliding_window=int(meta.get(p + "attention.sliding_window", 4096)),
+        # llama.cpp's set_swa_pattern(n): layer i slides unless i % n == n - 1
+        global_layers=tuple(pattern > 0 and i % pattern == pattern - 1 for i in range(n_layers)),
+        embed_scale=math.sqrt(hidden), attn_scale=scale_dim ** -0.5,
+        qk_norm=False, sandwich_norms=True, activation="gelu_tanh",
+        final_softcap=float(meta.get(p + "final_logit_softcapping", 30.0)),
+        attn_softcap=float(meta.get(p + "attn_logit_softcapping", 50.0)),
+        tied_embeddings=tied,
+    )
+
+
 def _llama(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
     arch = str(meta["general.architecture"])
     p = arch + "."
@@ -198,6 +242,11 @@ def _llama(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
     scaling = str(meta.get(p + "rope.scaling.type", "none"))
     if scaling not in ("none", "linear"):
         raise UnsupportedError(f"{source}: metadata {p}rope.scaling.type is {scaling!r}; larql runs none or linear")
+    # Mixtral is a llama in GGUF, with its experts counted in the metadata
+    n_experts, used = int(meta.get(p + "expert_count", 0)), int(meta.get(p + "expert_used_count", 0))
+    if n_experts and not 0 < used <= n_experts:
+        raise ModelFormatError(f"{source}: metadata {p}expert_used_count is {used}; it must be 1..{p}expert_count "
+                               f"({n_experts})")
     return ModelConfig(
         arch=arch, n_layers=n_layers, hidden=hidden,
         ffn=int(_need(meta, p + "feed_forward_length", source)),
@@ -215,6 +264,7 @@ def _llama(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
         final_softcap=0.0, attn_softcap=0.0, tied_embeddings=tied,
         rope_scaling="" if scaling == "none" else scaling,
         rope_factor=float(meta.get(p + "rope.scaling.factor", 1.0)),
+        n_experts=n_experts, n_experts_used=used if n_experts else 0,
     )
 
 
@@ -254,6 +304,7 @@ def _gpt2(meta: dict[str, Any], source: str, tied: bool) -> ModelConfig:
 
 ARCHITECTURES: dict[str, Callable[[dict[str, Any], str, bool], ModelConfig]] = {
     "gemma3": _gemma3,
+    "gemma2": _gemma2,
     "llama": _llama,
     "qwen2": _llama,  # q/k/v biases are tensors; rope_interleaved is false for every arch but llama
     "qwen3": _qwen3,

@@ -90,6 +90,10 @@ def _rope_parameters(cfg: ModelConfig, base: float, scaled: bool) -> dict[str, A
 def hf_config(cfg: ModelConfig, vocab: int, tok: TokenizerFiles, dtype: str) -> dict[str, Any]:
     """config.json for Gemma3ForCausalLM or LlamaForCausalLM (legacy rope keys, which transformers
     4.x and larql read, plus v5's rope_parameters)."""
+    if cfg.rope_freq_factors or cfg.n_experts:  # nothing below would carry them: refuse, not drop them
+        what = "per-frequency rope factors (llama.cpp's rope_freqs)" if cfg.rope_freq_factors else "experts"
+        raise UnsupportedError(f"safetensors export writes no {what}, which this {cfg.arch} model has; "
+                               f"export it as GGUF instead")
     common: dict[str, Any] = {
         "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn, "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,

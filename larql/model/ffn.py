@@ -78,6 +78,7 @@ class FFN:
         # dequantized W_down `(hidden, ffn)` of layers where a down column was overridden: the base
         # weights never change, so one copy per layer serves every later edit
         self._downs: dict[int, F32] = {}
+        self._expert_downs: dict[tuple[int, int], F32] = {}  # the same per (layer, expert)
 
     def __call__(self, i: int, h: F32, hooks: HookFns | None, start: int) -> F32:
         """FFN output `(T, hidden)` of layer i for its normed input h `(T, hidden)`."""
@@ -120,10 +121,17 @@ class FFN:
     def _experts(self, i: int, h: F32, hooks: HookFns | None, start: int) -> F32:
         """A mixture of experts (Mixtral), as transformers runs it: softmax of the router logits,
         each position's top-k experts, their probabilities renormalised to sum to 1, the weighted
-        sum of those experts' gated FFNs. mlp.hook_pre / hook_post have no single FFN here."""
-        lw, n = self.weights.layers[i], self.names[i]
-        if self.edits is not None:
-            raise UnsupportedError(f"layer {i}: FFN edits address one dense FFN; this layer is a mixture of experts")
+        sum of those experts' gated FFNs. mlp.hook_pre / hook_post have no single FFN here.
+        Edits name expert e's feature j as feature e x ffn + j (the vindex's numbering); an edited
+        feature acts only where the router picks its expert."""
+        lw, n, edits = self.weights.layers[i], self.names[i], self.edits
+        overrides: Mapping[int, FeatureVectors] = {}
+        gone: AbstractSet[int] = frozenset()
+        if edits is not None:
+            if edits.top_k is not None or edits.down_delta(i) is not None:
+                raise UnsupportedError(f"layer {i}: a walk top-k and weight edits (ROME/MEMIT) address one dense "
+                                       f"FFN; this layer is a mixture of experts (feature edits and deletions work)")
+            overrides, gone = edits.feature_overrides(i), edits.deleted(i)
         assert lw.router is not None  # called only for a layer with a router
         logits = lw.router.matmul(h)  # (T, n_experts)
         if hooks:
@@ -138,7 +146,27 @@ class FFN:
             rows, slot = np.nonzero(chosen == e)  # positions routed to expert e, and in which of their k slots
             gate, up, down = lw.experts[e]
             x = np.ascontiguousarray(h[rows])  # (t_e, hidden)
-            out[rows] += down.matmul(gated(self.activation, gate.matmul(x), up.matmul(x))) * weight[rows, slot][:, None]
+            g, u = gate.matmul(x), up.matmul(x)  # (t_e, ffn)
+            first = int(e) * gate.n_rows  # expert e's features in the edits' numbering
+            mine = {f - first: vec for f, vec in overrides.items() if first <= f < first + gate.n_rows}
+            for j, (gv, uv, _) in mine.items():
+                if gv is not None:
+                    g[:, j] = x @ gv
+                if uv is not None:
+                    u[:, j] = x @ uv
+            act = gated(self.activation, g, u)
+            silenced = [f - first for f in gone if first <= f < first + gate.n_rows]
+            if silenced:
+                act[:, silenced] = 0.0
+            y = down.matmul(act)  # (t_e, hidden)
+            downs = [(j, dv) for j, (_, _, dv) in mine.items() if dv is not None]
+            if downs:
+                if (i, int(e)) not in self._expert_downs:
+                    self._expert_downs[(i, int(e))] = down.dequantize()  # (hidden, ffn), once, as _downs
+                stored = self._expert_downs[(i, int(e))]
+                for j, dv in downs:
+                    y += np.outer(act[:, j], dv - stored[:, j])  # swap the feature's column
+            out[rows] += y * weight[rows, slot][:, None]
         if hooks:
             out = run_hook(hooks, n.mlp_out, out, start)
         return out

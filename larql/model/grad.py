@@ -160,7 +160,8 @@ def require_backward(cfg: ModelConfig, weights: Weights) -> None:
                    else "learned positions" if cfg.positions != "rope" else "an MLP without a gate" if not cfg.gated_mlp
                    else "output or MLP biases" if biased else "")
     if unsupported:  # the hand-written backward below has no terms for these
-        hint = "; use INSERT ... METHOD FEATURE" if cfg.gated_mlp and not cfg.n_experts else ""
+        hint = ("; use INSERT ... METHOD FEATURE" + (" (it takes a feature of the expert the router picks)"
+                                                      if cfg.n_experts else "")) if cfg.gated_mlp else ""
         raise UnsupportedError(f"weight edits (ROME/MEMIT) cannot run on {cfg.arch}: its {unsupported} has "
                                f"no backward pass in larql yet{hint}")
 

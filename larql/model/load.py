@@ -10,10 +10,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from larql.errors import LarqlError, ModelFormatError, UnknownModelError, UnsupportedError
-from larql.model.config import check_config, check_hf_values, config_from_gguf, read_hf_config
+from larql.model.config import ModelConfig, check_config, check_hf_values, config_from_gguf, read_hf_config
 from larql.model.gguf_file import GGUFFile
-from larql.model.gguf_fused import FUSED_ARCHS, FusedGGUF
+from larql.model.gguf_fused import FusedGGUF, is_fused
 from larql.model.hf_config import config_from_hf
 from larql.model.hf_names import SANDWICH_ARCHS, hf_tensor
 from larql.model.model import Model
@@ -87,16 +89,25 @@ def load_path(name: str, path: Path) -> Model:
 def _load_gguf(name: str, path: Path) -> Model:
     gguf = GGUFFile(path)
     tied = "output.weight" not in gguf.tensors
-    if "rope_freqs.weight" in gguf.tensors:  # llama.cpp's form of Llama 3.1 rope scaling
-        raise UnsupportedError(f"{path}: tensor rope_freqs.weight (per-frequency rope factors) is not supported "
-                               f"yet; load the HF directory, whose rope_parameters larql reads")
     cfg = config_from_gguf(gguf.metadata, str(path), tied)
+    if gguf.has("rope_freqs.weight"):  # llama.cpp's form of Llama 3.1 rope scaling
+        cfg = replace(cfg, rope_freq_factors=rope_freq_factors(gguf, cfg))
     if any(name.startswith("rope_factors") for name in gguf.tensors):  # Phi-3's long-context "longrope"
         raise UnsupportedError(f"{path}: rope_factors tensors (longrope scaling) are not supported")
-    weights = load_weights(FusedGGUF(gguf, cfg) if cfg.arch in FUSED_ARCHS else gguf, cfg)
+    weights = load_weights(FusedGGUF(gguf, cfg) if is_fused(gguf, cfg) else gguf, cfg)
     if cfg.vocab == 0:
         cfg = replace(cfg, vocab=weights.output.n_rows)
     return Model(name, path, cfg, weights, tokenizer_from_gguf(gguf.metadata, str(path)))
+
+
+def rope_freq_factors(gguf: GGUFFile, cfg: ModelConfig) -> tuple[float, ...]:
+    """The per-frequency factors of `rope_freqs.weight`: head_dim / 2 finite positive numbers."""
+    factors = gguf.vector("rope_freqs.weight")
+    if factors.shape != (cfg.head_dim // 2,) or not np.all(np.isfinite(factors)) or not np.all(factors > 0):
+        raise ModelFormatError(f"{gguf.path}: tensor rope_freqs.weight must hold {cfg.head_dim // 2} positive "
+                               f"factors (one per rope frequency of a {cfg.head_dim}-wide head), not "
+                               f"{factors.size} values like {factors[:3].tolist()}")
+    return tuple(float(f) for f in factors)
 
 
 def _load_hf_dir(name: str, path: Path) -> Model:

@@ -49,7 +49,7 @@ async def info(request: Request) -> Response:
                            "limits": vars(server.config.limits), "session": sess.id if sess else None}
     if served.base is not None:
         i = served.base.index
-        out.update(kind="vindex", layers=i["num_layers"], features=i["num_layers"] * i["intermediate_size"],
+        out.update(kind="vindex", layers=i["num_layers"], features=sum(e["num_features"] for e in i["layers"]),
                    hidden=i["hidden_size"], vocab=i["vocab_size"], level=i["extract_level"], dtype=i["dtype"],
                    quant=i["quant"], model_weights=bool(i["has_model_weights"]))
     else:

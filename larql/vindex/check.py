@@ -101,10 +101,18 @@ def check_layers(path: Path, index: dict[str, Any]) -> None:
     layers = index["layers"]
     if len(layers) != n or [e["layer"] for e in layers] != list(range(n)):
         raise VindexError(f"{path}: index.json layers must list layers 0..{n - 1} in order")
+    n_experts = index["model_config"].get("n_experts", 0)
+    if not isinstance(n_experts, int) or isinstance(n_experts, bool) or n_experts < 0:
+        raise VindexError(f"{path / layout.INDEX_FILE}: model_config.n_experts is {n_experts!r}, not a count")
     for e in layers:
-        if e["num_features"] != index["intermediate_size"]:
+        experts = e.get("num_experts", 1)  # a mixture-of-experts layer holds every expert's features
+        if experts != max(n_experts, 1):
+            raise VindexError(f"{path}: layer {e['layer']} has num_experts {experts}, model_config.n_experts is "
+                              f"{n_experts}")
+        if e["num_features"] != index["intermediate_size"] * experts:
+            per = "" if experts == 1 else f" x {experts} experts"
             raise VindexError(f"{path}: layer {e['layer']} has {e['num_features']} features, "
-                              f"intermediate_size is {index['intermediate_size']}")
+                              f"intermediate_size{per} is {index['intermediate_size'] * experts}")
         if e["gate_length"] != e["num_features"] * hidden * itemsize:
             raise VindexError(f"{path}: layer {e['layer']} gate_length does not match num_features x hidden")
         if e["down_meta_length"] != e["num_features"] * top_k * 8:

@@ -13,14 +13,16 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numba
 import numpy as np
 from numba import njit, prange
 from numpy.typing import NDArray
 
-from larql.errors import UnsupportedError, VindexError
+from larql.errors import VindexError
 from larql.model import Model
+from larql.model.config import ModelConfig
 from larql.model.load import load, resolve
 from larql.model.weights import named_tensors
 from larql.pathguard import overlap
@@ -136,6 +138,15 @@ def _sha256_path(path: Path) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
+def model_config(cfg: ModelConfig) -> dict[str, Any]:
+    """index.json's model_config: the config's fields, tuples as lists; rope_freq_factors only when
+    there are some (so that a vindex without them is written as before that field existed)."""
+    mc = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()}
+    if not mc["rope_freq_factors"]:
+        del mc["rope_freq_factors"]
+    return mc
+
+
 def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dtype: str = "f16",
             quant: str = "source", top_k: int = 10, overwrite: bool = False,
             progress: Progress | None = None) -> Path:
@@ -164,9 +175,6 @@ def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dty
         raise VindexError("--quant q4k quantizes model weights, and a browse-level vindex holds none; "
                           "add --level inference")
     model = src if isinstance(src, Model) else load(src)
-    if model.config.n_experts:  # FORMAT.md has one gate matrix and one down_meta per layer
-        raise UnsupportedError(f"{model.name}: a mixture-of-experts model ({model.config.n_experts} experts per "
-                               f"layer) has no vindex layout yet; run it with larql.load / larql run instead")
     requantized = _q4k_plan(model) if quant == "q4k" else None
     source_path = model.source if isinstance(src, Model) else resolve(src)[1]
     refused = overlap(out, [(Path(source_path), "the model extracted")]) if source_path else None
@@ -202,15 +210,20 @@ def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dty
         outputs: list[str] = []
         layers = []
         for i, lw in enumerate(w.layers):
-            assert lw.gate is not None and lw.down is not None  # a dense FFN: mixtures of experts are refused above
-            gate = lw.gate.dequantize().astype(np_dtype)  # (ffn, hidden)
+            # a mixture of experts: one block holding every expert's rows, expert 0's first
+            ffns = [(lw.gate, lw.down)] if lw.gate is not None and lw.down is not None else \
+                [(gate_m, down_m) for gate_m, _, down_m in lw.experts]
+            parts = [g.dequantize() for g, _ in ffns]
+            gate = (parts[0] if len(parts) == 1 else np.concatenate(parts)).astype(np_dtype)  # (experts x ffn, hidden)
             gate_offset = gates.write_aligned(gate)
-            ids, vals = down_top_tokens(lw.down, unembed, top_k)
+            tops = [down_top_tokens(d, unembed, top_k) for _, d in ffns]
+            ids, vals = np.concatenate([t[0] for t in tops]), np.concatenate([t[1] for t in tops])
             dm_offset = down_meta.write_aligned(ids)
             down_meta.write(vals)
             layers.append({"layer": i, "num_features": int(gate.shape[0]), "gate_offset": gate_offset,
                            "gate_length": int(gate.nbytes), "down_meta_offset": dm_offset,
-                           "down_meta_length": int(ids.nbytes + vals.nbytes)})
+                           "down_meta_length": int(ids.nbytes + vals.nbytes),
+                           **({"num_experts": len(lw.experts)} if lw.experts else {})})
             if band[0] <= i <= band[1] and len(words):
                 d, m, o = clusters.layer_directions(embed, token_texts, words, i, gate.astype(np.float32), ids[:, 0])
                 dirs.append(d)
@@ -255,7 +268,7 @@ def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dty
             "num_layers": cfg.n_layers, "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn,
             "vocab_size": w.token_embd.n_rows, "embed_scale": cfg.embed_scale, "down_top_k": top_k,
             "has_model_weights": level != "browse", "layer_bands": layout.layer_bands(cfg.n_layers),
-            "layers": layers, "model_config": {**asdict(cfg), "global_layers": list(cfg.global_layers)},
+            "layers": layers, "model_config": model_config(cfg),
             "tokenizer": {"bos_id": model.tokenizer.bos_id, "eos_ids": list(model.tokenizer.eos_ids)},
         }
         if requantized is not None:

@@ -30,6 +30,8 @@ def index_config(v: Vindex) -> ModelConfig:
                           f"re-extract with --level inference to run the model from it")
     mc = dict(v.index["model_config"])
     mc["global_layers"] = tuple(mc["global_layers"])
+    if "rope_freq_factors" in mc:  # a JSON list, a tuple in the (frozen, hashable) config
+        mc["rope_freq_factors"] = tuple(mc["rope_freq_factors"])
     try:
         cfg = ModelConfig(**mc)
     except TypeError as e:

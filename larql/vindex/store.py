@@ -87,6 +87,13 @@ class Vindex:
     def num_features(self, layer: int) -> int:
         return int(self._layer(layer)["num_features"])
 
+    def num_experts(self, layer: int) -> int:
+        """How many experts layer `layer`'s features belong to: 0 for a dense FFN."""
+        return int(self._layer(layer).get("num_experts", 0))
+
+    def feature_name(self, layer: int, feature: int) -> str:
+        return feature_name(self, layer, feature)
+
     def gate_vectors(self, layer: int) -> NDArray[np.floating]:
         """Layer `layer`'s gate vectors `[features, hidden]`, a read-only view in the stored dtype."""
         e = self._layer(layer)
@@ -206,6 +213,8 @@ class MetaSource(Protocol):
 
     def num_features(self, layer: int) -> int: ...
 
+    def num_experts(self, layer: int) -> int: ...
+
     def down_meta(self, layer: int) -> tuple[NDArray[np.uint32], NDArray[np.float32]]: ...
 
     def token_text(self, token_id: int) -> str: ...
@@ -220,6 +229,21 @@ def feature_meta(v: MetaSource, layer: int, feature: int) -> FeatureMeta:
     token_ids = tuple(int(t) for t in ids[feature])
     return FeatureMeta(int(layer), int(feature), token_ids, tuple(v.token_text(t) for t in token_ids),
                        tuple(float(s) for s in scores[feature]))
+
+
+def expert_of(v: MetaSource, layer: int, feature: int) -> tuple[int, int] | None:
+    """(expert, its feature) of a mixture-of-experts layer's feature `feature` (expert e's
+    feature j is stored as e x features-per-expert + j); None for a dense layer."""
+    experts = v.num_experts(layer)
+    if not experts:
+        return None
+    return divmod(int(feature), v.num_features(layer) // experts)
+
+
+def feature_name(v: MetaSource, layer: int, feature: int) -> str:
+    """How a feature is named to people: `L3 F17`, or `L1 E2 F17` for expert 2's feature 17."""
+    where = expert_of(v, layer, feature)
+    return f"L{layer} F{feature}" if where is None else f"L{layer} E{where[0]} F{where[1]}"
 
 
 def open_vindex(path: str | Path) -> Vindex:
@@ -249,6 +273,8 @@ class VindexReader(MetaSource, Protocol):
     def feature_meta(self, layer: int, feature: int) -> FeatureMeta: ...
 
     def feature_label(self, layer: int, feature: int) -> str | None: ...
+
+    def feature_name(self, layer: int, feature: int) -> str: ...
 
     def gate_knn(self, layer: int, query: NDArray[np.float32], k: int = 10) -> list[tuple[int, float]]: ...
 

@@ -4,12 +4,13 @@ when that model is still where it was extracted from. `repair` re-extracts from 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from larql.errors import LarqlError, VindexError
 from larql.jsonfile import read_json
+from larql.model.config import ModelConfig
 from larql.vindex import check, integrity
 
 
@@ -42,9 +43,11 @@ def _source(index: dict[str, Any]) -> tuple[Path | None, str]:
 def _config_diffs(index: dict[str, Any], src: Path) -> list[str]:
     from larql.model.load import load_path
 
-    ours = index["model_config"]
-    theirs = {**asdict(load_path(src.name, src).config)}
-    theirs["global_layers"] = list(theirs["global_layers"])
+    # a field this index.json lacks has its default (fields added later; rope_freq_factors when empty)
+    defaults = {f.name: list(f.default) if isinstance(f.default, tuple) else f.default
+                for f in fields(ModelConfig) if f.default is not MISSING}
+    ours = {**defaults, **index["model_config"]}
+    theirs = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(load_path(src.name, src).config).items()}
     return [f"model_config.{k}: {ours.get(k)!r} here, {v!r} in the source" for k, v in theirs.items()
             if ours.get(k) != v]
 

@@ -4,6 +4,7 @@ mixture of experts yet (a vindex, weight edits) is refused, not done wrongly."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -12,9 +13,13 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import larql
-from larql.errors import UnsupportedError
+from larql.errors import LqlSemanticError, UnsupportedError
+from larql.lql.executor import execute
+from larql.model.generate import log_softmax
 from larql.model.hooks import Zero
+from larql.model.interp import first_target_token
 from larql.vindex.extract import extract
+from tests.conftest import rel_err
 
 REF = Path(__file__).resolve().parents[1] / "golden" / "architectures" / "mixtral"
 
@@ -47,15 +52,94 @@ def test_router_hook_sees_and_steers_the_routing() -> None:
     assert not np.allclose(m.forward(ids, hooks={"blocks.0.mlp.hook_router": Zero()}), m.forward(ids))
 
 
-def test_no_vindex_and_no_weight_edits_yet(tmp_path: Path) -> None:
-    with pytest.raises(UnsupportedError, match=r"mixtral: a mixture-of-experts model \(4 experts per layer\) has no "
-                                               r"vindex layout yet"):
-        extract(REF, tmp_path / "m.vindex", level="browse")
+@pytest.fixture(scope="module")
+def vindex(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return extract(REF, tmp_path_factory.mktemp("moe") / "m.vindex", level="inference", dtype="f32")
+
+
+def test_the_vindex_stores_each_experts_gates_and_down_meta(vindex: Path) -> None:
+    """Layer L's block holds expert e's feature j at row e x ffn + j (FORMAT.md): its gate row
+    exactly, and as down_meta the tokens its down column writes most (checked here by brute force)."""
+    m = larql.load(REF)
+    v = larql.open_vindex(vindex)
+    unembed = m.weights.output.dequantize()  # (vocab, hidden)
+    ffn = m.config.ffn
+    for layer in range(m.config.n_layers):
+        assert v.num_experts(layer) == 4 and v.num_features(layer) == 4 * ffn
+        ids, scores = v.down_meta(layer)
+        for e, (gate, _, down) in enumerate(m.weights.layers[layer].experts):
+            assert np.array_equal(v.gate_vectors(layer)[e * ffn:(e + 1) * ffn], gate.dequantize())
+            want = unembed @ down.dequantize()  # (vocab, ffn): every token's score per feature
+            top = np.argsort(-want, axis=0, kind="stable")[: v.top_k].T  # (ffn, top_k)
+            assert np.array_equal(ids[e * ffn:(e + 1) * ffn], top)
+            assert np.allclose(scores[e * ffn:(e + 1) * ffn], np.take_along_axis(want.T, top, axis=1), atol=1e-5)
+    assert v.feature_name(1, 2 * ffn + 17) == "L1 E2 F17"
+
+
+def test_a_dense_vindex_is_written_as_before(tmp_path: Path) -> None:
+    """A dense layer's entry has no num_experts (index.json as before this layout: byte-identical
+    files, checked by hand against the previous writer), and its features are named as ever."""
+    v = larql.open_vindex(extract(REF.parent / "llama3", tmp_path / "d.vindex"))
+    assert all(set(e) == {"layer", "num_features", "gate_offset", "gate_length", "down_meta_offset",
+                          "down_meta_length"} for e in v.index["layers"])
+    assert v.num_experts(0) == 0 and v.feature_name(2, 17) == "L2 F17"
+
+
+def test_walk_describe_infer_and_trace_on_the_moe_vindex(vindex: Path) -> None:
+    ref = np.load(REF.parent / "mixtral.npz")
+    assert rel_err(larql.load(vindex).forward(ref["p0.ids"]), ref["p0.logits"]) <= 1e-6
+    walk, card, infer, trace = execute(f'USE "{vindex}"; WALK "The capital" TOP 2; DESCRIBE "a" VERBOSE; '
+                                       f'INFER "Bees make honey" TOP 3; TRACE "Bees make honey"')[1:]
+    assert len(walk.rows) == 6 and all(re.fullmatch(r"E[0-3] F\d+", row[1]) for row in walk.rows)
+    assert card.title == "a" and card.notes
+    direct = larql.load(REF)
+    top = int(np.argmax(direct.next_logits(direct.tokenize("Bees make honey"))))
+    assert infer.rows[0][1] == direct.tokenizer.token_text(top)
+    assert [row[0] for row in trace.rows] == ["emb", "L0", "L1", "L2"]
+    with pytest.raises(LqlSemanticError, match="EXPLAIN INFER ranks one FFN's activations .* mixtral's layers are a "
+                                               "mixture of 4 experts"):
+        execute(f'USE "{vindex}"; EXPLAIN INFER "Bees"')
+
+
+def test_insert_targets_the_expert_the_router_picks(vindex: Path) -> None:
+    """A feature insert at layer 1 takes its slot in the expert the router weighs most at the
+    prompt's last position, and the model then answers the target; DELETE of that feature undoes it."""
+    m = larql.load(REF)
+    _, cache = m.run_with_cache(m.tokenize("The x of B is"), ["blocks.1.mlp.hook_router"])
+    expert = int(np.argmax(cache["blocks.1.mlp.hook_router"][-1]))
+    ins, after = execute(f'USE "{vindex}"; INSERT INTO EDGES (entity, relation, target) VALUES ("B", "x", "q") '
+                         f'AT LAYER 1 METHOD FEATURE; INFER "The x of B is" TOP 1')[1:]
+    found = re.search(r"at L1 E(\d) F(\d+) ", ins.title)
+    assert found is not None and int(found[1]) == expert
+    assert ins.rows[0][1] < 1e-3 and ins.rows[0][2] >= 0.9  # p(target) before and after
+    assert after.rows[0][1] == m.tokenizer.token_text(first_target_token(m, "q")) and after.rows[0][2] >= 0.9
+    flat = expert * m.config.ffn + int(found[2])
+    compiled = vindex.parent / "compiled.vindex"
+    execute(f'USE "{vindex}"; INSERT INTO EDGES (entity, relation, target) VALUES ("B", "x", "q") AT LAYER 1 '
+            f'METHOD FEATURE; COMPILE CURRENT INTO VINDEX "{compiled}"')
+    baked = larql.load(compiled)  # the edit in expert `expert`'s weights, no overlay
+    p = np.exp(log_softmax(baked.next_logits(baked.tokenize("The x of B is"))))
+    assert p[first_target_token(m, "q")] == pytest.approx(ins.rows[0][2], abs=1e-4)
+    with pytest.raises(LqlSemanticError, match="REBALANCE re-tunes the facts of one dense FFN; layer 1 of mixtral is "
+                                               "a mixture of 4 experts"):
+        execute(f'USE "{vindex}"; INSERT INTO EDGES (entity, relation, target) VALUES ("B", "x", "q") AT LAYER 1 '
+                f'METHOD FEATURE; REBALANCE')
+    undone = execute(f'USE "{vindex}"; INSERT INTO EDGES (entity, relation, target) VALUES ("B", "x", "q") AT LAYER 1 '
+                     f'METHOD FEATURE; DELETE FROM EDGES WHERE layer = 1 AND feature = {flat}; '
+                     f'INFER "The x of B is" TOP 1')[-1]
+    assert undone.rows[0][2] < 0.5
+
+
+def test_weight_edits_on_experts_are_refused_before_any_work(vindex: Path) -> None:
     from larql.model.grad import Tail
 
     m = larql.load(REF)
     with pytest.raises(UnsupportedError, match="weight edits .* cannot run on mixtral: its mixture of experts"):
         Tail(m.config, m.weights, 1)
+    with pytest.raises(LqlSemanticError, match=r"weight edits \(ROME/MEMIT\) cannot run on mixtral: its mixture of "
+                                               r"experts has no backward pass in larql yet; use INSERT ... METHOD "
+                                               r"FEATURE \(it takes a feature of the expert the router picks\)"):
+        execute(f'USE "{vindex}"; INSERT INTO EDGES (entity, relation, target) VALUES ("B", "x", "q") METHOD ROME')
 
 
 @pytest.mark.parametrize("arch", ["mixtral", "gpt2"])

@@ -42,7 +42,7 @@ def insert(stmt: ast.InsertStmt, session: Session, result: Result) -> None:
         r = feature_insert.insert(v, stmt.entity, stmt.relation, stmt.target, stmt.layer, goal)
     except (VindexError, EmptyTargetError) as e:
         raise _fail(session, stmt, str(e)) from e
-    result.title = f"Inserted {r.entity} -[{r.relation}]-> {r.target} at L{r.layer} F{r.feature} (patch overlay)"
+    result.title = f"Inserted {r.entity} -[{r.relation}]-> {r.target} at {v.feature_name(r.layer, r.feature)} (patch overlay)"
     result.columns = ["measure", "before", "after"]
     result.rows = [
         [f"p({r.target_token.strip()!s} | {r.prompt!r})", r.p_before, r.p_after],

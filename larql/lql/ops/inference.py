@@ -144,6 +144,10 @@ def explain_infer(stmt: ast.ExplainInferStmt, session: Session, result: Result) 
     tokens and the logit-lens top-1."""
     m = model_of(session, stmt)
     cfg = m.config
+    if cfg.n_experts:
+        raise LqlSemanticError(f"EXPLAIN INFER ranks one FFN's activations (mlp.hook_post); {cfg.arch}'s layers are "
+                               f"a mixture of {cfg.n_experts} experts, which has none", session.source,
+                               stmt.span.line, stmt.span.column, f'TRACE "{stmt.prompt}" shows the layers\' writes')
     v = session.vindex
     ids = m.tokenize(stmt.prompt)
     layers = list(range(cfg.n_layers))

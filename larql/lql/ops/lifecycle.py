@@ -91,11 +91,13 @@ def stats(stmt: ast.StatsStmt, session: Session, result: Result) -> None:
     size = sum(e["size"] for e in i["files"].values())
     bands = i["layer_bands"]
     clusters = v.relation_clusters
+    n_experts = i["model_config"].get("n_experts", 0)  # a mixture of experts: every expert's features
+    experts = f"{n_experts} experts x " if n_experts else ""
     result.columns = ["property", "value"]
     result.rows = [
         ["model", i["model"]], ["family", i["family"]], ["level", i["extract_level"]],
-        ["layers", i["num_layers"]], ["features", f"{i['num_layers'] * i['intermediate_size']:,} "
-                                                  f"({i['intermediate_size']} x {i['num_layers']})"],
+        ["layers", i["num_layers"]], ["features", f"{sum(e['num_features'] for e in i['layers']):,} "
+                                                  f"({experts}{i['intermediate_size']} x {i['num_layers']})"],
         ["hidden", i["hidden_size"]], ["vocabulary", f"{i['vocab_size']:,}"], ["dtype", i["dtype"]],
         ["quant", i["quant"]], ["model weights", "yes" if i["has_model_weights"] else "no"],
         ["bands", ", ".join(f"{k} {a}-{b}" for k, (a, b) in bands.items())],

@@ -21,6 +21,20 @@ def _v(session: Session) -> EditableVindex:
     return session.vindex
 
 
+def _feature_cell(v: EditableVindex, layer: int, feature: int) -> int | str:
+    """A feature as a row shows it: its number, or in a mixture-of-experts layer `E2 F17` (expert
+    2's feature 17; the number SELECT, DELETE and UPDATE take is 2 x features-per-expert + 17)."""
+    return feature if not v.num_experts(layer) else v.feature_name(layer, feature).split(" ", 1)[1]
+
+
+def _experts_note(v: EditableVindex, result: Result) -> None:
+    layer = next((i for i in range(v.num_layers) if v.num_experts(i)), None)
+    if layer is not None:
+        per = v.num_features(layer) // v.num_experts(layer)
+        result.notes.append(f"a mixture of experts ({v.num_experts(layer)} per layer): expert e's feature j is "
+                            f"feature e x {per} + j")
+
+
 def describe(stmt: ast.DescribeStmt, session: Session, result: Result) -> None:
     v = _v(session)
     mode = stmt.mode or "brief"
@@ -43,6 +57,8 @@ def describe(stmt: ast.DescribeStmt, session: Session, result: Result) -> None:
             # cluster labels only in VERBOSE (as LARQL's BRIEF shows only probe-confirmed labels)
             label = (e.label or "") if mode == "verbose" else ""
             layers = f"L{e.layer}" if mode != "verbose" else f"L{min(e.layers)}-{max(e.layers)} {e.hits}x"
+            if v.num_experts(e.layer):  # where the strongest hit is: which expert's feature
+                layers += f" ({v.feature_name(e.layer, e.feature)})"
             row = [f"{band} L{lo}-{hi}", label, e.target, e.score, layers]
             result.rows.append(row + ([", ".join(e.also)] if mode == "verbose" else []))
     if not result.rows:
@@ -60,7 +76,8 @@ def walk(stmt: ast.WalkStmt, session: Session, result: Result) -> None:
     result.columns = ["layer", "feature", "gate", "top", "down"]
     for layer, hits in w.by_layer().items():
         for h in hits:
-            result.rows.append([layer, h.feature, h.score, h.top_token, ", ".join(h.down_tokens)])
+            result.rows.append([layer, _feature_cell(v, layer, h.feature), h.score, h.top_token,
+                                ", ".join(h.down_tokens)])
     result.notes.append("a feature scan of the last token's embedding, not inference: no attention runs")
 
 
@@ -78,7 +95,8 @@ def explain_walk(stmt: ast.ExplainWalkStmt, session: Session, result: Result) ->
             label = v.feature_label(layer, h.feature)
             if stmt.relations_only and not label:
                 continue
-            result.rows.append([layer, h.feature, h.top_token, h.score, ", ".join(h.down_tokens), label or ""])
+            result.rows.append([layer, _feature_cell(v, layer, h.feature), h.top_token, h.score,
+                                ", ".join(h.down_tokens), label or ""])
 
 
 # ---- SELECT -------------------------------------------------------------------------------------
@@ -147,6 +165,7 @@ def select(stmt: ast.SelectStmt, session: Session, result: Result) -> None:
     _project(stmt, result, rows[:limit])
     if len(rows) > limit:
         result.notes.append(f"{len(rows)} rows, {limit} shown (LIMIT)")
+    _experts_note(v, result)
 
 
 def _select_entities(stmt: ast.SelectStmt, session: Session, result: Result, limit: int) -> None:
@@ -211,6 +230,7 @@ def show_features(stmt: ast.ShowFeaturesStmt, session: Session, result: Result) 
                                    stmt.span.column, "filter on token, relation or confidence")
     limit = stmt.limit if stmt.limit is not None else v.num_layers
     result.title = f"layer {stmt.layer} features"
+    _experts_note(v, result)
     result.columns = ["feature", "token", "score", "down", "relation"]
     result.rows = [[r[c] for c in result.columns] for r in rows[:limit]]
 

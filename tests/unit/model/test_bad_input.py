@@ -74,7 +74,7 @@ def test_unsupported_architecture(tmp_path: Path) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(UnsupportedError, match=r"mamba\.gguf: architecture 'mamba' is not supported \(supported: gemma3, llama, qwen2, qwen3, phi3, gpt2\)"):
+    with pytest.raises(UnsupportedError, match=r"mamba\.gguf: architecture 'mamba' is not supported \(supported: gemma3, gemma2, llama, qwen2, qwen3, phi3, gpt2\)"):
         larql.load(path)
 
 

@@ -134,8 +134,9 @@ def test_unknown_tensor_is_not_ignored(tmp_path: Path) -> None:
         larql.load(d)
 
 
-def test_gguf_rope_freqs_refused(tmp_path: Path) -> None:
-    """llama.cpp stores Llama 3.1 rope scaling as a rope_freqs tensor; larql refuses it, not ignores it."""
+def test_gguf_rope_freqs_of_the_wrong_size_refused(tmp_path: Path) -> None:
+    """llama.cpp stores Llama 3.1 rope scaling as a rope_freqs tensor of head_dim / 2 factors
+    (tests/parity/test_architectures_gguf.py runs it); one of another size is refused, not guessed at."""
     import gguf
 
     from tests.synthetic import TinySpec, hf_weights, write_gguf
@@ -154,10 +155,11 @@ def test_gguf_rope_freqs_refused(tmp_path: Path) -> None:
                              field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None)
     for t in reader.tensors:
         writer.add_tensor(t.name, np.array(t.data).reshape(list(reversed(t.shape.tolist()))))
-    writer.add_tensor("rope_freqs.weight", np.ones(spec.head_dim // 2, np.float32))
+    writer.add_tensor("rope_freqs.weight", np.ones(spec.head_dim, np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(UnsupportedError, match=r"with_freqs\.gguf: tensor rope_freqs\.weight .* is not supported yet"):
+    with pytest.raises(ModelFormatError, match=rf"with_freqs\.gguf: tensor rope_freqs\.weight must hold "
+                                               rf"{spec.head_dim // 2} positive factors .* not {spec.head_dim} values"):
         larql.load(tmp_path / "with_freqs.gguf")
