@@ -33,7 +33,7 @@ from larql.edit.neuron import plan_neuron_edit
 from larql.edit.rome import KeyMetric
 from larql.edit.stats import second_moments, token_budget
 from larql.edit.view import EditableVindex
-from larql.edit.weight_edit import DECOY_SUBJECTS, WeightEditPlan, plan_weight_edit
+from larql.edit.weight_edit import DECOY_SUBJECTS, WeightEditPlan, known_objects, plan_weight_edit
 from larql.edit.weight_op import WeightOp
 from larql.errors import EditError
 from larql.model.grad import require_backward
@@ -114,13 +114,14 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str = DEFAULT
                  layers: Sequence[int] | None = None, progress: Callable[[str, int, int], None] | None = None,
                  measure: bool = True, decoys: Sequence[str] | None = None,
                  n_neighbours: int = N_NEIGHBOURS, exclude: Collection[str] = (),
-                 stats_tokens: int | None = None) -> InsertReport:
+                 stats_tokens: int | None = None, hold_objects: bool = True) -> InsertReport:
     """Teach `facts` to the vindex's model through its overlay (recorded on its patch stack, all or
     nothing) and measure the result on held-out prompts.
 
     Weight edits hold still the keys of `decoys` and of each subject's `n_neighbours` nearest
     subjects in the embedding, except words in `exclude` (an evaluation's held-out subjects), weighted
-    by key statistics over `stats_tokens` tokens (default `stats.token_budget`)."""
+    by key statistics over `stats_tokens` tokens (default `stats.token_budget`), and with
+    `hold_objects` the keys of what the model says each subject relates to (`known_objects`)."""
     if method not in METHODS:
         raise EditError(f"unknown edit method {method!r} (one of {', '.join(METHODS)})")
     if not facts:
@@ -163,16 +164,18 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str = DEFAULT
         key_metric = key_metrics(model, used, stats_dir(v), stats_tokens)[layer]
         input_metric = key_metrics(model, used, stats_dir(v), stats_tokens, point="input")[layer]
         near = {f.subject: similar_subjects(v.store, f.subject, n_neighbours, exclude) for f in facts}
+        objects = {f.subject: known_objects(model, f.subject, exclude) for f in facts} if hold_objects else None
         taken = set(v.overlay.layer(layer)) | set(v.overlay.deleted(layer))
         # the neurons already at the layer must stay silent on the new subjects and the new ones on theirs
         earlier = [op.entity for op in installed(v, layer, neurons=True) if op.entity]
         held = list(DECOY_SUBJECTS if decoys is None else decoys) + earlier
-        neuron_plan = plan_neuron_edit(model, facts, layer, key_metric, input_metric, taken, held, near)
+        neuron_plan = plan_neuron_edit(model, facts, layer, key_metric, input_metric, taken, held, near, objects)
         v.patches.record_all(list(neuron_plan.ops))
     else:
         used = tuple(layers) if layers else default_layers(model)
         metrics = key_metrics(model, used, stats_dir(v), stats_tokens)
         near = {f.subject: similar_subjects(v.store, f.subject, n_neighbours, exclude) for f in facts}
+        objects = {f.subject: known_objects(model, f.subject, exclude) for f in facts} if hold_objects else None
         groups = [list(facts)] if method == "memit" else [[f] for f in facts]
         try:
             for i, group in enumerate(groups):
@@ -180,7 +183,8 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str = DEFAULT
                     progress(f"INSERT ({method})", i, len(groups))
                 preserved = {layer: k for layer in used if (k := v.overlay.held_keys(layer)) is not None}
                 plan = plan_weight_edit(model, group, used, metrics, preserved, model.edits,
-                                        DECOY_SUBJECTS if decoys is None else decoys, neighbours=near)
+                                        DECOY_SUBJECTS if decoys is None else decoys, neighbours=near,
+                                        objects=objects)
                 facts_meta = tuple({"subject": f.subject, "relation": f.relation, "prompt": f.prompt,
                                     "target": f.target} for f in group)
                 v.patches.record_all([WeightOp(d.layer, d.u, d.v, plan.keys[d.layer], facts_meta, method)

@@ -91,10 +91,12 @@ def subject_input(model: Model, layer: int, subject: str) -> F32:
 def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, key_metric: KeyMetric,
                      input_metric: KeyMetric, taken: Set[int], decoys: Sequence[str],
                      neighbours: Mapping[str, Sequence[str]] | None = None,
+                     objects: Mapping[str, Sequence[str]] | None = None,
                      n_prefixes: int = N_PREFIXES) -> NeuronPlan:
     """Compute (do not apply) one neuron per subject of `facts` at `layer` of `model` (whose FFN
     already carries the vindex's edits). `taken`: features already edited at the layer; `decoys`:
-    subjects whose inputs the neurons must not fire on (besides the nearest subjects in `neighbours`)."""
+    subjects whose inputs the neurons must not fire on (besides the nearest subjects in `neighbours`
+    and the subjects' known `objects`)."""
     if not facts:
         raise EditError("no facts to edit")
     if not 0 <= layer < model.config.n_layers:
@@ -111,7 +113,8 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, key_metric
     values: list[ValueResult] = []
     for i in range(0, len(groups), VALUE_BATCH):
         values += optimise_values(model, groups[i: i + VALUE_BATCH], [layer], prefixes, ffn_layers)
-    held, n_decoys = decoy_keys(model, facts, [layer], decoys, neighbours=neighbours, point="input")
+    held, n_decoys = decoy_keys(model, facts, [layer], decoys, neighbours=neighbours, point="input",
+                                 objects=objects)
     down = dense(layer, edits).down  # (hidden, ffn): the layer as edited so far
     slots = free_slots(slot_costs(key_metric.diag, down), taken, len(groups))
     f_a = float(gated(model.config.activation, np.array([[PRE_ACTIVATION]], np.float32),

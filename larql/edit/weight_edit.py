@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -114,10 +114,12 @@ def group_by_subject(facts: Sequence[Fact]) -> list[list[Fact]]:
 
 def decoy_keys(model: Model, facts: Sequence[Fact], layers: Sequence[int], decoys: Sequence[str],
                limit: int = MAX_DECOY_PROMPTS, neighbours: Mapping[str, Sequence[str]] | None = None,
-               point: str = "key") -> tuple[dict[int, F32], int]:
+               point: str = "key", objects: Mapping[str, Sequence[str]] | None = None,
+               ) -> tuple[dict[int, F32], int]:
     """Keys `(ffn, n)` per layer at the last token of decoy subjects put in the facts' prompts, and
     of each subject's `neighbours` (edit/neighbours.py) put in that subject's prompts; with
-    `point="input"`, the MLP's normalised inputs `(hidden, n)` there instead."""
+    `point="input"`, the MLP's normalised inputs `(hidden, n)` there instead. The old objects
+    (`target_true`) and each subject's `objects` (`known_objects`) are held where they open a text."""
     subjects = {f.subject.lower() for f in facts}
     templates = list(dict.fromkeys(f.prompt.replace(f.subject, "{}", 1) for f in facts))
     prompts = [(t.format(d), d) for d in decoys if d.lower() not in subjects for t in templates]
@@ -132,6 +134,9 @@ def decoy_keys(model: Model, facts: Sequence[Fact], layers: Sequence[int], decoy
         prompts = list(dict.fromkeys(prompts))
     # what the model knows about the old object ("Paris is the capital of") must not move either
     olds = dict.fromkeys(f.target_true.strip() for f in facts if f.target_true and f.target_true.strip())
+    targets = {f.target.strip().lower() for f in facts}
+    for f in facts:  # and what the model says the subject relates to (never the new target)
+        olds.update(dict.fromkeys(o for o in (objects or {}).get(f.subject, ()) if o.strip().lower() not in targets))
     prompts += [(t.format(o), o) for o in olds if o.lower() not in subjects for t in OLD_OBJECT_TEMPLATES]
     hook = "mlp.hook_post" if point == "key" else "hook_resid_mid"
     names = [f"blocks.{layer}.{hook}" for layer in layers]
@@ -159,11 +164,23 @@ def decoy_keys(model: Model, facts: Sequence[Fact], layers: Sequence[int], decoy
             for layer, ks in got.items()}, len(prompts)
 
 
+def known_objects(model: Model, subject: str, exclude: Collection[str] = ()) -> list[str]:
+    """What the model says `subject` relates to: DESCRIBE's probe answers (its capital, language,
+    continent...), less words in `exclude`. An edit about the subject must not fire on these where
+    they open a text: ten stacked capital edits (METHOD NEURON) turned "Berlin is a city in" from
+    Germany to "the" through the Germany edit, whose subject input "Berlin" shares (g·x = 0.4)."""
+    from larql.vindex.probes import probe_edges
+
+    low = {w.lower() for w in exclude}
+    return [e.target for e in probe_edges(model, subject) if not set(e.target.lower().split()) & low]
+
+
 def plan_weight_edit(model: Model, facts: Sequence[Fact], layers: Sequence[int], metrics: dict[int, KeyMetric],
                      preserved: dict[int, F32] | None = None, edits: FFNEdits | None = None,
                      decoys: Sequence[str] = DECOY_SUBJECTS, n_prefixes: int = N_PREFIXES,
                      progress: Callable[[str], None] | None = None,
-                     neighbours: Mapping[str, Sequence[str]] | None = None) -> WeightEditPlan:
+                     neighbours: Mapping[str, Sequence[str]] | None = None,
+                     objects: Mapping[str, Sequence[str]] | None = None) -> WeightEditPlan:
     """Compute (do not apply) the update of `layers`' down projections that teaches `facts` to
     `model`, whose FFN already carries `edits` (the value step must see earlier edits)."""
     if not facts:
@@ -192,7 +209,7 @@ def plan_weight_edit(model: Model, facts: Sequence[Fact], layers: Sequence[int],
         say(f"values {i + 1}-{i + len(part)}/{len(groups)}: {part[0][0].subject}...")
         values += optimise_values(model, part, layers, prefixes, ffn_layers)
     t_value = time.perf_counter()
-    decoy, n_decoys = decoy_keys(model, facts, layers, decoys, neighbours=neighbours)
+    decoy, n_decoys = decoy_keys(model, facts, layers, decoys, neighbours=neighbours, objects=objects)
     deltas, keys = [], {}
     for layer in layers:
         k = np.stack([v.keys[layer] for v in values], axis=1)  # (ffn, n_groups)
