@@ -21,11 +21,9 @@ def merge_stmt(stmt: ast.MergeStmt, session: Session, result: Result, run: PlanR
 
     v = _v(session)
     source = run.take("load_source")["source"]
-    for op in ("move_facts", "replay_incoming", "find_conflicts"):  # merge() runs them in one pass
+    r = merge(v, source, run.param("resolve", "policy"))  # runs the steps below in one pass (a failure: loading)
+    for op in ("move_facts", "replay_incoming", "find_conflicts", "resolve", "record"):
         run.take(op)
-    policy = run.take("resolve")["policy"]
-    r = merge(v, source, policy)
-    run.take("record")
     result.title = (f"Merged {r.kind} {source} -> {v.path} (patch overlay): {r.recorded} operation(s) recorded, "
                     f"{len(r.conflicts)} conflict(s) (ON CONFLICT {r.policy.upper()})")
     result.columns = ["layer", "feature", "conflict", "current", "incoming", "winner"]
