@@ -144,8 +144,8 @@ def diff_stmt(stmt: ast.DiffStmt, session: Session, result: Result, run: PlanRun
     result.title = f"DIFF {a_name} -> {b_name}"
     result.columns = ["layer", "feature", "a", "b", "status", "changed"]
     for r in report.rows[:limit]:
-        if r.status == "dense":
-            result.rows.append([r.layer, "", "", "", "dense", r.changed[0]])
+        if r.status in ("dense", "low_rank"):  # a whole tensor: no feature, no tokens
+            result.rows.append([r.layer, "", "", "", r.status, r.changed[0]])
         else:
             result.rows.append([r.layer, r.feature, a.token_text(r.a_token), b.token_text(r.b_token), r.status,
                                 ", ".join(r.changed)])
