@@ -51,9 +51,33 @@ def main() -> None:
     n_tokens = sum(len(tok_a.encode(line)) for line in lines)
     out = {"machine": machine(), "vindex": str(v), "seconds": seconds, "keys_missing": missing, "keys_extra": extra,
            "keys_differing": differ, "token_types_changed": bad_types, "config_same": cfg_same,
-           "lines": len(lines), "tokens": n_tokens, "first_line_tokenized_differently": first_diff}
+           "lines": len(lines), "tokens": n_tokens, "first_line_tokenized_differently": first_diff,
+           "compiled_max_abs_logit_diff": _compiled_logits(v)}
     print(json.dumps({k: w for k, w in out.items() if k != "machine"}, indent=1))
     save_results(f"gguf_metadata-{index['model']}", out)
+
+
+def _compiled_logits(v: Path) -> float:
+    """COMPILE the vindex to a GGUF as if its source were gone, load that file, and compare its logits
+    with the vindex's on three prompts (the largest difference)."""
+    import tempfile
+
+    import larql
+    from larql.edit.compile import compile_gguf
+    from larql.edit.view import edit_vindex
+
+    ev = edit_vindex(v)
+    ev.index["source"]["path"] = "/nonexistent/source.gguf"  # in memory only: the file on disk is unchanged
+    live = ev.model()
+    worst = 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        out = compile_gguf(ev, Path(tmp) / "rebuilt.gguf").path
+        m = larql.load(out)
+        for prompt in ("The capital of France is", "Bees make", "def fibonacci(n):"):
+            ids = live.tokenize(prompt)
+            assert m.tokenize(prompt) == ids
+            worst = max(worst, float(np.max(np.abs(m.next_logits(ids) - live.next_logits(ids)))))
+    return worst
 
 
 if __name__ == "__main__":
