@@ -8,26 +8,15 @@ vindex, a refused clause) are raised here, before anything runs.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from larql.edit.methods import (
-    DEFAULT_METHOD,
-    N_NEIGHBOURS,
-    N_PREFIXES,
-    REBALANCE_CEILING,
-    REBALANCE_CONVERGED_MAX,
-    REBALANCE_FLOOR,
-    REBALANCE_GROW,
-    REBALANCE_MAX,
-    REBALANCE_SHRINK,
-    default_layer,
-)
+from larql.edit.methods import DEFAULT_METHOD, N_NEIGHBOURS, N_PREFIXES, default_layer
 from larql.errors import LqlSemanticError
 from larql.lql import ast
 from larql.lql.clauses import refusal
 from larql.lql.paths import check as check_paths
 from larql.lql.plan import Plan, Step
+from larql.lql.plan_maintenance import maintenance_steps
 from larql.lql.unparse import unparse
 from larql.vindex.layout import DESCRIBE_HITS_PER_LAYER, DESCRIBE_MIN_GATE, describe_layers
 
@@ -345,49 +334,6 @@ def _infer_layers(stmt: ast.ExplainInferStmt, session: Session) -> list[int] | N
         lo, hi = v.index["layer_bands"][stmt.band]
         return list(range(lo, hi + 1))
     return None
-
-
-def maintenance_steps(stmt: ast.Statement) -> list[Step]:
-    """MERGE, REBALANCE, COMPACT and SHOW COMPACT STATUS: the steps edit/merge.py, rebalance.py and
-    compact.py take, with the defaults they use."""
-    if isinstance(stmt, ast.MergeStmt):
-        policy = (stmt.on_conflict or "last_wins").upper()
-        resolve = ("refuse on any conflict, nothing recorded" if policy == "FAIL" else
-                   {"LAST_WINS": "the incoming edit wins (a fact's old feature is deleted)",
-                    "KEEP_CURRENT": "the session's edit stays, the incoming one is skipped",
-                    "HIGHEST_CONFIDENCE": "the higher c_score wins, a tie keeps the current one"}[policy])
-        vindex = (Path(stmt.source) / "index.json").is_file() or stmt.source.rstrip("/").endswith(".vindex")
-        load = ("a vindex: its edits are the DIFF of the base in use vs it" if vindex
-                else "a patch file: its operations, checked against the vindex in use")
-        return [Step("load_source", f"{stmt.source}: {load}", {"source": stmt.source}),
-                Step("move_facts", "an incoming fact in a slot holding another fact -> the next least-used feature"),
-                Step("replay_incoming", "on an empty overlay: one state per slot it touches"),
-                Step("find_conflicts", "slots both sides edit differently; (entity, relation) with another target"),
-                Step("resolve", f"on conflict {policy}: {resolve}", {"policy": policy.lower()}),
-                Step("record", "patch overlay, unsaved edits (all or nothing; edits already present skipped)")]
-    if isinstance(stmt, ast.RebalanceStmt):
-        limit = stmt.max_iters if stmt.max_iters is not None else (
-            REBALANCE_CONVERGED_MAX if stmt.until_converged else REBALANCE_MAX)
-        floor = REBALANCE_FLOOR if stmt.floor is None else stmt.floor
-        ceiling = REBALANCE_CEILING if stmt.ceiling is None else stmt.ceiling
-        where = f"layer {stmt.layer}" if stmt.layer is not None else "every layer holding some"
-        return [Step("find_installs", f"feature inserts (INSERT ... METHOD FEATURE) at {where}", {"layer": stmt.layer}),
-                Step("probe", "p(target | its prompt) per fact, before"),
-                Step("retune_gates", "each fact's gate/up orthogonal to the decoys and the other facts' prompts"),
-                Step("scale_down", f"x{REBALANCE_GROW} below FLOOR {_fmt(floor)}, x{REBALANCE_SHRINK} above CEILING {_fmt(ceiling)}, "
-                                   f"at most {limit} iteration(s)", {"floor": floor, "ceiling": ceiling, "max_iters": limit}),
-                Step("record", "patch overlay, one update per fact (gate, up, down, c_score)")]
-    if isinstance(stmt, ast.CompactStmt):
-        what = "the unsaved edits" if stmt.level == "minor" else "the applied patches and the unsaved edits"
-        return [Step("fold", f"{what}: one operation per edited slot, one weight edit per layer", {"level": stmt.level}),
-                Step("replay", "the overlay from the folded stack (every answer unchanged)")]
-    return [Step("measure_stack", "applied patches and unsaved edits: operations, bytes"),
-            Step("plan_compact", "what COMPACT MINOR and COMPACT MAJOR would leave (nothing changes)",
-                 {"levels": ("minor", "major")})]
-
-
-def _fmt(x: float) -> str:
-    return f"{x:g}"
 
 
 def walk_top(stmt: ast.WalkStmt | ast.ExplainWalkStmt) -> int:
