@@ -172,11 +172,16 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
             steps.append(Step("compare_dense", "dense FFN forward: top-k side by side, KL(dense || walk)"))
     elif isinstance(stmt, ast.ExplainInferStmt):
         _check_range(session, stmt, stmt.layers)
+        read = _infer_layers(stmt, session)
         layers = _layers_text(stmt.layers) if stmt.layers is not None else f"band {stmt.band or 'all'}"
+        if stmt.layers is None and read is not None:  # a band: the layers it resolved to
+            layers = f"{read[0]}-{read[-1]} (band {stmt.band})"
+        elif stmt.layers is None and stmt.band not in (None, "all"):
+            layers = "all (bands are a vindex's; USE MODEL has none)"
         which = "labelled features only" if stmt.relations_only else "every feature"
         k = stmt.top or (10 if stmt.verbose else 3)
         steps = [Step("tokenize", repr(stmt.prompt), {"prompt": stmt.prompt}),
-                 Step("run_with_cache", f"mlp.hook_post, layers {layers}", {"layers": _infer_layers(stmt, session)}),
+                 Step("run_with_cache", f"mlp.hook_post, layers {layers}", {"layers": read}),
                  Step("top_features", f"{k} per layer by |activation|, {which}",
                       {"k": k, "relations_only": stmt.relations_only, "n_down": 5 if stmt.verbose else 3})]
         if stmt.with_attention:
