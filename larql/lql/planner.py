@@ -65,10 +65,12 @@ def insert_steps(stmt: ast.InsertStmt, session: Session) -> list[Step]:
     """The steps INSERT takes for its method; ops/editing.py reads the method, layers and goal here."""
     method = stmt.method or DEFAULT_METHOD
     n = len(stmt.rows)
+    facts = tuple(stmt.values(i) for i in range(n))  # entity, relation, target[, prompt] per row
     if method == "feature":
         alone = n == 1 and "prompt" not in stmt.columns  # LARQL's INSERT, with its own report
         goal = stmt.confidence or 0.9
-        return [Step("capture", "FFN inputs at the install layer: the prompt and decoys", {"layer": stmt.layer}),
+        return [Step("capture", "FFN inputs at the install layer: the prompt and decoys",
+                     {"layer": stmt.layer, "facts": facts}),
                 Step("choose_slot", "least-used feature"), Step("install", "gate/up orthogonal to the decoys"),
                 Step("search_down_scale", f"until p(target) >= {goal}", {"goal": goal}),
                 Step("measure", "target probability, neighbours' KL" if alone
@@ -84,7 +86,8 @@ def insert_steps(stmt: ast.InsertStmt, session: Session) -> list[Step]:
     where = f"layers {layers[0]}-{layers[-1]}" if len(layers) > 1 else f"layer {layers[0]}"
     solve = "one joint solve" if method == "memit" else f"{n} solve(s), one fact after another"
     return [Step("statistics", f"E[k k^T] at {where} (cached beside the vindex, else computed)", {"layers": layers}),
-            Step("capture", f"keys at the subject's last token, prompt + {N_PREFIXES} model-written prefixes"),
+            Step("capture", f"keys at the subject's last token, prompt + {N_PREFIXES} model-written prefixes",
+                 {"facts": facts}),
             Step("optimise_value", f"Adam through layers {layers[0]}.. (hand-written backward), at most 25 steps"),
             Step("hold_keys", f"BOS, decoy subjects, each subject's {N_NEIGHBOURS} nearest subjects, the old object, "
                               "earlier edits at the layer"),
@@ -222,7 +225,7 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
         if stmt.where:
             steps.append(Step("filter", _where_text(stmt.where), {"where": stmt.where}))
         kind = "delete" if isinstance(stmt, ast.DeleteStmt) else "metadata update"
-        steps.append(Step("record", kind, {"kind": kind}))
+        steps.append(Step("record", kind, {"kind": kind, "set": getattr(stmt, "assignments", ())}))
     elif isinstance(stmt, ast.CompileStmt):
         steps = _compile_steps(stmt, session)
     elif isinstance(stmt, ast.DiffStmt):

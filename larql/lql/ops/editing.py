@@ -37,14 +37,15 @@ def insert(stmt: ast.InsertStmt, session: Session, result: Result, run: PlanRun)
     if method != "feature" or not run.param("measure", "alone"):
         _insert_facts(stmt, session, result, run, method)
         return
-    layer = run.take("capture")["layer"]
+    capture = run.take("capture")
+    (fact,) = capture["facts"]
     run.take("choose_slot")
     run.take("install")
     goal = run.take("search_down_scale")["goal"]
     run.take("measure")
     run.take("record")  # feature_insert.insert runs the steps above as one call
     try:
-        r = feature_insert.insert(v, stmt.entity, stmt.relation, stmt.target, layer, goal)
+        r = feature_insert.insert(v, fact["entity"], fact["relation"], fact["target"], capture["layer"], goal)
     except (VindexError, EmptyTargetError) as e:
         raise _fail(session, stmt, str(e)) from e
     result.title = f"Inserted {r.entity} -[{r.relation}]-> {r.target} at L{r.layer} F{r.feature} (patch overlay)"
@@ -74,14 +75,14 @@ def _insert_facts(stmt: ast.InsertStmt, session: Session, result: Result, run: P
         layers = None if layer is None else [layer]
     else:
         layers = list(run.param("statistics", "layers"))
+    rows = run.param("capture", "facts")
     # insert_facts runs every step of the plan in one call, in the plan's order
     for step in run.plan.steps[len(run.taken):]:
         if step.op != "replace_existing":
             run.take(step.op)
     try:
         facts = []
-        for i in range(len(stmt.rows)):
-            row = stmt.values(i)
+        for row in rows:
             prompt = row.get("prompt") or feature_insert.relation_prompt(row["entity"], row["relation"])
             facts.append(Fact(row["entity"], prompt, row["target"], row["relation"]))
         r = insert_facts(v, facts, method, layers, progress=session.progress)
@@ -150,7 +151,8 @@ def update(stmt: ast.UpdateStmt, session: Session, result: Result, run: PlanRun)
     v = _v(session)
     target: str | None = None
     confidence: float | None = None
-    for a in stmt.assignments:
+    assignments: tuple[ast.Assignment, ...] = run.param("record", "set")
+    for a in assignments:
         if a.field in ("target", "top_token", "token") and isinstance(a.value, str):
             target = a.value
         elif a.field in ("confidence", "c_score", "score") and isinstance(a.value, (int, float)):

@@ -134,7 +134,10 @@ def test_describe_trace_insert_and_compile_read_their_parameters(s: Session, vx:
     p = _plan(s, 'INSERT INTO EDGES (entity, relation, target) VALUES ("zeta", "colour", "blue") AT LAYER 2 '
                  "METHOD FEATURE")
     (ins,) = run_plan(p.with_params("capture", layer=1), s)
-    assert " at L1 F" in ins.title
+    assert ins.title.startswith("Inserted zeta -[colour]-> blue at L1 F")
+    other = {"entity": "eta", "relation": "size", "target": "red"}
+    (ins,) = run_plan(p.with_params("capture", facts=(other,)), s)
+    assert ins.title.startswith("Inserted eta -[size]-> red at L2 F")
 
     p = _plan(s, f'COMPILE CURRENT INTO VINDEX "{tmp_path / "a.vindex"}"')
     run_plan(p.with_params("bake_overlay", into=str(tmp_path / "b.vindex")), s)
