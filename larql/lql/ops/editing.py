@@ -3,13 +3,13 @@ files) and are recorded on its patch stack until SAVE PATCH writes them out."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from larql.edit import feature_insert
 from larql.edit.overlay import MetaOverride
 from larql.edit.patch import PatchOp
 from larql.edit.view import EditableVindex
-from larql.errors import EmptyTargetError, LarqlError, LqlSemanticError, ModelError, VindexError
+from larql.errors import LqlSemanticError, VindexError
 from larql.lql import ast
 from larql.lql.ops.query import EDGE_FIELDS, _filter
 from larql.lql.plan import PlanRun
@@ -44,10 +44,8 @@ def insert(stmt: ast.InsertStmt, session: Session, result: Result, run: PlanRun)
     goal = run.take("search_down_scale")["goal"]
     run.take("measure")
     run.take("record")  # feature_insert.insert runs the steps above as one call
-    try:
-        r = feature_insert.insert(v, fact["entity"], fact["relation"], fact["target"], capture["layer"], goal)
-    except (VindexError, EmptyTargetError) as e:
-        raise _fail(session, stmt, str(e)) from e
+    # a failure is located by the executor, at the step running (record: the call runs them all)
+    r = feature_insert.insert(v, fact["entity"], fact["relation"], fact["target"], capture["layer"], goal)
     result.title = f"Inserted {r.entity} -[{r.relation}]-> {r.target} at L{r.layer} F{r.feature} (patch overlay)"
     result.columns = ["measure", "before", "after"]
     result.rows = [
@@ -80,14 +78,11 @@ def _insert_facts(stmt: ast.InsertStmt, session: Session, result: Result, run: P
     for step in run.plan.steps[len(run.taken):]:
         if step.op != "replace_existing":
             run.take(step.op)
-    try:
-        facts = []
-        for row in rows:
-            prompt = row.get("prompt") or feature_insert.relation_prompt(row["entity"], row["relation"])
-            facts.append(Fact(row["entity"], prompt, row["target"], row["relation"]))
-        r = insert_facts(v, facts, method, layers, progress=session.progress)
-    except LarqlError as e:
-        raise _fail(session, stmt, str(e)) from e
+    facts = []
+    for row in rows:
+        prompt = row.get("prompt") or feature_insert.relation_prompt(row["entity"], row["relation"])
+        facts.append(Fact(row["entity"], prompt, row["target"], row["relation"]))
+    r = insert_facts(v, facts, method, layers, progress=session.progress)
     insert_result(r, result)
     _recording_note(v, result)
 
@@ -187,13 +182,6 @@ def _recording_note(v: EditableVindex, result: Result) -> None:
         result.notes.append(f"{len(stack.pending)} unsaved edit(s): BEGIN PATCH \"edits.vlp\" then SAVE PATCH keeps them")
 
 
-def _patch_call(session: Session, stmt: ast.Statement, fn: Any, *args: Any) -> Any:
-    try:
-        return fn(*args)
-    except VindexError as e:
-        raise _fail(session, stmt, str(e)) from e
-
-
 def _forced(run: PlanRun) -> bool:
     return run.peek("replace_existing") is not None
 
@@ -201,25 +189,25 @@ def _forced(run: PlanRun) -> bool:
 def begin_patch(stmt: ast.BeginPatchStmt, session: Session, result: Result, run: PlanRun) -> None:
     stack = _v(session).patches
     path = run.take("begin_patch")["path"]
-    _patch_call(session, stmt, stack.begin, path, _forced(run))
+    stack.begin(path, _forced(run))
     kept = len(stack.pending)
     result.title = f"Patch session started: {path}" + (f" (keeping {kept} earlier edit(s))" if kept else "")
 
 
 def save_patch(stmt: ast.SavePatchStmt, session: Session, result: Result, run: PlanRun) -> None:
     run.take("save_patch")
-    patch = _patch_call(session, stmt, _v(session).patches.save, _forced(run))
+    patch = _v(session).patches.save(_forced(run))
     result.title = f"Saved: {patch.path} ({patch.summary()})"
 
 
 def apply_patch(stmt: ast.ApplyPatchStmt, session: Session, result: Result, run: PlanRun) -> None:
     path = run.take("apply_patch")["path"]
-    patch = _patch_call(session, stmt, _v(session).patches.apply, path)
+    patch = _v(session).patches.apply(path)
     result.title = f"Applied: {path} ({patch.summary()})"
 
 
 def remove_patch(stmt: ast.RemovePatchStmt, session: Session, result: Result, run: PlanRun) -> None:
-    patch = _patch_call(session, stmt, _v(session).patches.remove, run.take("remove_patch")["path"])
+    patch = _v(session).patches.remove(run.take("remove_patch")["path"])
     result.title = f"Removed: {patch.name} ({patch.summary()})"
 
 
@@ -249,17 +237,14 @@ def compile_stmt(stmt: ast.CompileStmt, session: Session, result: Result, run: P
     model = run.take_if("write_model")
     policy = run.take("write_atomic")["on_conflict"]
     force = _forced(run)
-    try:
-        v = _v(session) if bake["source"] is None else edit_vindex(bake["source"])
-        if fmt == "vindex":
-            report = compile_vindex(v, into, policy, overwrite=force)
-        elif fmt == "gguf":
-            report = compile_gguf(v, into, policy, overwrite=force)
-        else:
-            assert model is not None  # the planner writes a write_model step for every model format
-            report = compile_safetensors(v, into, policy, overwrite=force, dtype=model["dtype"])
-    except (VindexError, ModelError) as e:
-        raise _fail(session, stmt, str(e)) from e
+    v = _v(session) if bake["source"] is None else edit_vindex(bake["source"])
+    if fmt == "vindex":
+        report = compile_vindex(v, into, policy, overwrite=force)
+    elif fmt == "gguf":
+        report = compile_gguf(v, into, policy, overwrite=force)
+    else:
+        assert model is not None  # the planner writes a write_model step for every model format
+        report = compile_safetensors(v, into, policy, overwrite=force, dtype=model["dtype"])
     result.title = f"Compiled {v.path} -> {report.path}"
     result.columns = ["measure", "value"]
     result.rows = [["edited features baked", report.edited_features],
