@@ -110,6 +110,11 @@ def test_a_rome_edit_diffs_to_rank_one_factors(tmp_path: Path) -> None:
     got = s2.vindex.model().forward(IDS)
     assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
     assert np.max(np.abs(larql.load(a).dense().forward(IDS) - want)) > 1e-3  # the edit moved the logits
+    s3 = Session()  # MERGE of the edited vindex takes the same route: one weight edit, the same logits
+    merged = execute(f'USE "{a}"; MERGE "{tmp_path / "rome.vindex"}"', s3)[-1]
+    assert merged.title.startswith("Merged vindex") and [op.rank for op in s3.vindex.patches.pending] == [1]
+    got = s3.vindex.model().forward(IDS)
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
 
 
 def test_factors_only_where_they_are_smaller(tmp_path: Path) -> None:
