@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from larql.edit.gguf_meta import vindex_fields, write_fields
 from larql.edit.overlay import FeatureOverride
 from larql.edit.view import EditableVindex
 from larql.errors import VindexError
@@ -179,42 +180,59 @@ def _write_weights(v: EditableVindex, w: VindexWriter, edited: Edited) -> None:
     w.text(layout.MANIFEST_FILE, json.dumps(out, indent=0))
 
 
+def interleave_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """q/k rows from rotate-half order to llama.cpp's adjacent pairs (its converter's permute)."""
+    rows, cols = w.shape
+    return np.ascontiguousarray(w.reshape(n_head, 2, rows // n_head // 2, cols).swapaxes(1, 2).reshape(rows, cols),
+                                dtype=np.float32)
+
+
 def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wins", overwrite: bool = False) -> CompileReport:
     """COMPILE ... INTO MODEL "x.gguf" FORMAT GGUF: the vindex's weights with its overlay baked in
     (edited FFN tensors as F32, the rest in their stored blocks), under the metadata (architecture,
-    hyperparameters, tokenizer) of the GGUF it was extracted from; llama.cpp runs the result."""
+    hyperparameters, tokenizer) of the GGUF it was extracted from when that file is still there,
+    else metadata rebuilt from the vindex (edit/gguf_meta.py); llama.cpp runs the result."""
     import gguf
 
     if not v.has_model_weights:
         raise VindexError(f"{v.path}: a browse-level vindex has no weights to compile into a model")
     clashes = _check_conflicts(v, on_conflict)
     src = Path(v.index["source"]["path"])
-    if src.suffix != ".gguf" or not src.is_file() or src.stat().st_size != v.index["source"]["size"]:
-        raise VindexError(f"FORMAT GGUF copies the metadata of the GGUF this vindex was extracted from, and "
-                          f"{src} is not that file any more (or was not a GGUF)")
+    # the source GGUF's metadata, copied whole, when it is still there; else rebuilt from the vindex
+    has_source = src.suffix == ".gguf" and src.is_file() and src.stat().st_size == v.index["source"]["size"]
     out = _output(v, out)
     clean_stale(out)  # what a killed writer of this file left (a complete old one comes back)
     if out.exists() and not overwrite:
         raise VindexError(f"{out}: already exists; choose another path (or replace it: FORCE in LQL)")
-    reader = gguf.GGUFReader(src)
-    arch = str(reader.fields["general.architecture"].contents())
+    cfg = v.index["model_config"]
+    fields = None if has_source else vindex_fields(v.index, (v.path / "tokenizer.json").read_text())
+    # llama.cpp's llama rotates adjacent q/k pairs; a vindex from an HF checkpoint keeps rotate-half rows
+    permute = cfg["arch"] == "llama" and not cfg["rope_interleaved"]
     edited = edited_layers(v)
     source = VindexWeightSource(v.path)
     manifest = json.loads((v.path / layout.MANIFEST_FILE).read_text())
     tmp = temp_path(out)
     try:
-        writer = gguf.GGUFWriter(tmp, arch)
-        for field in reader.fields.values():
-            if field.name.startswith("GGUF.") or field.name == "general.architecture":
-                continue
-            vtype = field.types[0]
-            sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(field.name, field.contents(), vtype, sub)
-        factors = v.index["model_config"].get("rope_freq_factors")
+        if fields is None:
+            reader = gguf.GGUFReader(src)
+            writer = gguf.GGUFWriter(tmp, str(reader.fields["general.architecture"].contents()))
+            for field in reader.fields.values():
+                if field.name.startswith("GGUF.") or field.name == "general.architecture":
+                    continue
+                vtype = field.types[0]
+                sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+                writer.add_key_value(field.name, field.contents(), vtype, sub)
+        else:
+            writer = gguf.GGUFWriter(tmp, cfg["arch"])
+            write_fields(writer, fields)
+        factors = cfg.get("rope_freq_factors")
         if factors:  # Llama 3.1's rope scaling, which llama.cpp reads from this tensor
             writer.add_tensor("rope_freqs.weight", np.asarray(factors, dtype=np.float32))
         for e in manifest:
             m = edited_matrix(source, e["name"], edited)
+            if permute and e["name"].endswith((".attn_q.weight", ".attn_k.weight")):
+                heads = cfg["n_heads"] if e["name"].endswith("q.weight") else cfg["n_kv_heads"]
+                m = interleave_rope_rows(m if m is not None else source.matrix(e["name"]).dequantize(), heads)
             if m is not None:
                 writer.add_tensor(e["name"], m)
             else:

@@ -12,6 +12,12 @@ The patch, applied to the first vindex, gives the second's logits: a changed fea
 insert of the second's gate, up and down vectors and its down_meta (all three vectors, so the
 result does not depend on what the first's overlay held), a feature the second silenced a delete,
 a metadata-only change an update.
+
+A layer whose only change is to W_down, by a delta of small rank r (a ROME edit is rank 1, a MEMIT
+batch rank n), becomes one weight_edit of factors U (hidden x r), V (ffn x r) instead of an insert
+per feature: r(hidden + 2 ffn) floats, not ffn x 3 hidden. The rank is what the delta's singular
+values show above float32 rounding, and the factors are kept only if U Vᵀ reproduces every entry of
+the delta to within a few ulps of the weights (else the layer stays per feature).
 """
 
 from __future__ import annotations
@@ -27,18 +33,24 @@ from larql.edit.compile import edited_layers, edited_matrix
 from larql.edit.overlay import MetaOverride
 from larql.edit.patch import Patch, PatchOp, index_checksum, save_patch
 from larql.edit.view import EditableVindex
+from larql.edit.weight_op import WeightOp
 from larql.errors import VindexError
 from larql.vindex import layout
 from larql.vindex.weights import VindexWeightSource
 
 _FFN = ("ffn_gate", "ffn_up", "ffn_down")
+# the largest rank DIFF stores as factors (a 40-fact MEMIT batch is rank 40); past it, and whenever
+# factors would not be smaller than the changed down columns, the layer is written per feature
+MAX_FACTOR_RANK = 64
+# float32's machine epsilon: the rounding a weight carries, which a delta's tail is allowed
+_EPS32 = float(np.finfo(np.float32).eps)
 
 
 @dataclass(frozen=True)
 class FeatureDiff:
     layer: int
     feature: int  # -1 for a dense tensor
-    status: str  # modified | added | deleted | metadata | dense
+    status: str  # modified | added | deleted | metadata | dense | low_rank
     changed: tuple[str, ...]  # gate, up, down, meta; or the tensor name
     a_token: int
     b_token: int
@@ -47,7 +59,7 @@ class FeatureDiff:
 @dataclass
 class DiffReport:
     rows: list[FeatureDiff] = field(default_factory=list)
-    ops: list[PatchOp] = field(default_factory=list)
+    ops: list[PatchOp | WeightOp] = field(default_factory=list)
 
     @property
     def dense(self) -> list[str]:
@@ -111,6 +123,14 @@ def diff(a: EditableVindex, b: EditableVindex, layer: int | None = None) -> Diff
         changed = meta.copy()
         for d in parts.values():
             changed |= d
+        factors = None
+        if weights and not parts["gate"].any() and not parts["up"].any() and parts["down"].sum() > 1:
+            factors = low_rank(*mats["ffn_down"])
+        if factors is not None:  # W_down moved by U Vᵀ: one weight edit; metadata changes stay updates
+            u, v = factors
+            report.rows.append(FeatureDiff(L, -1, "low_rank", (f"ffn_down, rank {u.shape[1]}",), 0, 0))
+            report.ops.append(WeightOp(L, u, v, v, (), "diff"))
+            changed = meta
         for f in np.flatnonzero(changed):
             row = _feature(L, int(f), parts, meta, mats, (ids_a, ids_b))
             report.rows.append(row)
@@ -118,6 +138,29 @@ def diff(a: EditableVindex, b: EditableVindex, layer: int | None = None) -> Diff
     if weights:  # even with a layer filter: a patch from a partial look must not hide them
         report.rows += _dense(a, b)
     return report
+
+
+def low_rank(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Factors (u (hidden, r), v (ffn, r)) with a.T + u v.T == b.T to float32 rounding, for `a`, `b`
+    W_down as (ffn, hidden), or None when the delta is not of small rank.
+
+    The keys a weight edit carries (what later edits at the layer hold still) are not in the
+    weights; DIFF stores v, the directions of the FFN's activations the delta reads."""
+    d = b.astype(np.float64) - a.astype(np.float64)  # (ffn, hidden), exact: both are float32
+    scale = max(float(np.max(np.abs(a))), float(np.max(np.abs(b))), 1e-30)
+    tol = 4 * _EPS32 * scale  # a few ulps of the largest weight, per entry
+    q, s, pt = np.linalg.svd(d, full_matrices=False)  # d = q diag(s) pt
+    noise = tol * np.sqrt(max(d.shape))  # the largest singular value rounding alone can make
+    r = int(np.sum(s > noise))
+    n_changed = int(np.sum(np.any(d != 0, axis=1)))
+    if not 1 <= r <= MAX_FACTOR_RANK or r * (d.shape[1] + 2 * d.shape[0]) >= n_changed * 3 * d.shape[1]:
+        return None
+    v = q[:, :r] * s[:r]  # (ffn, r)
+    u = pt[:r].T  # (hidden, r)
+    if np.max(np.abs(v @ u.T - d)) > tol:
+        return None
+    # v's columns orthonormal (the keys), the scale in u: u v.T is the same product
+    return np.ascontiguousarray(u * s[:r], dtype=np.float32), np.ascontiguousarray(q[:, :r], dtype=np.float32)
 
 
 def _feature(L: int, f: int, parts: dict[str, np.ndarray], meta: np.ndarray, mats: dict[str, tuple[np.ndarray, np.ndarray]],

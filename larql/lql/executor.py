@@ -1,4 +1,6 @@
-"""Run LQL: parse, plan, then dispatch each plan to its handler. Handlers fill in a Result."""
+"""Run LQL: parse, plan, then run the plan: its handler (by statement kind) takes the plan's steps
+in order and reads each step's parameters (lql/plan.py), filling in a Result. A step the handler
+skips or invents is an error, and a failure is blamed on the step that was running."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from larql.errors import LarqlError, LqlError, LqlSemanticError
 from larql.lql import ast
 from larql.lql.ops import editing, inference, lifecycle, maintenance, query
 from larql.lql.parser import parse
+from larql.lql.plan import Plan, PlanRun
 from larql.lql.planner import plan
 from larql.lql.result import Result
 from larql.lql.session import Session
@@ -36,27 +39,44 @@ def run_statement(stmt: ast.Statement, session: Session) -> list[Result]:
     """Plan and run one statement (a pipe runs its stages in order and returns all their results)."""
     if session.remote is not None and not isinstance(stmt, ast.UseStmt):
         return _run_remote(stmt, session)
-    p = plan(stmt, session)
-    if isinstance(stmt, ast.PipeStmt):
-        return [r for stage in stmt.stages for r in run_statement(stage, session)]
+    return run_plan(plan(stmt, session), session)
+
+
+def run_plan(p: Plan, session: Session) -> list[Result]:
+    """Run a plan: what runs is what its steps say (a plan with a changed parameter runs differently).
+
+    Each result records the steps taken (`Result.steps`), which are the plan's, in order."""
+    stmt = p.statement
+    run = PlanRun(p)
+    if isinstance(stmt, ast.PipeStmt):  # each stage is planned when its turn comes (after the ones before ran)
+        return [r for _ in p.steps for r in run_statement(run.take("run")["statement"], session)]
     result = Result(unparse(stmt))
     t0 = time.perf_counter()
     try:
-        HANDLERS[type(stmt)](stmt, session, result)
+        HANDLERS[type(stmt)](stmt, session, result, run)
+        run.take_if("replace_existing")  # FORCE qualifies the handler's write, which read it (PlanRun.peek)
+        run.finish()
     except LqlError:
         raise
     except OSError as e:  # a file the statement names cannot be read or written
         span = stmt.span
         raise LqlSemanticError(f"{_os_path(e)}: {e.strerror or e}", session.source, span.line, span.column,
-                               "check the path: its directory must exist and be writable") from e
-    except LarqlError as e:  # a vindex or model error while running: locate it at the statement
+                               "check the path: its directory must exist and be writable" + _at(run)) from e
+    except LarqlError as e:  # a vindex or model error while running: locate it at the statement and the step
         span = stmt.span
-        # the handlers do not report which step failed: name the plan, not a guess
-        steps = " -> ".join(st.op for st in p.steps)
-        raise LqlSemanticError(str(e), session.source, span.line, span.column,
-                               f"while running the plan {steps}" if steps else "") from e
+        raise LqlSemanticError(str(e), session.source, span.line, span.column, _at(run).lstrip("; ")) from e
     result.elapsed_ms = (time.perf_counter() - t0) * 1e3
+    result.steps = [s.line() for s in run.taken]
     return [result]
+
+
+def _at(run: PlanRun) -> str:
+    """Where in the plan a failure happened: the step that was running."""
+    step = run.current
+    if step is None:
+        return ""
+    i = len(run.taken)
+    return f"; failed at step {i} of {len(run.plan.steps)}: {step.line()}"
 
 
 def _run_remote(stmt: ast.Statement, session: Session) -> list[Result]:

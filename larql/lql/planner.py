@@ -1,53 +1,27 @@
 """Statement -> Plan: the steps a statement will run, with semantic checks against the session.
 
-A plan's `to_text()` is deterministic (golden-tested) and is what `larql lql --plan` prints.
-Semantic errors (no vindex in use, a layer out of range, model weights needed on a browse-only
+A plan's `to_text()` is deterministic (golden-tested) and is what `larql lql --plan` prints; each
+step's `params` are what its handler reads (lql/plan.py), written here from the same values as
+the text, so the plan is what runs. Semantic errors (no vindex in use, a layer out of range, model weights needed on a browse-only
 vindex, a refused clause) are raised here, before anything runs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from larql.edit.methods import (
-    DEFAULT_METHOD,
-    N_NEIGHBOURS,
-    N_PREFIXES,
-    REBALANCE_CEILING,
-    REBALANCE_CONVERGED_MAX,
-    REBALANCE_FLOOR,
-    REBALANCE_GROW,
-    REBALANCE_MAX,
-    REBALANCE_SHRINK,
-    default_layer,
-)
+from larql.edit.methods import DEFAULT_METHOD, N_NEIGHBOURS, N_PREFIXES, default_layer
 from larql.errors import LqlSemanticError
 from larql.lql import ast
 from larql.lql.clauses import refusal
 from larql.lql.paths import check as check_paths
+from larql.lql.plan import Plan, Step
+from larql.lql.plan_maintenance import maintenance_steps
 from larql.lql.unparse import unparse
+from larql.vindex.layout import DESCRIBE_HITS_PER_LAYER, DESCRIBE_MIN_GATE, describe_layers
 
 if TYPE_CHECKING:
     from larql.lql.session import Session
-
-
-@dataclass(frozen=True)
-class Step:
-    op: str
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class Plan:
-    statement: ast.Statement
-    steps: tuple[Step, ...]
-
-    def to_text(self) -> str:
-        lines = [f"PLAN {unparse(self.statement)}"]
-        lines += [f"  {i}. {s.op}" + (f"  {s.detail}" if s.detail else "") for i, s in enumerate(self.steps, 1)]
-        return "\n".join(lines)
 
 
 NEEDS_NOTHING = (ast.UseStmt, ast.ExtractStmt, ast.ShowModelsStmt)
@@ -88,42 +62,44 @@ def _check_range(session: Session, stmt: ast.Statement, r: ast.Range | str | Non
 
 
 def insert_steps(stmt: ast.InsertStmt, session: Session) -> list[Step]:
-    """The steps INSERT takes for its method (what ops/editing.py runs, with the same defaults)."""
+    """The steps INSERT takes for its method; ops/editing.py reads the method, layers and goal here."""
     method = stmt.method or DEFAULT_METHOD
     n = len(stmt.rows)
+    facts = tuple(stmt.values(i) for i in range(n))  # entity, relation, target[, prompt] per row
     if method == "feature":
         alone = n == 1 and "prompt" not in stmt.columns  # LARQL's INSERT, with its own report
-        return [Step("capture", "FFN inputs at the install layer: the prompt and decoys"),
+        goal = stmt.confidence or 0.9
+        return [Step("capture", "FFN inputs at the install layer: the prompt and decoys",
+                     {"layer": stmt.layer, "facts": facts}),
                 Step("choose_slot", "least-used feature"), Step("install", "gate/up orthogonal to the decoys"),
-                Step("search_down_scale", f"until p(target) >= {stmt.confidence or 0.9}"),
+                Step("search_down_scale", f"until p(target) >= {goal}", {"goal": goal}),
                 Step("measure", "target probability, neighbours' KL" if alone
-                     else "held-out prompts: prefixed prompt, unrelated prompts' top-1 and KL"),
-                Step("record", f"patch overlay, {n} feature insert(s)")]
+                     else "held-out prompts: prefixed prompt, unrelated prompts' top-1 and KL", {"alone": alone}),
+                Step("record", f"patch overlay, {n} feature insert(s)", {"method": method})]
     v = session.vindex
+    assert v is not None  # the planner checked
     if stmt.layers is not None:
         _check_range(session, stmt, stmt.layers)
-        layer: int | str = f"{stmt.layers.start}-{stmt.layers.end}" if stmt.layers.end > stmt.layers.start \
-            else stmt.layers.start
-        first: int | str = stmt.layers.start
+        layers = list(range(stmt.layers.start, stmt.layers.end + 1))
     else:
-        layer = first = stmt.layer if stmt.layer is not None else (
-            default_layer(v.index["model"], v.num_layers) if v is not None else "the crown layer")
+        layers = [stmt.layer if stmt.layer is not None else default_layer(v.index["model"], v.num_layers)]
+    where = f"layers {layers[0]}-{layers[-1]}" if len(layers) > 1 else f"layer {layers[0]}"
     solve = "one joint solve" if method == "memit" else f"{n} solve(s), one fact after another"
-    where = f"layers {layer}" if isinstance(layer, str) and "-" in layer else f"layer {layer}"
-    return [Step("statistics", f"E[k k^T] at {where} (cached beside the vindex, else computed)"),
-            Step("capture", f"keys at the subject's last token, prompt + {N_PREFIXES} model-written prefixes"),
-            Step("optimise_value", f"Adam through layers {first}.. (hand-written backward), at most 25 steps"),
+    return [Step("statistics", f"E[k k^T] at {where} (cached beside the vindex, else computed)", {"layers": layers}),
+            Step("capture", f"keys at the subject's last token, prompt + {N_PREFIXES} model-written prefixes",
+                 {"facts": facts}),
+            Step("optimise_value", f"Adam through layers {layers[0]}.. (hand-written backward), at most 25 steps"),
             Step("hold_keys", f"BOS, decoy subjects, each subject's {N_NEIGHBOURS} nearest subjects, the old object, "
                               "earlier edits at the layer"),
             Step("solve", f"minimum C-norm update of W_down at {where}: {solve}"),
-            Step("record", f"patch overlay, weight_edit (method {method})"),
+            Step("record", f"patch overlay, weight_edit (method {method})", {"method": method}),
             Step("measure", "held-out prompts: prefixed prompt, unrelated prompts' top-1 and KL")]
 
 
 def plan(stmt: ast.Statement, session: Session) -> Plan:
     """Check `stmt` against the session and list its steps."""
     if isinstance(stmt, ast.PipeStmt):
-        return Plan(stmt, tuple(Step("run", unparse(s)) for s in stmt.stages))
+        return Plan(stmt, tuple(Step("run", unparse(s), {"statement": s}) for s in stmt.stages))
     refused = refusal(stmt)
     if refused is not None:
         raise _error(session, stmt, refused.message, refused.hint)
@@ -151,115 +127,116 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
     check_paths(stmt, session)  # never into what it reads, nor over an output without FORCE
     v = session.vindex
     if isinstance(stmt, ast.UseStmt):
-        steps = [Step({"vindex": "open_vindex", "model": "load_model", "remote": "connect"}[stmt.kind], stmt.target)]
+        op = {"vindex": "open_vindex", "model": "load_model", "remote": "connect"}[stmt.kind]
+        steps = [Step(op, stmt.target, {"target": stmt.target})]
     elif isinstance(stmt, ast.ExtractStmt):
-        steps = [Step("load_model", stmt.model), Step("extract", f"level={stmt.level} into {stmt.into}"),
-                 Step("use", stmt.into)]
+        steps = [Step("load_model", stmt.model, {"model": stmt.model}),
+                 Step("extract", f"level={stmt.level} into {stmt.into}", {"level": stmt.level, "into": stmt.into}),
+                 Step("use", stmt.into, {"path": stmt.into})]
     elif isinstance(stmt, ast.StatsStmt):
-        steps = [Step("read_index", stmt.path or "the vindex in use")]
+        steps = [Step("read_index", stmt.path or "the vindex in use", {"path": stmt.path})]
     elif isinstance(stmt, ast.ShowModelsStmt):
-        steps = [Step("scan_directory", ".")]
+        steps = [Step("scan_directory", ".", {"directory": "."})]
     elif isinstance(stmt, ast.DescribeStmt):
         _check_layer(session, stmt, stmt.at_layer)
-        layers = f"layer {stmt.at_layer}" if stmt.at_layer is not None else f"band {stmt.band or 'all'}"
-        steps = [Step("entity_embedding", repr(stmt.entity)), Step("contrastive_query", "minus common-word baseline"),
-                 Step("gate_knn", f"{layers}, top 20 per layer"),
-                 Step("collect_edges", f"gate >= 5, content tokens, mode={stmt.mode or 'brief'}")]
-        if v is not None and v.has_model_weights:
+        assert v is not None  # checked above
+        where = f"layer {stmt.at_layer}" if stmt.at_layer is not None else f"band {stmt.band or 'all'}"
+        mode = stmt.mode or "brief"
+        steps = [Step("entity_embedding", repr(stmt.entity), {"entity": stmt.entity}),
+                 Step("contrastive_query", "minus common-word baseline", {"contrastive": True}),
+                 Step("gate_knn", f"{where}, top {DESCRIBE_HITS_PER_LAYER} per layer",
+                      {"layers": describe_layers(v.index["layer_bands"], v.num_layers, stmt.band, stmt.at_layer),
+                       "top": DESCRIBE_HITS_PER_LAYER}),
+                 Step("collect_edges", f"gate >= {DESCRIBE_MIN_GATE:g}, content tokens, mode={mode}",
+                      {"min_gate": DESCRIBE_MIN_GATE, "mode": mode, "relations_only": stmt.relations_only})]
+        if v.has_model_weights:
             steps.append(Step("probe_edges", "relation templates through the model"))
     elif isinstance(stmt, (ast.WalkStmt, ast.ExplainWalkStmt)):
         _check_range(session, stmt, stmt.layers)
-        steps = [Step("tokenize", repr(stmt.prompt)), Step("last_token_embedding", "scaled"),
-                 Step("gate_knn", f"layers {_layers_text(stmt.layers)}, top {stmt.top or walk_top(stmt)} per layer")]
+        top = stmt.top or walk_top(stmt)
+        span = _walk_span(stmt, session)
+        where = _layers_text(stmt.layers) if span is None or stmt.layers is not None \
+            else f"{span[0]}-{span[1]} (band {getattr(stmt, 'band', '')})"
+        knn: dict[str, object] = {"layers": span, "top": top}
+        if isinstance(stmt, ast.ExplainWalkStmt):
+            knn |= {"n_down": 5 if stmt.verbose else 3, "relations_only": stmt.relations_only}
+        steps = [Step("tokenize", repr(stmt.prompt), {"prompt": stmt.prompt}),
+                 Step("last_token_embedding", "scaled"),
+                 Step("gate_knn", f"layers {where}, top {top} per layer", knn)]
     elif isinstance(stmt, ast.SelectStmt):
-        for name in stmt.fields:
-            if select_column(stmt.source, name) is None:
-                raise _error(session, stmt, f'unknown column "{name}"; columns are '
-                             + ", ".join(SELECT_COLUMNS[stmt.source]), "SELECT * shows them all")
-        if stmt.nearest is not None:
-            _check_layer(session, stmt, stmt.nearest.layer)
-            steps = [Step("entity_embedding", repr(stmt.nearest.entity)),
-                     Step("gate_knn", f"layer {stmt.nearest.layer}, top {stmt.limit or 20}")]
-        else:
-            steps = [Step("scan_" + stmt.source, "down_meta")]
-            if stmt.where:
-                steps.append(Step("filter", " AND ".join(f"{c.field} {c.op} {c.value!r}" for c in stmt.where)))
-            if stmt.order:
-                steps.append(Step("order", f"{stmt.order.field} {'DESC' if stmt.order.descending else 'ASC'}"))
-        steps.append(Step("limit", str(stmt.limit if stmt.limit is not None else (50 if stmt.source == 'entities' else 20))))
+        steps = _select_steps(stmt, session)
     elif isinstance(stmt, ast.InferStmt):
-        ffn = ("dense FFN (the model in use)" if session.model is not None
-               else "walk FFN: vindex weights + patch overlay")
-        steps = [Step("tokenize", repr(stmt.prompt)), Step("forward", f"{ffn}, KV cache"),
-                 Step("top_k", str(stmt.top or 5))]
+        dense = session.model is not None
+        ffn = "dense FFN (the model in use)" if dense else "walk FFN: vindex weights + patch overlay"
+        steps = [Step("tokenize", repr(stmt.prompt), {"prompt": stmt.prompt}),
+                 Step("forward", f"{ffn}, KV cache", {"ffn": "dense" if dense else "walk"}),
+                 Step("top_k", str(stmt.top or 5), {"k": stmt.top or 5})]
         if stmt.compare:
             steps.append(Step("compare_dense", "dense FFN forward: top-k side by side, KL(dense || walk)"))
     elif isinstance(stmt, ast.ExplainInferStmt):
         _check_range(session, stmt, stmt.layers)
+        read = _infer_layers(stmt, session)
         layers = _layers_text(stmt.layers) if stmt.layers is not None else f"band {stmt.band or 'all'}"
+        if stmt.layers is None and read is not None:  # a band: the layers it resolved to
+            layers = f"{read[0]}-{read[-1]} (band {stmt.band})"
+        elif stmt.layers is None and stmt.band not in (None, "all"):
+            layers = "all (bands are a vindex's; USE MODEL has none)"
         which = "labelled features only" if stmt.relations_only else "every feature"
-        steps = [Step("tokenize", repr(stmt.prompt)), Step("run_with_cache", f"mlp.hook_post, layers {layers}"),
-                 Step("top_features", f"{stmt.top or (10 if stmt.verbose else 3)} per layer by |activation|, {which}")]
+        k = stmt.top or (10 if stmt.verbose else 3)
+        steps = [Step("tokenize", repr(stmt.prompt), {"prompt": stmt.prompt}),
+                 Step("run_with_cache", f"mlp.hook_post, layers {layers}", {"layers": read}),
+                 Step("top_features", f"{k} per layer by |activation|, {which}",
+                      {"k": k, "relations_only": stmt.relations_only, "n_down": 5 if stmt.verbose else 3})]
         if stmt.with_attention:
-            steps.append(Step("attention_and_lens", "top-3 attended tokens, logit-lens top-1"))
+            steps.append(Step("attention_and_lens", "top-3 attended tokens, logit-lens top-1", {"attended": 3}))
     elif isinstance(stmt, ast.TraceStmt):
-        _check_range(session, stmt, stmt.layers)
-        steps = [Step("tokenize", repr(stmt.prompt))]
-        if stmt.save is not None:
-            steps += [Step("capture_trace", "every position's residual chain, every stage"),
-                      Step("write_trace", f"{stmt.save} (atomic)")]
-        steps.append(Step("run_with_cache", f"embedding + resid pre / mid / post, layers {_layers_text(stmt.layers)}"))
-        if stmt.for_token:
-            steps.append(Step("attribute", f"each layer's attn / ffn write onto the logit of {stmt.for_token!r}"))
-        what = "rank and p of the target" if stmt.for_token else ("|attn| / |ffn| per layer" if stmt.decompose
-                                                                  else "top-1 per layer")
-        steps.append(Step("logit_lens", f"{what}, positions {stmt.positions or 'last'}"))
+        steps = _trace_steps(stmt, session)
     elif isinstance(stmt, ast.ShowLayersStmt):
         _check_range(session, stmt, stmt.range)
-        steps = [Step("summarize_layers", _layers_text(stmt.range))]
+        span = None if stmt.range is None else (stmt.range.start, stmt.range.end)
+        steps = [Step("summarize_layers", _layers_text(stmt.range), {"layers": span})]
     elif isinstance(stmt, ast.ShowFeaturesStmt):
         _check_layer(session, stmt, stmt.layer)
-        steps = [Step("scan_features", f"layer {stmt.layer}")]
+        assert v is not None
+        steps = [Step("scan_features", f"layer {stmt.layer}", {
+            "layer": stmt.layer, "where": stmt.where, "limit": stmt.limit if stmt.limit is not None else v.num_layers})]
     elif isinstance(stmt, ast.ShowEntitiesStmt):
         _check_layer(session, stmt, stmt.layer)
-        steps = [Step("count_entities", "all layers" if stmt.layer is None else f"layer {stmt.layer}")]
+        steps = [Step("count_entities", "all layers" if stmt.layer is None else f"layer {stmt.layer}",
+                      {"layer": stmt.layer, "limit": stmt.limit or 50})]
     elif isinstance(stmt, ast.ShowRelationsStmt):
         _check_layer(session, stmt, stmt.layer)
-        steps = [Step("read_clusters", "relation_clusters.json")]
+        steps = [Step("read_clusters", "relation_clusters.json", {
+            "layer": stmt.layer, "examples": stmt.with_examples, "limit": 50 if stmt.mode == "verbose" else 30})]
     elif isinstance(stmt, ast.InsertStmt):
         _check_layer(session, stmt, stmt.layer)
         steps = insert_steps(stmt, session)
     elif isinstance(stmt, ast.CrownStmt):
         n = session.vindex.num_layers if session.vindex is not None else 0
-        steps = [Step("tokenize", repr(stmt.prompt)), Step("baseline", f"p({stmt.expected!r}) at the last position"),
-                 Step("ablate_mlp_out", f"each of {n or 'the'} layers at the last position")]
+        steps = [Step("tokenize", repr(stmt.prompt), {"prompt": stmt.prompt}),
+                 Step("baseline", f"p({stmt.expected!r}) at the last position", {"expected": stmt.expected}),
+                 Step("ablate_mlp_out", f"each of {n or 'the'} layers at the last position", {"site": "last"})]
         if stmt.subject:
-            steps.append(Step("ablate_mlp_out", f"each layer at the last token of {stmt.subject!r}"))
+            steps.append(Step("ablate_mlp_out", f"each layer at the last token of {stmt.subject!r}",
+                              {"site": "subject", "subject": stmt.subject}))
         steps.append(Step("crown", "the layer whose ablation lowers p most, per site"))
     elif isinstance(stmt, (ast.DeleteStmt, ast.UpdateStmt)):
         steps = [Step("scan_edges", "down_meta (with the overlay)")]
         if stmt.where:
-            steps.append(Step("filter", " AND ".join(f"{c.field} {c.op} {c.value!r}" for c in stmt.where)))
-        steps.append(Step("record", "delete" if isinstance(stmt, ast.DeleteStmt) else "metadata update"))
+            steps.append(Step("filter", _where_text(stmt.where), {"where": stmt.where}))
+        kind = "delete" if isinstance(stmt, ast.DeleteStmt) else "metadata update"
+        steps.append(Step("record", kind, {"kind": kind, "set": getattr(stmt, "assignments", ())}))
     elif isinstance(stmt, ast.CompileStmt):
-        fmt = model_format(stmt) if stmt.target == "model" else "vindex"
-        if stmt.dtype is not None and fmt == "gguf":
-            raise _error(session, stmt, "DTYPE applies to FORMAT SAFETENSORS: a GGUF keeps every tensor's stored "
-                         "encoding", f'drop DTYPE, or write an HF directory: INTO MODEL "dir" FORMAT SAFETENSORS '
-                         f'DTYPE {stmt.dtype.upper()}')
-        steps = [Step("bake_overlay", f"{stmt.source or 'CURRENT'} -> {stmt.into}")]
-        if fmt == "safetensors":
-            steps.append(Step("write_model", f"format safetensors, dtype {stmt.dtype or 'bf16'}"))
-        elif fmt == "gguf":
-            steps.append(Step("write_model", "format gguf, every tensor in its stored encoding"))
-        steps.append(Step("write_atomic", f"on conflict {stmt.on_conflict or 'last_wins'}"))
+        steps = _compile_steps(stmt, session)
     elif isinstance(stmt, ast.DiffStmt):
         a, b = stmt.a or "CURRENT", stmt.b or "CURRENT"
+        _check_layer(session, stmt, stmt.layer)
         steps = [Step("compare_features", f"{a} vs {b}: gate / up / down / down_meta, "
-                      f"{'layer ' + str(stmt.layer) if stmt.layer is not None else 'every layer'}"),
+                      f"{'layer ' + str(stmt.layer) if stmt.layer is not None else 'every layer'}",
+                      {"a": stmt.a, "b": stmt.b, "layer": stmt.layer, "limit": 20 if stmt.limit is None else stmt.limit}),
                  Step("compare_dense", "tensors outside the FFN (a patch cannot carry them)")]
         if stmt.into_patch:
-            steps.append(Step("write_patch", f"{stmt.into_patch}: applied to {a}, gives {b}"))
+            steps.append(Step("write_patch", f"{stmt.into_patch}: applied to {a}, gives {b}", {"path": stmt.into_patch}))
     elif isinstance(stmt, (ast.MergeStmt, ast.RebalanceStmt, ast.CompactStmt, ast.ShowCompactStatusStmt)):
         if isinstance(stmt, ast.RebalanceStmt):
             _check_layer(session, stmt, stmt.layer)
@@ -268,53 +245,103 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
                            ast.ShowPatchesStmt)):
         name = {"BeginPatchStmt": "begin_patch", "SavePatchStmt": "save_patch", "ApplyPatchStmt": "apply_patch",
                 "RemovePatchStmt": "remove_patch", "ShowPatchesStmt": "show_patches"}[type(stmt).__name__]
-        steps = [Step(name, getattr(stmt, "path", ""))]
+        path = getattr(stmt, "path", "")
+        steps = [Step(name, path, {"path": path})]
     else:  # pragma: no cover - every statement type is handled above
         raise _error(session, stmt, f"cannot plan {type(stmt).__name__}")
     if getattr(stmt, "force", False):
-        steps.append(Step("replace_existing", "FORCE: an existing output is replaced (only once the new one is complete)"))
+        steps.append(Step("replace_existing", "FORCE: an existing output is replaced (only once the new one is complete)",
+                          {"force": True}))
     return Plan(stmt, tuple(steps))
 
 
-def maintenance_steps(stmt: ast.Statement) -> list[Step]:
-    """MERGE, REBALANCE, COMPACT and SHOW COMPACT STATUS: the steps edit/merge.py, rebalance.py and
-    compact.py take, with the defaults they use."""
-    if isinstance(stmt, ast.MergeStmt):
-        policy = (stmt.on_conflict or "last_wins").upper()
-        resolve = ("refuse on any conflict, nothing recorded" if policy == "FAIL" else
-                   {"LAST_WINS": "the incoming edit wins (a fact's old feature is deleted)",
-                    "KEEP_CURRENT": "the session's edit stays, the incoming one is skipped",
-                    "HIGHEST_CONFIDENCE": "the higher c_score wins, a tie keeps the current one"}[policy])
-        vindex = (Path(stmt.source) / "index.json").is_file() or stmt.source.rstrip("/").endswith(".vindex")
-        load = ("a vindex: its edits are the DIFF of the base in use vs it" if vindex
-                else "a patch file: its operations, checked against the vindex in use")
-        return [Step("load_source", f"{stmt.source}: {load}"),
-                Step("move_facts", "an incoming fact in a slot holding another fact -> the next least-used feature"),
-                Step("replay_incoming", "on an empty overlay: one state per slot it touches"),
-                Step("find_conflicts", "slots both sides edit differently; (entity, relation) with another target"),
-                Step("resolve", f"on conflict {policy}: {resolve}"),
-                Step("record", "patch overlay, unsaved edits (all or nothing; edits already present skipped)")]
-    if isinstance(stmt, ast.RebalanceStmt):
-        limit = stmt.max_iters or (REBALANCE_CONVERGED_MAX if stmt.until_converged else REBALANCE_MAX)
-        floor = REBALANCE_FLOOR if stmt.floor is None else stmt.floor
-        ceiling = REBALANCE_CEILING if stmt.ceiling is None else stmt.ceiling
-        where = f"layer {stmt.layer}" if stmt.layer is not None else "every layer holding some"
-        return [Step("find_installs", f"feature inserts (INSERT ... METHOD FEATURE) at {where}"),
-                Step("probe", "p(target | its prompt) per fact, before"),
-                Step("retune_gates", "each fact's gate/up orthogonal to the decoys and the other facts' prompts"),
-                Step("scale_down", f"x{REBALANCE_GROW} below FLOOR {_fmt(floor)}, x{REBALANCE_SHRINK} above CEILING {_fmt(ceiling)}, "
-                                   f"at most {limit} iteration(s)"),
-                Step("record", "patch overlay, one update per fact (gate, up, down, c_score)")]
-    if isinstance(stmt, ast.CompactStmt):
-        what = "the unsaved edits" if stmt.level == "minor" else "the applied patches and the unsaved edits"
-        return [Step("fold", f"{what}: one operation per edited slot, one weight edit per layer"),
-                Step("replay", "the overlay from the folded stack (every answer unchanged)")]
-    return [Step("measure_stack", "applied patches and unsaved edits: operations, bytes"),
-            Step("plan_compact", "what COMPACT MINOR and COMPACT MAJOR would leave (nothing changes)")]
+def _where_text(where: tuple[ast.Condition, ...]) -> str:
+    return " AND ".join(f"{c.field} {c.op} {c.value!r}" for c in where)
 
 
-def _fmt(x: float) -> str:
-    return f"{x:g}"
+def _select_steps(stmt: ast.SelectStmt, session: Session) -> list[Step]:
+    for name in stmt.fields:
+        if select_column(stmt.source, name) is None:
+            raise _error(session, stmt, f'unknown column "{name}"; columns are '
+                         + ", ".join(SELECT_COLUMNS[stmt.source]), "SELECT * shows them all")
+    limit = stmt.limit if stmt.limit is not None else (50 if stmt.source == "entities" else 20)
+    if stmt.nearest is not None:
+        _check_layer(session, stmt, stmt.nearest.layer)
+        steps = [Step("entity_embedding", repr(stmt.nearest.entity), {"entity": stmt.nearest.entity}),
+                 Step("gate_knn", f"layer {stmt.nearest.layer}, top {stmt.limit or 20}",
+                      {"layer": stmt.nearest.layer, "top": stmt.limit or 20})]
+    else:
+        steps = [Step("scan_" + stmt.source, "down_meta", {"source": stmt.source})]
+    if stmt.where:  # NEAREST's hits are filtered and ordered too
+        steps.append(Step("filter", _where_text(stmt.where), {"where": stmt.where}))
+    if stmt.order:
+        steps.append(Step("order", f"{stmt.order.field} {'DESC' if stmt.order.descending else 'ASC'}",
+                          {"field": stmt.order.field, "descending": stmt.order.descending}))
+    steps.append(Step("limit", str(limit), {"n": limit}))
+    return steps
+
+
+def _trace_steps(stmt: ast.TraceStmt, session: Session) -> list[Step]:
+    _check_range(session, stmt, stmt.layers)
+    if stmt.save is not None and stmt.positions != "all":
+        raise _error(session, stmt, "TRACE ... SAVE needs POSITIONS ALL", f'TRACE "..." POSITIONS ALL SAVE "{stmt.save}"')
+    steps = [Step("tokenize", repr(stmt.prompt), {"prompt": stmt.prompt})]
+    if stmt.save is not None:
+        steps += [Step("capture_trace", "every position's residual chain, every stage"),
+                  Step("write_trace", f"{stmt.save} (atomic)", {"path": stmt.save})]
+    span = None if stmt.layers is None else (stmt.layers.start, stmt.layers.end)
+    steps.append(Step("run_with_cache", f"embedding + resid pre / mid / post, layers {_layers_text(stmt.layers)}",
+                      {"layers": span}))
+    if stmt.for_token:
+        steps.append(Step("attribute", f"each layer's attn / ffn write onto the logit of {stmt.for_token!r}",
+                          {"token": stmt.for_token}))
+    what = "rank and p of the target" if stmt.for_token else ("|attn| / |ffn| per layer" if stmt.decompose
+                                                              else "top-1 per layer")
+    steps.append(Step("logit_lens", f"{what}, positions {stmt.positions or 'last'}",
+                      {"positions": stmt.positions or "last", "decompose": stmt.decompose}))
+    return steps
+
+
+def _compile_steps(stmt: ast.CompileStmt, session: Session) -> list[Step]:
+    fmt = model_format(stmt) if stmt.target == "model" else "vindex"
+    if stmt.dtype is not None and fmt == "gguf":
+        raise _error(session, stmt, "DTYPE applies to FORMAT SAFETENSORS: a GGUF keeps every tensor's stored "
+                     "encoding", f'drop DTYPE, or write an HF directory: INTO MODEL "dir" FORMAT SAFETENSORS '
+                     f'DTYPE {stmt.dtype.upper()}')
+    steps = [Step("bake_overlay", f"{stmt.source or 'CURRENT'} -> {stmt.into}",
+                  {"source": stmt.source, "into": stmt.into, "format": fmt})]
+    if fmt == "safetensors":
+        steps.append(Step("write_model", f"format safetensors, dtype {stmt.dtype or 'bf16'}",
+                          {"format": fmt, "dtype": stmt.dtype or "bf16"}))
+    elif fmt == "gguf":
+        steps.append(Step("write_model", "format gguf, every tensor in its stored encoding", {"format": fmt}))
+    policy = stmt.on_conflict or "last_wins"
+    steps.append(Step("write_atomic", f"on conflict {policy}", {"on_conflict": policy}))
+    return steps
+
+
+def _walk_span(stmt: ast.WalkStmt | ast.ExplainWalkStmt, session: Session) -> tuple[int, int] | None:
+    """The layers WALK scans: LAYERS a-b, else EXPLAIN WALK's band, else None (every layer)."""
+    if isinstance(stmt.layers, ast.Range):
+        return stmt.layers.start, stmt.layers.end
+    band = getattr(stmt, "band", None)
+    if band not in (None, "all") and session.vindex is not None:
+        lo, hi = session.vindex.index["layer_bands"][band]
+        return lo, hi
+    return None
+
+
+def _infer_layers(stmt: ast.ExplainInferStmt, session: Session) -> list[int] | None:
+    """The layers EXPLAIN INFER reads: LAYERS a-b (clipped to the model), else the band's, else None (all)."""
+    v, m = session.vindex, session.model
+    n = m.config.n_layers if m is not None else v.num_layers if v is not None else None
+    if stmt.layers is not None:
+        end = stmt.layers.end if n is None else min(stmt.layers.end, n - 1)
+        return list(range(stmt.layers.start, end + 1))
+    if stmt.band not in (None, "all") and v is not None:
+        lo, hi = v.index["layer_bands"][stmt.band]
+        return list(range(lo, hi + 1))
+    return None
 
 
 def walk_top(stmt: ast.WalkStmt | ast.ExplainWalkStmt) -> int:

@@ -17,6 +17,7 @@ class Result:
     rows: list[list[Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     elapsed_ms: float = 0.0
+    steps: list[str] = field(default_factory=list)  # the plan's steps as they ran (EXPLAIN's lines)
 
     def dicts(self) -> list[dict[str, Any]]:
         return [dict(zip(self.columns, row)) for row in self.rows]

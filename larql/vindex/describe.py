@@ -20,14 +20,15 @@ from weakref import WeakKeyDictionary
 import numpy as np
 
 from larql.errors import VindexError
+from larql.vindex.layout import DESCRIBE_HITS_PER_LAYER as HITS_PER_LAYER
+from larql.vindex.layout import DESCRIBE_MIN_GATE as MIN_GATE
+from larql.vindex.layout import describe_layers
 
 if TYPE_CHECKING:
     from larql.model import Model
     from larql.vindex.store import VindexReader
 
 BANDS = ("syntax", "knowledge", "output")
-MIN_GATE = 5.0  # LARQL's threshold: weaker (and all negative) gate scores are not edges
-HITS_PER_LAYER = 20
 CAP: dict[str, dict[str, int] | int] = {"brief": {"syntax": 10, "knowledge": 10, "output": 5}, "verbose": 30, "raw": 30}
 
 STOP_WORDS = frozenset("""
@@ -113,7 +114,8 @@ def _band_of(layer: int, bands: dict[str, list[int]]) -> str:
 
 
 def feature_edges(v: VindexReader, entity: str, layers: list[int], relations_only: bool = False,
-                  contrastive: bool = True) -> list[Edge]:
+                  contrastive: bool = True, hits_per_layer: int = HITS_PER_LAYER,
+                  min_gate: float = MIN_GATE) -> list[Edge]:
     """Gate-KNN edges of `entity` over `layers`, merged by target (LARQL §4.1 steps 1-4)."""
     query = v.entity_embedding(entity)
     if contrastive:
@@ -122,8 +124,8 @@ def feature_edges(v: VindexReader, entity: str, layers: list[int], relations_onl
     merged: dict[str, Edge] = {}
     for layer in layers:
         ids, scores = v.down_meta(layer)
-        for feature, gate in v.gate_knn(layer, query, HITS_PER_LAYER):
-            if gate < MIN_GATE:
+        for feature, gate in v.gate_knn(layer, query, hits_per_layer):
+            if gate < min_gate:
                 continue
             tokens = [clean_token(v.token_text(int(t))) for t in ids[feature]]
             target = tokens[0]
@@ -152,7 +154,8 @@ def feature_edges(v: VindexReader, entity: str, layers: list[int], relations_onl
 def describe(v: VindexReader, entity: str, band: str | None = None, at_layer: int | None = None,
              relations_only: bool = False, mode: str = "brief", model: Model | None = None,
              probes: bool = True, contrastive: bool = True,
-             progress: Callable[[str, int, int], None] | None = None) -> DescribeResult:
+             progress: Callable[[str, int, int], None] | None = None, layers: list[int] | None = None,
+             hits_per_layer: int = HITS_PER_LAYER, min_gate: float = MIN_GATE) -> DescribeResult:
     """DESCRIBE "entity" [band] [AT LAYER n] [RELATIONS ONLY] [BRIEF|VERBOSE|RAW].
 
     `v` is a store or an editable view (anything with its browsing methods: down_meta, gate_knn,
@@ -164,15 +167,12 @@ def describe(v: VindexReader, entity: str, band: str | None = None, at_layer: in
     if mode not in CAP:
         raise VindexError(f"unknown DESCRIBE mode {mode!r} (choose brief, verbose or raw)")
     bands = v.index["layer_bands"]
-    if at_layer is not None:
-        v.num_features(at_layer)  # range check
-        layers = [at_layer]
-    elif band in BANDS:
-        layers = list(range(bands[band][0], bands[band][1] + 1))
-    else:
-        layers = list(range(v.num_layers))
+    if layers is None:
+        layers = describe_layers(v.index["layer_bands"], v.num_layers, band, at_layer)
+    for layer in layers:
+        v.num_features(layer)  # range check
     try:
-        edges = feature_edges(v, entity, layers, relations_only, contrastive)
+        edges = feature_edges(v, entity, layers, relations_only, contrastive, hits_per_layer, min_gate)
     except VindexError:
         return DescribeResult(entity, False, "none", 0.0, layer_bands=bands)
     by_band: dict[str, list[Edge]] = {b: [] for b in BANDS}

@@ -29,6 +29,21 @@ LEVELS = ("browse", "inference", "all")
 DTYPES: dict[str, str] = {"f16": "float16", "f32": "float32"}
 # the defaults of `larql extract` and of EXTRACT MODEL ... INTO: one set, read by both
 EXTRACT_DEFAULTS: dict[str, str | int] = {"level": "browse", "dtype": "f16", "quant": "source", "top_k": 10}
+# DESCRIBE's feature edges (LARQL's): gate KNN hits per layer, and the gate score below which a hit
+# is not an edge (weaker, and all negative, scores); here so that the planner reads them without numpy
+DESCRIBE_HITS_PER_LAYER = 20
+DESCRIBE_MIN_GATE = 5.0
+
+
+def describe_layers(layer_bands: dict[str, list[int]], num_layers: int, band: str | None,
+                    at_layer: int | None) -> list[int]:
+    """The layers DESCRIBE queries: AT LAYER n, else the band's (syntax, knowledge, output), else all."""
+    if at_layer is not None:
+        return [at_layer]
+    if band is not None and band in layer_bands:
+        lo, hi = layer_bands[band]
+        return list(range(lo, hi + 1))
+    return list(range(num_layers))
 
 
 def align(offset: int) -> int:

@@ -3,16 +3,16 @@ files) and are recorded on its patch stack until SAVE PATCH writes them out."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from larql.edit import feature_insert
-from larql.edit.methods import DEFAULT_METHOD
 from larql.edit.overlay import MetaOverride
 from larql.edit.patch import PatchOp
 from larql.edit.view import EditableVindex
-from larql.errors import EmptyTargetError, LarqlError, LqlSemanticError, ModelError, VindexError
+from larql.errors import EmptyTargetError, LqlSemanticError, VindexError
 from larql.lql import ast
 from larql.lql.ops.query import EDGE_FIELDS, _filter
+from larql.lql.plan import PlanRun
 from larql.lql.result import Result
 from larql.lql.session import Session
 from larql.model.interp import first_target_token
@@ -31,15 +31,22 @@ def _fail(session: Session, stmt: ast.Statement, message: str, hint: str = "") -
     return LqlSemanticError(message, session.source, stmt.span.line, stmt.span.column, hint)
 
 
-def insert(stmt: ast.InsertStmt, session: Session, result: Result) -> None:
+def insert(stmt: ast.InsertStmt, session: Session, result: Result, run: PlanRun) -> None:
     v = _v(session)
-    method = stmt.method or DEFAULT_METHOD
-    if method != "feature" or len(stmt.rows) > 1 or "prompt" in stmt.columns:
-        _insert_facts(stmt, session, result, method)
+    method = run.param("record", "method")
+    if method != "feature" or not run.param("measure", "alone"):
+        _insert_facts(stmt, session, result, run, method)
         return
-    goal = stmt.confidence if stmt.confidence is not None else 0.9
+    capture = run.take("capture")
+    (fact,) = capture["facts"]
+    run.take("choose_slot")
+    run.take("install")
+    goal = run.take("search_down_scale")["goal"]
+    run.take("measure")
+    run.take("record")  # feature_insert.insert runs the steps above as one call
+    # a failure is located by the executor, at the step running (record: the call runs them all)
     try:
-        r = feature_insert.insert(v, stmt.entity, stmt.relation, stmt.target, stmt.layer, goal)
+        r = feature_insert.insert(v, fact["entity"], fact["relation"], fact["target"], capture["layer"], goal)
     except (VindexError, EmptyTargetError) as e:
         raise _fail(session, stmt, str(e)) from e
     result.title = f"Inserted {r.entity} -[{r.relation}]-> {r.target} at {v.feature_name(r.layer, r.feature)} (patch overlay)"
@@ -58,23 +65,27 @@ def insert(stmt: ast.InsertStmt, session: Session, result: Result) -> None:
     _recording_note(v, result)
 
 
-def _insert_facts(stmt: ast.InsertStmt, session: Session, result: Result, method: str) -> None:
+def _insert_facts(stmt: ast.InsertStmt, session: Session, result: Result, run: PlanRun, method: str) -> None:
     """INSERT of one or many facts by a weight edit (ROME / MEMIT) or by features, per row."""
     from larql.edit.facts import Fact
     from larql.edit.insert_facts import insert_facts
 
     v = _v(session)
-    try:
-        facts = []
-        for i in range(len(stmt.rows)):
-            row = stmt.values(i)
-            prompt = row.get("prompt") or feature_insert.relation_prompt(row["entity"], row["relation"])
-            facts.append(Fact(row["entity"], prompt, row["target"], row["relation"]))
-        layers = (list(range(stmt.layers.start, stmt.layers.end + 1)) if stmt.layers is not None
-                  else None if stmt.layer is None else [stmt.layer])
-        r = insert_facts(v, facts, method, layers, progress=session.progress)
-    except LarqlError as e:
-        raise _fail(session, stmt, str(e)) from e
+    if method == "feature":
+        layer = run.param("capture", "layer")
+        layers = None if layer is None else [layer]
+    else:
+        layers = list(run.param("statistics", "layers"))
+    rows = run.param("capture", "facts")
+    # insert_facts runs every step of the plan in one call, in the plan's order
+    for step in run.plan.steps[len(run.taken):]:
+        if step.op != "replace_existing":
+            run.take(step.op)
+    facts = []
+    for row in rows:
+        prompt = row.get("prompt") or feature_insert.relation_prompt(row["entity"], row["relation"])
+        facts.append(Fact(row["entity"], prompt, row["target"], row["relation"]))
+    r = insert_facts(v, facts, method, layers, progress=session.progress)
     insert_result(r, result)
     _recording_note(v, result)
 
@@ -98,15 +109,18 @@ def insert_result(r: InsertReport, result: Result) -> None:
     result.notes += r.notes
 
 
-def _slots(stmt: ast.DeleteStmt | ast.UpdateStmt, session: Session) -> list[tuple[int, int]]:
+def _slots(stmt: ast.DeleteStmt | ast.UpdateStmt, session: Session, run: PlanRun) -> list[tuple[int, int]]:
     """The (layer, feature) slots the WHERE clause selects, from the overlay's view of down_meta."""
     v = _v(session)
-    if not stmt.where:
+    run.take("scan_edges")
+    filt = run.take_if("filter")
+    if filt is None or not filt["where"]:
         raise _fail(session, stmt, "a WHERE clause is required (it would touch every feature)",
                     'e.g. WHERE layer = 12 AND feature = 40, or WHERE entity = "Paris"')
-    layer = next((c.value for c in stmt.where if c.field == "layer" and c.op == "=" and isinstance(c.value, int)), None)
-    feature = next((c.value for c in stmt.where if c.field == "feature" and c.op == "=" and isinstance(c.value, int)), None)
-    if layer is not None and feature is not None and len(stmt.where) == 2:
+    where: tuple[ast.Condition, ...] = filt["where"]
+    layer = next((c.value for c in where if c.field == "layer" and c.op == "=" and isinstance(c.value, int)), None)
+    feature = next((c.value for c in where if c.field == "feature" and c.op == "=" and isinstance(c.value, int)), None)
+    if layer is not None and feature is not None and len(where) == 2:
         try:
             v.feature_meta(layer, feature)  # range checks
         except VindexError as e:
@@ -115,12 +129,13 @@ def _slots(stmt: ast.DeleteStmt | ast.UpdateStmt, session: Session) -> list[tupl
     hits = browse.iter_features(v, None if layer is None else [layer])
     rows = [{"layer": h.layer, "feature": h.feature, "token": h.top_token, "score": h.score,
              "relation": v.feature_label(h.layer, h.feature) or ""} for h in hits]
-    return [(r["layer"], r["feature"]) for r in _filter(rows, stmt.where, EDGE_FIELDS, stmt, session)]
+    return [(r["layer"], r["feature"]) for r in _filter(rows, where, EDGE_FIELDS, stmt, session)]
 
 
-def delete(stmt: ast.DeleteStmt, session: Session, result: Result) -> None:
+def delete(stmt: ast.DeleteStmt, session: Session, result: Result, run: PlanRun) -> None:
     v = _v(session)
-    slots = _slots(stmt, session)
+    slots = _slots(stmt, session, run)
+    run.take("record")
     for layer, feature in slots:
         v.patches.record(PatchOp("delete", layer, feature, reason=f"DELETE {len(slots)} slot(s)"))
     result.title = f"Deleted {len(slots)} feature(s) (patch overlay)" if slots else "(no matching features found)"
@@ -131,11 +146,12 @@ def delete(stmt: ast.DeleteStmt, session: Session, result: Result) -> None:
     _recording_note(v, result)
 
 
-def update(stmt: ast.UpdateStmt, session: Session, result: Result) -> None:
+def update(stmt: ast.UpdateStmt, session: Session, result: Result, run: PlanRun) -> None:
     v = _v(session)
     target: str | None = None
     confidence: float | None = None
-    for a in stmt.assignments:
+    assignments: tuple[ast.Assignment, ...] = run.param("record", "set")
+    for a in assignments:
         if a.field in ("target", "top_token", "token") and isinstance(a.value, str):
             target = a.value
         elif a.field in ("confidence", "c_score", "score") and isinstance(a.value, (int, float)):
@@ -143,7 +159,8 @@ def update(stmt: ast.UpdateStmt, session: Session, result: Result) -> None:
         else:
             raise _fail(session, stmt, f"cannot SET {a.field} = {a.value!r}",
                         'UPDATE sets the metadata: target = "text" and/or confidence = number')
-    slots = _slots(stmt, session)
+    slots = _slots(stmt, session, run)
+    run.take("record")
     tid = None
     if target is not None:
         tid = first_target_token(v, target)
@@ -169,36 +186,37 @@ def _recording_note(v: EditableVindex, result: Result) -> None:
         result.notes.append(f"{len(stack.pending)} unsaved edit(s): BEGIN PATCH \"edits.vlp\" then SAVE PATCH keeps them")
 
 
-def _patch_call(session: Session, stmt: ast.Statement, fn: Any, *args: Any) -> Any:
-    try:
-        return fn(*args)
-    except VindexError as e:
-        raise _fail(session, stmt, str(e)) from e
+def _forced(run: PlanRun) -> bool:
+    return run.peek("replace_existing") is not None
 
 
-def begin_patch(stmt: ast.BeginPatchStmt, session: Session, result: Result) -> None:
+def begin_patch(stmt: ast.BeginPatchStmt, session: Session, result: Result, run: PlanRun) -> None:
     stack = _v(session).patches
-    _patch_call(session, stmt, stack.begin, stmt.path, stmt.force)
+    path = run.take("begin_patch")["path"]
+    stack.begin(path, _forced(run))
     kept = len(stack.pending)
-    result.title = f"Patch session started: {stmt.path}" + (f" (keeping {kept} earlier edit(s))" if kept else "")
+    result.title = f"Patch session started: {path}" + (f" (keeping {kept} earlier edit(s))" if kept else "")
 
 
-def save_patch(stmt: ast.SavePatchStmt, session: Session, result: Result) -> None:
-    patch = _patch_call(session, stmt, _v(session).patches.save, stmt.force)
+def save_patch(stmt: ast.SavePatchStmt, session: Session, result: Result, run: PlanRun) -> None:
+    run.take("save_patch")
+    patch = _v(session).patches.save(_forced(run))
     result.title = f"Saved: {patch.path} ({patch.summary()})"
 
 
-def apply_patch(stmt: ast.ApplyPatchStmt, session: Session, result: Result) -> None:
-    patch = _patch_call(session, stmt, _v(session).patches.apply, stmt.path)
-    result.title = f"Applied: {stmt.path} ({patch.summary()})"
+def apply_patch(stmt: ast.ApplyPatchStmt, session: Session, result: Result, run: PlanRun) -> None:
+    path = run.take("apply_patch")["path"]
+    patch = _v(session).patches.apply(path)
+    result.title = f"Applied: {path} ({patch.summary()})"
 
 
-def remove_patch(stmt: ast.RemovePatchStmt, session: Session, result: Result) -> None:
-    patch = _patch_call(session, stmt, _v(session).patches.remove, stmt.path)
+def remove_patch(stmt: ast.RemovePatchStmt, session: Session, result: Result, run: PlanRun) -> None:
+    patch = _v(session).patches.remove(run.take("remove_patch")["path"])
     result.title = f"Removed: {patch.name} ({patch.summary()})"
 
 
-def show_patches(stmt: ast.ShowPatchesStmt, session: Session, result: Result) -> None:
+def show_patches(stmt: ast.ShowPatchesStmt, session: Session, result: Result, run: PlanRun) -> None:
+    run.take("show_patches")
     v = _v(session)
     stack = v.patches
     result.title = "Applied patches"
@@ -214,23 +232,23 @@ def show_patches(stmt: ast.ShowPatchesStmt, session: Session, result: Result) ->
         result.notes.append(f"recording: {stack.recording}")
 
 
-def compile_stmt(stmt: ast.CompileStmt, session: Session, result: Result) -> None:
+def compile_stmt(stmt: ast.CompileStmt, session: Session, result: Result, run: PlanRun) -> None:
     from larql.edit.compile import compile_gguf, compile_safetensors, compile_vindex
     from larql.edit.view import edit_vindex
-    from larql.lql.planner import model_format
 
-    fmt = model_format(stmt) if stmt.target == "model" else "vindex"
-    try:
-        v = _v(session) if stmt.source is None else edit_vindex(stmt.source)
-        if fmt == "vindex":
-            report = compile_vindex(v, stmt.into, stmt.on_conflict or "last_wins", overwrite=stmt.force)
-        elif fmt == "gguf":
-            report = compile_gguf(v, stmt.into, stmt.on_conflict or "last_wins", overwrite=stmt.force)
-        else:
-            report = compile_safetensors(v, stmt.into, stmt.on_conflict or "last_wins", overwrite=stmt.force,
-                                         dtype=stmt.dtype or "bf16")
-    except (VindexError, ModelError) as e:
-        raise _fail(session, stmt, str(e)) from e
+    bake = run.take("bake_overlay")
+    fmt, into = bake["format"], bake["into"]
+    model = run.take_if("write_model")
+    policy = run.take("write_atomic")["on_conflict"]
+    force = _forced(run)
+    v = _v(session) if bake["source"] is None else edit_vindex(bake["source"])
+    if fmt == "vindex":
+        report = compile_vindex(v, into, policy, overwrite=force)
+    elif fmt == "gguf":
+        report = compile_gguf(v, into, policy, overwrite=force)
+    else:
+        assert model is not None  # the planner writes a write_model step for every model format
+        report = compile_safetensors(v, into, policy, overwrite=force, dtype=model["dtype"])
     result.title = f"Compiled {v.path} -> {report.path}"
     result.columns = ["measure", "value"]
     result.rows = [["edited features baked", report.edited_features],

@@ -10,6 +10,7 @@ from numpy.typing import NDArray
 
 from larql.errors import LqlSemanticError
 from larql.lql import ast
+from larql.lql.plan import PlanRun
 from larql.lql.result import Result
 from larql.lql.session import Session
 from larql.model.generate import log_softmax
@@ -36,16 +37,18 @@ def model_of(session: Session, stmt: ast.Statement) -> Any:
     return v.model()
 
 
-def infer(stmt: ast.InferStmt, session: Session, result: Result) -> None:
+def infer(stmt: ast.InferStmt, session: Session, result: Result, run: PlanRun) -> None:
     m = model_of(session, stmt)
-    ids = m.tokenize(stmt.prompt)
-    top_n = stmt.top or 5
-    logits = m.next_logits(ids)
+    prompt = run.take("tokenize")["prompt"]
+    ids = m.tokenize(prompt)
+    forward = m.dense() if run.take("forward")["ffn"] == "dense" else m  # the dense FFN ignores the overlay
+    logits = forward.next_logits(ids)
+    top_n = run.take("top_k")["k"]
     logp = log_softmax(logits)
     top = top_tokens(logits, top_n)
     text = m.tokenizer.token_text
-    result.title = f"Predictions for {stmt.prompt!r}"
-    if not stmt.compare:
+    result.title = f"Predictions for {prompt!r}"
+    if run.take_if("compare_dense") is None:
         result.columns = ["rank", "token", "prob", "logit"]
         result.rows = [[r + 1, text(int(t)), float(np.exp(logp[t])), float(logits[t])]
                        for r, t in enumerate(top)]
@@ -66,32 +69,35 @@ def infer(stmt: ast.InferStmt, session: Session, result: Result) -> None:
                         f"max |logit difference| = {float(np.max(np.abs(logits - dense_logits))):.4g}")
 
 
-def trace(stmt: ast.TraceStmt, session: Session, result: Result) -> None:
-    if stmt.save is not None and stmt.positions != "all":
-        raise LqlSemanticError("TRACE ... SAVE needs POSITIONS ALL", session.source, stmt.span.line,
-                               stmt.span.column, f'TRACE "..." POSITIONS ALL SAVE "{stmt.save}"')
+def trace(stmt: ast.TraceStmt, session: Session, result: Result, run: PlanRun) -> None:
     m = model_of(session, stmt)
-    if stmt.save is not None:
+    prompt = run.take("tokenize")["prompt"]
+    if run.take_if("capture_trace") is not None:
         from larql.model.trace_file import capture_trace, save_trace
 
-        trace = capture_trace(m, stmt.prompt)
-        save_trace(trace, stmt.save, overwrite=stmt.force)
-        result.notes.append(f"Saved {len(trace.token_ids)} token chains x {trace.n_layers + 1} stages to {stmt.save} "
+        trace = capture_trace(m, prompt)
+        path = run.take("write_trace")["path"]
+        save_trace(trace, path, overwrite=run.peek("replace_existing") is not None)
+        result.notes.append(f"Saved {len(trace.token_ids)} token chains x {trace.n_layers + 1} stages to {path} "
                             f"(load with larql.model.trace_file.load_trace)")
     cfg = m.config
-    ids = m.tokenize(stmt.prompt)
-    _, cache = m.run_with_cache(ids, names=["hook_embed"] + residual_hook_names(range(cfg.n_layers)))
-    positions = list(range(len(ids))) if stmt.positions == "all" else [len(ids) - 1]
-    layers = range(cfg.n_layers) if stmt.layers is None else range(stmt.layers.start, stmt.layers.end + 1)
-    if stmt.layers is not None and stmt.layers.end >= cfg.n_layers:
-        raise LqlSemanticError(f"layer {stmt.layers.end} is out of range (layers 0-{cfg.n_layers - 1})",
+    ids = m.tokenize(prompt)
+    span = run.take("run_with_cache")["layers"]
+    if span is not None and span[1] >= cfg.n_layers:
+        raise LqlSemanticError(f"layer {span[1]} is out of range (layers 0-{cfg.n_layers - 1})",
                                session.source, stmt.span.line, stmt.span.column)
-    target = first_target_token(m, stmt.for_token) if stmt.for_token is not None else None
+    _, cache = m.run_with_cache(ids, names=["hook_embed"] + residual_hook_names(range(cfg.n_layers)))
+    layers = range(cfg.n_layers) if span is None else range(span[0], span[1] + 1)
+    attribute = run.take_if("attribute")
+    target = first_target_token(m, attribute["token"]) if attribute is not None else None
+    lens = run.take("logit_lens")
+    all_positions, decompose = lens["positions"] == "all", lens["decompose"]
+    positions = list(range(len(ids))) if all_positions else [len(ids) - 1]
 
     rows: list[list[Any]] = []
     totals: list[float] = []
     for pos in positions:
-        tag = [pos] if stmt.positions == "all" else []
+        tag = [pos] if all_positions else []
         stages: list[tuple[str, NDArray[np.float32], NDArray[np.float32] | None, NDArray[np.float32] | None]]
         stages = [("emb", cache["hook_embed"][pos], None, None)]
         for layer in layers:
@@ -109,7 +115,7 @@ def trace(stmt: ast.TraceStmt, session: Session, result: Result) -> None:
                 rows.append(tag + [label, rank_of(logp, target), float(np.exp(logp[target])),
                                    "" if a is None else a, "" if f is None else f,
                                    float(running[layer + 1]), who])
-            elif stmt.decompose:
+            elif decompose:
                 if attn is None or ffn is None:  # the embedding row (both or neither are None)
                     continue
                 na, nf = float(np.linalg.norm(attn)), float(np.linalg.norm(ffn))
@@ -120,25 +126,25 @@ def trace(stmt: ast.TraceStmt, session: Session, result: Result) -> None:
                 rows.append(tag + [label, m.tokenizer.token_text(top), float(np.exp(logp[top])),
                                    "" if attn is None else float(np.linalg.norm(attn)),
                                    "" if ffn is None else float(np.linalg.norm(ffn))])
-    pos_col = ["pos"] if stmt.positions == "all" else []
+    pos_col = ["pos"] if all_positions else []
     if target is not None:
-        result.title = f"TRACE {stmt.prompt!r} FOR {m.tokenizer.token_text(target)!r}"
+        result.title = f"TRACE {prompt!r} FOR {m.tokenizer.token_text(target)!r}"
         result.columns = pos_col + ["layer", "rank", "prob", "attn_logit", "ffn_logit", "logit_so_far", "who"]
         result.notes.append(f"attn_logit / ffn_logit: each layer's write read through the final norm onto "
                             f"{m.tokenizer.token_text(target)!r}; the embedding and every layer's terms add up to "
                             f"the logit, {totals[-1]:.4f} at the last position (INFER's)"
                             + (f", before the final softcap of {cfg.final_softcap:g}" if cfg.final_softcap else ""))
-    elif stmt.decompose:
-        result.title = f"TRACE {stmt.prompt!r} DECOMPOSE"
+    elif decompose:
+        result.title = f"TRACE {prompt!r} DECOMPOSE"
         result.columns = pos_col + ["layer", "|attn_delta|", "|ffn_delta|", "|residual|", "attn%"]
     else:
-        result.title = f"TRACE {stmt.prompt!r}"
+        result.title = f"TRACE {prompt!r}"
         result.columns = pos_col + ["layer", "top1", "prob", "|attn_delta|", "|ffn_delta|"]
     result.rows = rows
     result.notes.append("logit lens: final norm + unembedding of the residual after each layer")
 
 
-def explain_infer(stmt: ast.ExplainInferStmt, session: Session, result: Result) -> None:
+def explain_infer(stmt: ast.ExplainInferStmt, session: Session, result: Result, run: PlanRun) -> None:
     """Per layer, the FFN features that fired hardest at the last position (|act(gate) * up|), what
     they write (down_meta, when a vindex is in use), and WITH ATTENTION the most-attended prompt
     tokens and the logit-lens top-1."""
@@ -149,31 +155,30 @@ def explain_infer(stmt: ast.ExplainInferStmt, session: Session, result: Result) 
                                f"a mixture of {cfg.n_experts} experts, which has none", session.source,
                                stmt.span.line, stmt.span.column, f'TRACE "{stmt.prompt}" shows the layers\' writes')
     v = session.vindex
-    ids = m.tokenize(stmt.prompt)
-    layers = list(range(cfg.n_layers))
-    if stmt.layers is not None:
-        layers = list(range(stmt.layers.start, min(stmt.layers.end, cfg.n_layers - 1) + 1))
-    elif stmt.band not in (None, "all") and v is not None:
-        lo, hi = v.index["layer_bands"][stmt.band]
-        layers = list(range(lo, hi + 1))
+    prompt = run.take("tokenize")["prompt"]
+    ids = m.tokenize(prompt)
+    planned = run.take("run_with_cache")["layers"]
+    layers = list(range(cfg.n_layers)) if planned is None else list(planned)
+    feats = run.take("top_features")
+    with_attention = run.take_if("attention_and_lens") is not None
     names = [f"blocks.{i}.mlp.hook_post" for i in layers]
-    if stmt.with_attention:
+    if with_attention:
         names += [f"blocks.{i}.{k}" for i in layers for k in ("attn.hook_pattern", "hook_resid_post")]
     logits, cache = m.run_with_cache(ids, names=names)
     logp = log_softmax(logits[-1])
     best = int(np.argmax(logp))
-    per_layer = stmt.top or (10 if stmt.verbose else 3)
-    result.title = (f"Inference trace for {stmt.prompt!r}: prediction {m.tokenizer.token_text(best)!r} "
+    per_layer = feats["k"]
+    result.title = (f"Inference trace for {prompt!r}: prediction {m.tokenizer.token_text(best)!r} "
                     f"({100 * float(np.exp(logp[best])):.1f}%)")
     result.columns = ["layer", "feature", "activation", "top", "down", "relation"]
-    if stmt.with_attention:
+    if with_attention:
         result.columns += ["attends_to", "lens_top1"]
     token_texts = [m.tokenizer.token_text(t) for t in ids]
     for layer in layers:
         act = cache[f"blocks.{layer}.mlp.hook_post"][-1]  # (ffn,)
         order = np.argsort(-np.abs(act), kind="stable")
         extra: list[Any] = []
-        if stmt.with_attention:
+        if with_attention:
             pattern = cache[f"blocks.{layer}.attn.hook_pattern"][-1].mean(axis=0)  # (S,) averaged over heads
             attended = ", ".join(f"{token_texts[j]!r}:{pattern[j]:.2f}" for j in np.argsort(-pattern)[:3])
             lens = lens_top1(m, cache[f"blocks.{layer}.hook_resid_post"][-1])
@@ -181,15 +186,15 @@ def explain_infer(stmt: ast.ExplainInferStmt, session: Session, result: Result) 
         shown = 0
         for f in order:
             label = v.feature_label(layer, int(f)) if v is not None else None
-            if stmt.relations_only and not label:
+            if feats["relations_only"] and not label:
                 continue
             if v is not None:
                 meta = v.feature_meta(layer, int(f))
-                top, down = meta.tokens[0].strip(), ", ".join(t.strip() for t in meta.tokens[1:4 if not stmt.verbose else 6])
+                top, down = meta.tokens[0].strip(), ", ".join(t.strip() for t in meta.tokens[1:1 + feats["n_down"]])
             else:
                 top, down = "", ""
             result.rows.append([layer, int(f), float(act[f]), top, down, label or ""] + extra)
-            extra = ["", ""] if stmt.with_attention else []
+            extra = ["", ""] if with_attention else []
             shown += 1
             if shown >= per_layer:
                 break
@@ -201,18 +206,21 @@ def lens_top1(m: Any, resid: np.ndarray) -> str:
     return f"{m.tokenizer.token_text(top)!r} {np.exp(logp[top]):.2f}"
 
 
-def crown(stmt: ast.CrownStmt, session: Session, result: Result) -> None:
+def crown(stmt: ast.CrownStmt, session: Session, result: Result, run: PlanRun) -> None:
     from larql.edit.crown import find_crown
-    from larql.errors import LarqlError
 
     m = model_of(session, stmt)
-    try:
-        r = find_crown(m, stmt.prompt, stmt.expected, stmt.subject)
-    except LarqlError as e:
-        raise LqlSemanticError(str(e), session.source, stmt.span.line, stmt.span.column) from e
-    sites = ["last"] + (["subject"] if stmt.subject else [])
+    prompt = run.take("tokenize")["prompt"]
+    expected = run.take("baseline")["expected"]
+    sites = [run.take("ablate_mlp_out")["site"]]
+    subject = None
+    if (at_subject := run.take_if("ablate_mlp_out")) is not None:  # find_crown ablates both sites in one pass
+        sites.append(at_subject["site"])
+        subject = at_subject["subject"]
+    r = find_crown(m, prompt, expected, subject)
+    run.take("crown")
     crowns = {site: r.crown(site).layer for site in sites}
-    result.title = (f"Crown of {r.token.strip()!r} after {stmt.prompt!r}: MLP outputs zeroed one layer at a time "
+    result.title = (f"Crown of {r.token.strip()!r} after {prompt!r}: MLP outputs zeroed one layer at a time "
                     f"(p {r.p_base:.3g}, rank {r.rank_base} intact)")
     result.columns = ["layer"] + [c for site in sites for c in (f"p ({site})", f"change ({site})", f"flips ({site})")]
     for layer in sorted({x.layer for x in r.layers}):
@@ -222,5 +230,5 @@ def crown(stmt: ast.CrownStmt, session: Session, result: Result) -> None:
             row += [x.p, x.delta(r.p_base), ("yes" if x.flipped else "") + (" <- crown" if crowns[site] == layer else "")]
         result.rows.append(row)
     result.notes.append(f"crown at the last position: L{crowns['last']}"
-                        + (f"; at the subject's last token ({stmt.subject!r}, where weight edits key): "
-                           f"L{crowns['subject']}" if stmt.subject else ""))
+                        + (f"; at the subject's last token ({subject!r}, where weight edits key): "
+                           f"L{crowns['subject']}" if subject else ""))

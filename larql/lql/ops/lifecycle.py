@@ -8,6 +8,7 @@ from typing import Any
 from larql.edit.view import edit_vindex
 from larql.errors import VindexError
 from larql.lql import ast
+from larql.lql.plan import PlanRun
 from larql.lql.result import Result
 from larql.lql.session import Session
 from larql.vindex.extract import extract
@@ -15,24 +16,24 @@ from larql.vindex.layout import EXTRACT_DEFAULTS
 from larql.vindex.store import open_vindex
 
 
-def use(stmt: ast.UseStmt, session: Session, result: Result) -> None:
+def use(stmt: ast.UseStmt, session: Session, result: Result, run: PlanRun) -> None:
     if session.remote is not None:
         session.remote.close()
         session.remote = None
-    if stmt.kind == "remote":
+    if (step := run.take_if("connect")) is not None:
         from larql.lql.remote import Remote
 
-        session.remote, session.vindex, session.model = Remote(stmt.target), None, None
+        session.remote, session.vindex, session.model = Remote(step["target"]), None, None
         result.notes.append(f"Using: {session.describe_backend()}")
         return
-    if stmt.kind == "model":
+    if (step := run.take_if("load_model")) is not None:
         # the facade's load: USE MODEL also takes a vindex (the model it carries, walk FFN)
         from larql import load
 
-        session.model = load(stmt.target)
+        session.model = load(step["target"])
         result.notes.append(f"Using model: {session.model!r}")
         return
-    session.vindex = edit_vindex(stmt.target)
+    session.vindex = edit_vindex(run.take("open_vindex")["target"])
     result.notes.append(f"Using: {session.describe_backend()}")
 
 
@@ -73,19 +74,23 @@ def extract_vindex(src: str | Path, into: str | Path, *, force: bool = False, pr
     return extract(src, into, overwrite=force, progress=progress, **opts), False
 
 
-def extract_stmt(stmt: ast.ExtractStmt, session: Session, result: Result) -> None:
-    path, reused = extract_vindex(stmt.model, stmt.into, force=stmt.force, level=stmt.level, progress=session.progress)
-    session.vindex = edit_vindex(path)
+def extract_stmt(stmt: ast.ExtractStmt, session: Session, result: Result, run: PlanRun) -> None:
+    src = run.take("load_model")["model"]  # resolved (and loaded) by the extraction itself
+    ex = run.take("extract")
+    path, reused = extract_vindex(src, ex["into"], force=run.peek("replace_existing") is not None, level=ex["level"],
+                                  progress=session.progress)
+    session.vindex = edit_vindex(run.take("use")["path"])
     if reused:
-        result.notes.append(f"{stmt.into} already holds this model at level {stmt.level}: using it "
+        result.notes.append(f"{ex['into']} already holds this model at level {ex['level']}: using it "
                             f"(remove it to extract again)")
     else:
         result.notes.append(f"Extraction complete: {path}")
     result.notes.append(f"Using: {session.describe_backend()}")
 
 
-def stats(stmt: ast.StatsStmt, session: Session, result: Result) -> None:
-    v = open_vindex(stmt.path) if stmt.path else session.vindex.store if session.vindex else None
+def stats(stmt: ast.StatsStmt, session: Session, result: Result, run: PlanRun) -> None:
+    path = run.take("read_index")["path"]
+    v = open_vindex(path) if path else session.vindex.store if session.vindex else None
     assert v is not None
     i = v.index
     size = sum(e["size"] for e in i["files"].values())
@@ -109,9 +114,10 @@ def stats(stmt: ast.StatsStmt, session: Session, result: Result) -> None:
     result.title = f"STATS {i['model']}"
 
 
-def show_models(stmt: ast.ShowModelsStmt, session: Session, result: Result) -> None:
+def show_models(stmt: ast.ShowModelsStmt, session: Session, result: Result, run: PlanRun) -> None:
     result.columns = ["model", "path", "layers", "level", "size_mb"]
-    for d in sorted(p for p in Path(".").iterdir() if (p / "index.json").is_file()):
+    directory = Path(run.take("scan_directory")["directory"])
+    for d in sorted(p for p in directory.iterdir() if (p / "index.json").is_file()):
         try:
             v = open_vindex(d)
         except Exception as e:  # a damaged vindex is listed with its problem, not fatal to the listing
@@ -123,28 +129,30 @@ def show_models(stmt: ast.ShowModelsStmt, session: Session, result: Result) -> N
         result.notes.append("no vindex directories here")
 
 
-def diff_stmt(stmt: ast.DiffStmt, session: Session, result: Result) -> None:
+def diff_stmt(stmt: ast.DiffStmt, session: Session, result: Result, run: PlanRun) -> None:
     from larql.edit.diff import diff, write_diff_patch
 
-    a = session.vindex if stmt.a is None else edit_vindex(stmt.a)
-    b = session.vindex if stmt.b is None else edit_vindex(stmt.b)
+    cmp = run.take("compare_features")
+    a = session.vindex if cmp["a"] is None else edit_vindex(cmp["a"])
+    b = session.vindex if cmp["b"] is None else edit_vindex(cmp["b"])
     assert a is not None and b is not None  # the planner checked
-    if stmt.layer is not None and not 0 <= stmt.layer < a.num_layers:
-        from larql.errors import VindexError
-
-        raise VindexError(f"layer {stmt.layer} is out of range: this vindex has layers 0-{a.num_layers - 1}")
-    report = diff(a, b, stmt.layer)
-    limit = 20 if stmt.limit is None else stmt.limit
-    result.title = f"DIFF {stmt.a or 'CURRENT'} -> {stmt.b or 'CURRENT'}"
+    layer = cmp["layer"]
+    if layer is not None and not 0 <= layer < a.num_layers:
+        raise VindexError(f"layer {layer} is out of range: this vindex has layers 0-{a.num_layers - 1}")
+    run.take("compare_dense")  # diff() compares the dense tensors too, in the same pass
+    report = diff(a, b, layer)
+    limit = cmp["limit"]
+    a_name, b_name = cmp["a"] or "CURRENT", cmp["b"] or "CURRENT"
+    result.title = f"DIFF {a_name} -> {b_name}"
     result.columns = ["layer", "feature", "a", "b", "status", "changed"]
     for r in report.rows[:limit]:
-        if r.status == "dense":
-            result.rows.append([r.layer, "", "", "", "dense", r.changed[0]])
+        if r.status in ("dense", "low_rank"):  # a whole tensor: no feature, no tokens
+            result.rows.append([r.layer, "", "", "", r.status, r.changed[0]])
         else:
             result.rows.append([r.layer, r.feature, a.token_text(r.a_token), b.token_text(r.b_token), r.status,
                                 ", ".join(r.changed)])
     result.notes.append(f"{len(report.rows)} difference(s), {len(result.rows)} shown (limit {limit})")
-    if stmt.into_patch:
-        path = write_diff_patch(a, report, stmt.into_patch, overwrite=stmt.force)
+    if (write := run.take_if("write_patch")) is not None:
+        path = write_diff_patch(a, report, write["path"], overwrite=run.peek("replace_existing") is not None)
         result.notes.append(f"wrote {path} ({len(report.ops)} operation(s)): APPLY PATCH on "
-                            f"{stmt.a or 'CURRENT'} gives {stmt.b or 'CURRENT'}")
+                            f"{a_name} gives {b_name}")

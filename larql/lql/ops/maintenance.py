@@ -6,6 +6,7 @@ from __future__ import annotations
 from larql.edit.view import EditableVindex
 from larql.lql import ast
 from larql.lql.ops.editing import _recording_note
+from larql.lql.plan import PlanRun
 from larql.lql.result import Result
 from larql.lql.session import Session
 
@@ -15,12 +16,15 @@ def _v(session: Session) -> EditableVindex:
     return session.vindex
 
 
-def merge_stmt(stmt: ast.MergeStmt, session: Session, result: Result) -> None:
+def merge_stmt(stmt: ast.MergeStmt, session: Session, result: Result, run: PlanRun) -> None:
     from larql.edit.merge import merge
 
     v = _v(session)
-    r = merge(v, stmt.source, stmt.on_conflict or "last_wins")
-    result.title = (f"Merged {r.kind} {stmt.source} -> {v.path} (patch overlay): {r.recorded} operation(s) recorded, "
+    source = run.take("load_source")["source"]
+    r = merge(v, source, run.param("resolve", "policy"))  # runs the steps below in one pass (a failure: loading)
+    for op in ("move_facts", "replay_incoming", "find_conflicts", "resolve", "record"):
+        run.take(op)
+    result.title = (f"Merged {r.kind} {source} -> {v.path} (patch overlay): {r.recorded} operation(s) recorded, "
                     f"{len(r.conflicts)} conflict(s) (ON CONFLICT {r.policy.upper()})")
     result.columns = ["layer", "feature", "conflict", "current", "incoming", "winner"]
     result.rows = [[c.layer, c.feature if c.feature >= 0 else "weight edit", c.kind, c.current, c.incoming, c.winner]
@@ -37,12 +41,17 @@ def merge_stmt(stmt: ast.MergeStmt, session: Session, result: Result) -> None:
     _recording_note(v, result)
 
 
-def rebalance_stmt(stmt: ast.RebalanceStmt, session: Session, result: Result) -> None:
+def rebalance_stmt(stmt: ast.RebalanceStmt, session: Session, result: Result, run: PlanRun) -> None:
     from larql.edit.rebalance import rebalance
 
     v = _v(session)
-    r = rebalance(v, stmt.layer, stmt.max_iters, stmt.floor, stmt.ceiling, stmt.until_converged)
-    where = f"layer {stmt.layer}" if stmt.layer is not None else \
+    layer = run.take("find_installs")["layer"]
+    run.take("probe")
+    run.take("retune_gates")
+    loop = run.take("scale_down")  # rebalance() runs probe, retune and the loop as one call
+    r = rebalance(v, layer, loop["max_iters"], loop["floor"], loop["ceiling"])
+    run.take("record")
+    where = f"layer {layer}" if layer is not None else \
         ("layers " + ", ".join(map(str, r.layers)) if r.layers else "no layer")
     result.title = f"Rebalanced {len(r.facts)} fact(s) at {where} (patch overlay, {r.ops} update(s))"
     result.columns = ["fact", "layer", "feature", "p(target) before", "after", "down x"]
@@ -57,31 +66,34 @@ def rebalance_stmt(stmt: ast.RebalanceStmt, session: Session, result: Result) ->
     _recording_note(v, result)
 
 
-def compact_stmt(stmt: ast.CompactStmt, session: Session, result: Result) -> None:
+def compact_stmt(stmt: ast.CompactStmt, session: Session, result: Result, run: PlanRun) -> None:
     from larql.edit.compact import compact
 
     v = _v(session)
-    r = compact(v.patches, stmt.level)
-    result.title = f"Compacted ({stmt.level}): {r.before.ops} -> {r.after.ops} operation(s)"
+    level = run.take("fold")["level"]
+    r = compact(v.patches, level)  # folds, then replays the overlay from the folded stack
+    run.take("replay")
+    result.title = f"Compacted ({level}): {r.before.ops} -> {r.after.ops} operation(s)"
     result.columns = ["measure", "before", "after"]
     result.rows = [["patches (the unsaved edits count as one)", r.before.patches, r.after.patches],
                    ["operations", r.before.ops, r.after.ops],
                    ["bytes carried", r.before.bytes, r.after.bytes]]
     result.notes.append(f"{r.slots} slot(s) set by one operation each, {r.weight_layers} layer(s) with one joined "
                         "weight edit; the overlay, and every answer, is unchanged")
-    if stmt.level == "major":
+    if level == "major":
         result.notes.append('the folded stack is unsaved: BEGIN PATCH "all.vlp"; SAVE PATCH writes it as one file')
 
 
-def show_compact_status(stmt: ast.ShowCompactStatusStmt, session: Session, result: Result) -> None:
+def show_compact_status(stmt: ast.ShowCompactStatusStmt, session: Session, result: Result, run: PlanRun) -> None:
     from larql.edit.compact import plan_compact, stack_size
 
     stack = _v(session).patches
+    run.take("measure_stack")
     now = stack_size(stack.applied, stack.pending)
     result.title = "Compact status"
     result.columns = ["stack", "patches", "operations", "bytes"]
     result.rows = [["now", now.patches, now.ops, now.bytes]]
-    for level in ("minor", "major"):
+    for level in run.take("plan_compact")["levels"]:
         s = stack_size(*plan_compact(stack, level))
         result.rows.append([f"after COMPACT {level.upper()}", s.patches, s.ops, s.bytes])
     result.notes.append(f"{len(stack.applied)} applied patch(es), {len(stack.pending)} unsaved edit(s); "

@@ -9,7 +9,8 @@ from typing import Any
 from larql.edit.view import EditableVindex
 from larql.errors import LqlSemanticError
 from larql.lql import ast
-from larql.lql.planner import SELECT_COLUMNS, select_column, walk_top
+from larql.lql.plan import PlanRun
+from larql.lql.planner import SELECT_COLUMNS, select_column
 from larql.lql.result import Result
 from larql.lql.session import Session
 from larql.vindex import browse
@@ -35,13 +36,20 @@ def _experts_note(v: EditableVindex, result: Result) -> None:
                             f"feature e x {per} + j")
 
 
-def describe(stmt: ast.DescribeStmt, session: Session, result: Result) -> None:
+def describe(stmt: ast.DescribeStmt, session: Session, result: Result, run: PlanRun) -> None:
     v = _v(session)
-    mode = stmt.mode or "brief"
-    model = session.model if session.model is not None else v.model() if v.has_model_weights else None
-    card = describe_entity(v, stmt.entity, band=stmt.band, at_layer=stmt.at_layer,
-                           relations_only=stmt.relations_only, mode=mode, model=model, progress=session.progress)
-    result.title = stmt.entity
+    # describe_entity runs these steps as one call; the plan hands it their parameters
+    entity = run.take("entity_embedding")["entity"]
+    contrastive = run.take("contrastive_query")["contrastive"]
+    knn = run.take("gate_knn")
+    collect = run.take("collect_edges")
+    mode = collect["mode"]
+    probe = run.take_if("probe_edges") is not None
+    model = (session.model if session.model is not None else v.model()) if probe else None
+    card = describe_entity(v, entity, relations_only=collect["relations_only"], mode=mode, model=model, probes=probe,
+                           contrastive=contrastive, progress=session.progress, layers=list(knn["layers"]),
+                           hits_per_layer=knn["top"], min_gate=collect["min_gate"])
+    result.title = entity
     if not card.found:
         result.notes.append("(not found)")
         return
@@ -65,13 +73,12 @@ def describe(stmt: ast.DescribeStmt, session: Session, result: Result) -> None:
         result.notes.append("(no edges found)")
 
 
-def _walk_layers(r: ast.Range | str | None) -> tuple[int, int] | None:
-    return None if r is None or r == "all" else (r.start, r.end)  # type: ignore[union-attr]
-
-
-def walk(stmt: ast.WalkStmt, session: Session, result: Result) -> None:
+def walk(stmt: ast.WalkStmt, session: Session, result: Result, run: PlanRun) -> None:
     v = _v(session)
-    w = browse.walk(v, stmt.prompt, top=stmt.top or walk_top(stmt), layers=_walk_layers(stmt.layers))
+    prompt = run.take("tokenize")["prompt"]
+    run.take("last_token_embedding")  # browse.walk tokenizes and embeds; the scan below is the step that varies
+    knn = run.take("gate_knn")
+    w = browse.walk(v, prompt, top=knn["top"], layers=knn["layers"])
     result.title = f"Feature scan for {stmt.prompt!r} (token {w.token!r}, {len(w.layers)} layers)"
     result.columns = ["layer", "feature", "gate", "top", "down"]
     for layer, hits in w.by_layer().items():
@@ -81,19 +88,18 @@ def walk(stmt: ast.WalkStmt, session: Session, result: Result) -> None:
     result.notes.append("a feature scan of the last token's embedding, not inference: no attention runs")
 
 
-def explain_walk(stmt: ast.ExplainWalkStmt, session: Session, result: Result) -> None:
+def explain_walk(stmt: ast.ExplainWalkStmt, session: Session, result: Result, run: PlanRun) -> None:
     v = _v(session)
-    n_down = 5 if stmt.verbose else 3
-    layers = (stmt.layers.start, stmt.layers.end) if stmt.layers else None
-    if stmt.band is not None and stmt.band != "all" and layers is None:
-        layers = tuple(v.index["layer_bands"][stmt.band])
-    w = browse.walk(v, stmt.prompt, top=stmt.top or walk_top(stmt), layers=layers, n_down=n_down)
+    prompt = run.take("tokenize")["prompt"]
+    run.take("last_token_embedding")
+    knn = run.take("gate_knn")
+    w = browse.walk(v, prompt, top=knn["top"], layers=knn["layers"], n_down=knn["n_down"])
     result.title = f"EXPLAIN WALK {stmt.prompt!r} (token {w.token!r})"
     result.columns = ["layer", "feature", "top", "gate", "down", "relation"]
     for layer, hits in w.by_layer().items():
         for h in hits:
             label = v.feature_label(layer, h.feature)
-            if stmt.relations_only and not label:
+            if knn["relations_only"] and not label:
                 continue
             result.rows.append([layer, _feature_cell(v, layer, h.feature), h.top_token, h.score,
                                 ", ".join(h.down_tokens), label or ""])
@@ -142,52 +148,59 @@ def _filter(rows: list[dict[str, Any]], where: tuple[ast.Condition, ...], fields
     return rows
 
 
-def select(stmt: ast.SelectStmt, session: Session, result: Result) -> None:
+def select(stmt: ast.SelectStmt, session: Session, result: Result, run: PlanRun) -> None:
     v = _v(session)
-    limit = stmt.limit if stmt.limit is not None else (50 if stmt.source == "entities" else 20)
-    if stmt.source == "entities":
-        _select_entities(stmt, session, result, limit)
+    if run.take_if("scan_entities") is not None:
+        _select_entities(stmt, session, result, run)
         return
-    if stmt.nearest is not None:
-        hits = browse.nearest(v, stmt.nearest.entity, stmt.nearest.layer, limit)
-        result.title = f"nearest to {stmt.nearest.entity!r} at layer {stmt.nearest.layer}"
+    if (emb := run.take_if("entity_embedding")) is not None:
+        knn = run.take("gate_knn")
+        hits = browse.nearest(v, emb["entity"], knn["layer"], knn["top"])
+        result.title = f"nearest to {emb['entity']!r} at layer {knn['layer']}"
     else:
-        layer = next((c.value for c in stmt.where if c.field == "layer" and c.op == "=" and isinstance(c.value, int)), None)
+        run.take("scan_" + stmt.source)
+        pending = run.peek("filter")  # the scan reads only the layer the filter will keep
+        conds = () if pending is None else pending["where"]
+        layer = next((c.value for c in conds if c.field == "layer" and c.op == "=" and isinstance(c.value, int)), None)
         hits = list(browse.iter_features(v, None if layer is None else [layer]))
     rows: list[dict[str, Any]]
     rows = [{"layer": h.layer, "feature": h.feature, "token": h.top_token, "also": ", ".join(h.down_tokens[:3]),
              "relation": v.feature_label(h.layer, h.feature) or "", "score": h.score} for h in hits]
-    rows = _filter(rows, stmt.where, EDGE_FIELDS, stmt, session)
-    if stmt.order is not None:
-        _order(rows, stmt, session, EDGE_FIELDS)
-    elif stmt.source == "edges" and stmt.nearest is None:  # NEAREST keeps the KNN order
+    if (where := run.take_if("filter")) is not None:
+        rows = _filter(rows, where["where"], EDGE_FIELDS, stmt, session)
+    if (order := run.take_if("order")) is not None:
+        _order(rows, order["field"], order["descending"], stmt, session, EDGE_FIELDS)
+    elif stmt.source == "edges" and emb is None:  # NEAREST keeps the KNN order
         rows.sort(key=lambda r: r["score"], reverse=True)
+    limit = run.take("limit")["n"]
     _project(stmt, result, rows[:limit])
     if len(rows) > limit:
         result.notes.append(f"{len(rows)} rows, {limit} shown (LIMIT)")
     _experts_note(v, result)
 
 
-def _select_entities(stmt: ast.SelectStmt, session: Session, result: Result, limit: int) -> None:
+def _select_entities(stmt: ast.SelectStmt, session: Session, result: Result, run: PlanRun) -> None:
     v = _v(session)
-    layer = next((c.value for c in stmt.where if c.field == "layer" and c.op == "="), None)
+    where = run.take_if("filter")
+    conds: tuple[ast.Condition, ...] = () if where is None else where["where"]
+    layer = next((c.value for c in conds if c.field == "layer" and c.op == "="), None)
     entities = browse.select_entities(v, layer=layer, limit=10**9)  # type: ignore[arg-type]
     rows = [{"token": e.token, "count": e.count, "score": e.max_score} for e in entities]
-    where = tuple(c for c in stmt.where if c.field != "layer")
     fields = {"token": "token", "count": "count", "score": "score", "max_score": "score"}
-    rows = _filter(rows, where, fields, stmt, session)
-    if stmt.order is not None:
-        _order(rows, stmt, session, fields)
+    rows = _filter(rows, tuple(c for c in conds if c.field != "layer"), fields, stmt, session)
+    if (order := run.take_if("order")) is not None:
+        _order(rows, order["field"], order["descending"], stmt, session, fields)
+    limit = run.take("limit")["n"]
     _project(stmt, result, [{"token": r["token"], "count": r["count"], "max_score": r["score"]} for r in rows[:limit]])
 
 
-def _order(rows: list[dict[str, Any]], stmt: ast.SelectStmt, session: Session, fields: dict[str, str]) -> None:
-    assert stmt.order is not None
-    key = fields.get(stmt.order.field)
+def _order(rows: list[dict[str, Any]], field: str, descending: bool, stmt: ast.SelectStmt, session: Session,
+           fields: dict[str, str]) -> None:
+    key = fields.get(field)
     if key is None:
-        raise LqlSemanticError(f"cannot ORDER BY {stmt.order.field!r}", session.source, stmt.span.line,
+        raise LqlSemanticError(f"cannot ORDER BY {field!r}", session.source, stmt.span.line,
                                stmt.span.column, "order by " + ", ".join(sorted(fields)))
-    rows.sort(key=lambda r: r[key], reverse=stmt.order.descending)
+    rows.sort(key=lambda r: r[key], reverse=descending)
 
 
 def _project(stmt: ast.SelectStmt, result: Result, rows: list[dict[str, Any]]) -> None:
@@ -200,9 +213,10 @@ def _project(stmt: ast.SelectStmt, result: Result, rows: list[dict[str, Any]]) -
 
 # ---- SHOW ---------------------------------------------------------------------------------------
 
-def show_layers(stmt: ast.ShowLayersStmt, session: Session, result: Result) -> None:
+def show_layers(stmt: ast.ShowLayersStmt, session: Session, result: Result, run: PlanRun) -> None:
     v = _v(session)
-    layers = range(v.num_layers) if stmt.range is None else range(stmt.range.start, stmt.range.end + 1)
+    span = run.take("summarize_layers")["layers"]
+    layers = range(v.num_layers) if span is None else range(span[0], span[1] + 1)
     result.columns = ["layer", "band", "features", "top_token", "top_token_count"]
     bands = v.index["layer_bands"]
     for layer in layers:
@@ -212,12 +226,13 @@ def show_layers(stmt: ast.ShowLayersStmt, session: Session, result: Result) -> N
         result.rows.append([layer, band, v.num_features(layer), v.token_text(top).strip(), count])
 
 
-def show_features(stmt: ast.ShowFeaturesStmt, session: Session, result: Result) -> None:
+def show_features(stmt: ast.ShowFeaturesStmt, session: Session, result: Result, run: PlanRun) -> None:
     v = _v(session)
+    scan = run.take("scan_features")
     rows: list[dict[str, Any]]
     rows = [{"feature": h.feature, "token": h.top_token, "score": h.score, "down": ", ".join(h.down_tokens),
-             "relation": v.feature_label(h.layer, h.feature) or ""} for h in browse.iter_features(v, [stmt.layer])]
-    for cond in stmt.where:  # LARQL: token = "x" (and relation) is a substring match
+             "relation": v.feature_label(h.layer, h.feature) or ""} for h in browse.iter_features(v, [scan["layer"]])]
+    for cond in scan["where"]:  # LARQL: token = "x" (and relation) is a substring match
         key = {"token": "token", "target": "token", "entity": "token", "relation": "relation",
                "confidence": "score", "c_score": "score", "score": "score"}.get(cond.field)
         if key in ("token", "relation") and cond.op in ("=", "!="):
@@ -235,26 +250,28 @@ def show_features(stmt: ast.ShowFeaturesStmt, session: Session, result: Result) 
     result.rows = [[r[c] for c in result.columns] for r in rows[:limit]]
 
 
-def show_entities(stmt: ast.ShowEntitiesStmt, session: Session, result: Result) -> None:
-    entities = browse.select_entities(_v(session), layer=stmt.layer, limit=stmt.limit or 50)
+def show_entities(stmt: ast.ShowEntitiesStmt, session: Session, result: Result, run: PlanRun) -> None:
+    count = run.take("count_entities")
+    entities = browse.select_entities(_v(session), layer=count["layer"], limit=count["limit"])
     result.columns = ["token", "count", "max_score"]
     result.rows = [[e.token, e.count, e.max_score] for e in entities]
 
 
-def show_relations(stmt: ast.ShowRelationsStmt, session: Session, result: Result) -> None:
+def show_relations(stmt: ast.ShowRelationsStmt, session: Session, result: Result, run: PlanRun) -> None:
     v = _v(session)
+    read = run.take("read_clusters")
     clusters = v.relation_clusters
     if clusters is None:
         result.notes.append("this vindex has no relation clusters")
         return
     counts = list(clusters["counts"])
-    if stmt.layer is not None:  # features of that layer only
-        at_layer = Counter(c for (layer, _), c in v.feature_clusters.items() if layer == stmt.layer)
+    if read["layer"] is not None:  # features of that layer only
+        at_layer = Counter(c for (layer, _), c in v.feature_clusters.items() if layer == read["layer"])
         counts = [at_layer.get(c, 0) for c in range(clusters["k"])]
-    result.columns = ["relation", "features"] + (["examples"] if stmt.with_examples else [])
+    result.columns = ["relation", "features"] + (["examples"] if read["examples"] else [])
     order = [c for c in sorted(range(clusters["k"]), key=lambda c: -counts[c]) if counts[c]]
-    for c in order[: 50 if stmt.mode == "verbose" else 30]:
+    for c in order[: read["limit"]]:
         row: list[Any] = [clusters["labels"][c], counts[c]]
-        if stmt.with_examples:
+        if read["examples"]:
             row.append(", ".join(clusters["top_tokens"][c]))
         result.rows.append(row)

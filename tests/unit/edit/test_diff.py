@@ -47,8 +47,8 @@ def test_diff_reports_each_edit_and_its_patch_reproduces_b(pair: tuple[Path, Pat
     assert rows[(0, 5)] == ("metadata", "meta")
     assert rows[(3, 9)] == ("deleted", "down, meta")
     assert rows[(1, 30)][0] == "modified" and rows[(1, 30)][1].startswith("gate, down")
-    assert sum(1 for (layer, _), st in rows.items() if layer == 2) == 96  # a weight edit moves every column
-    assert len(rows) == 1 + 1 + 1 + 96 and res.notes[0] == "99 difference(s), 99 shown (limit 1000)"
+    assert rows[(2, "")] == ("low_rank", "ffn_down, rank 1")  # a weight edit moves every column: one op
+    assert len(rows) == 1 + 1 + 1 + 1 and res.notes[0] == "4 difference(s), 4 shown (limit 1000)"
     s = Session()
     execute(f'USE "{a}"; APPLY PATCH "{patch}"', s)
     want = larql.load(b).dense().forward(IDS)
@@ -78,3 +78,64 @@ def test_diffs_a_patch_cannot_carry_are_refused(pair: tuple[Path, Path], tmp_pat
         execute(f'DIFF "{a}" "{smaller}"')
     with pytest.raises(LqlSemanticError, match="DIFF ... RELATION is not supported"):
         execute(f'DIFF "{a}" "{smaller}" RELATION "capital"')
+
+
+def test_a_rome_edit_diffs_to_rank_one_factors(tmp_path: Path) -> None:
+    """DIFF of a base and a ROME-edited copy: one weight_edit of rank 1, r(hidden + 2 ffn) floats
+    (U, V and the keys) instead of an insert per feature, and applied it gives the copy's logits."""
+    import json
+
+    a = tiny_vindex(tmp_path, SPEC, seed=8)
+    s = Session()
+    execute(f'USE "{a}"', s)
+    execute('INSERT INTO EDGES (entity, relation, target, prompt) VALUES ("zeta", "colour", "blue", '
+            '"Colour of zeta") AT LAYER 1 METHOD ROME', s)
+    (edit,) = s.vindex.patches.pending
+    execute(f'COMPILE CURRENT INTO VINDEX "{tmp_path / "rome.vindex"}"', s)
+    patch = tmp_path / "d.vlp"
+    res = execute(f'DIFF "{a}" "{tmp_path / "rome.vindex"}" INTO PATCH "{patch}"')[0]
+    assert res.rows == [[1, "", "", "", "low_rank", "ffn_down, rank 1"]]
+    (op,) = json.loads(patch.read_text())["operations"]
+    assert (op["op"], op["layer"], op["rank"], op["method"]) == ("weight_edit", 1, 1, "diff")
+    floats = 1 * (64 + 2 * 96)  # r (hidden + 2 ffn): U, V, keys
+    assert patch.stat().st_size < 4 * floats * 4 / 3 + 1500  # base64 float32 plus the JSON around it
+    dense = 96 * 64  # what the per-feature form carried for W_down alone (it carries gate and up too)
+    assert floats * 20 < dense
+    # the factors are the edit's own product, to float32 rounding
+    d = WeightOp.from_json(op, "d.vlp", 64, 96, 4)
+    assert np.max(np.abs(d.u @ d.v.T - edit.u @ edit.v.T)) <= 1e-5 * np.max(np.abs(edit.u @ edit.v.T))
+    s2 = Session()
+    execute(f'USE "{a}"; APPLY PATCH "{patch}"', s2)
+    want = larql.load(tmp_path / "rome.vindex").dense().forward(IDS)
+    got = s2.vindex.model().forward(IDS)
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+    assert np.max(np.abs(larql.load(a).dense().forward(IDS) - want)) > 1e-3  # the edit moved the logits
+    s3 = Session()  # MERGE of the edited vindex takes the same route: one weight edit, the same logits
+    merged = execute(f'USE "{a}"; MERGE "{tmp_path / "rome.vindex"}"', s3)[-1]
+    assert merged.title.startswith("Merged vindex") and [op.rank for op in s3.vindex.patches.pending] == [1]
+    got = s3.vindex.model().forward(IDS)
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+
+
+def test_factors_only_where_they_are_smaller(tmp_path: Path) -> None:
+    """A rank-2 change of every column (two facts in one MEMIT-like solve) becomes factors; a rank-3
+    change of three columns stays three inserts (3 x 3 x 64 floats against 3 x (64 + 2 x 96))."""
+    from larql.edit.diff import diff, low_rank
+    from larql.edit.view import edit_vindex
+
+    a = tiny_vindex(tmp_path, SPEC, seed=8)
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((96, 64)).astype(np.float32)
+    few = np.zeros((96, 3), dtype=np.float32)
+    few[[4, 50, 90], [0, 1, 2]] = 1.0
+    for k, rows in ((rng.standard_normal((96, 2)).astype(np.float32), 1), (few, 3)):
+        ua = 0.05 * rng.standard_normal((64, k.shape[1])).astype(np.float32)
+        b = (w + (ua @ k.T).T).astype(np.float32)
+        found = low_rank(w, b)
+        assert (found is None) == (rows == 3)
+        if found is not None:
+            assert found[0].shape == (64, 2) and np.max(np.abs(found[0] @ found[1].T - (b - w).T)) < 1e-6
+        v = edit_vindex(a)
+        v.patches.record(WeightOp(2, ua, k, k))
+        got = [r for r in diff(edit_vindex(a), v, 2).rows if r.layer == 2]
+        assert len(got) == rows and (got[0].status == "low_rank") == (rows == 1)
