@@ -169,10 +169,12 @@ def known_objects(model: Model, subject: str, exclude: Collection[str] = ()) -> 
     continent...), less words in `exclude`. An edit about the subject must not fire on these where
     they open a text: ten stacked capital edits (METHOD NEURON) turned "Berlin is a city in" from
     Germany to "the" through the Germany edit, whose subject input "Berlin" shares (g·x = 0.4)."""
-    from larql.vindex.probes import probe_edges
+    from larql.vindex.probes import MAX_ANSWER_TOKENS, TEMPLATES, probe_edges, probe_prompt
 
+    fits = tuple(t for t in TEMPLATES  # a small model's context may not hold the few-shot probes
+                 if len(model.tokenize(probe_prompt(t, subject))) + MAX_ANSWER_TOKENS <= model.config.context_length)
     low = {w.lower() for w in exclude}
-    return [e.target for e in probe_edges(model, subject) if not set(e.target.lower().split()) & low]
+    return [e.target for e in probe_edges(model, subject, fits) if not set(e.target.lower().split()) & low]
 
 
 def plan_weight_edit(model: Model, facts: Sequence[Fact], layers: Sequence[int], metrics: dict[int, KeyMetric],
