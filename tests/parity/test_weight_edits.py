@@ -70,3 +70,24 @@ def test_neighbours_are_similar_subjects_from_the_embedding(gemma_vindex: Path) 
     cars = similar_subjects(store, "Toyota", 8)
     assert {"Honda", "Nissan"} <= set(cars), cars
     assert all(w[:1].islower() for w in similar_subjects(store, "the river", 4))
+
+
+def test_stacked_neuron_edits_generalise_and_leave_related_entities_alone(gemma_vindex: Path) -> None:
+    """METHOD NEURON, two capitals one after the other: each is learned and reaches a paraphrase it
+    never saw, and what the model says about the old capitals' own cities stays (Berlin at the start
+    of a text shares much of Germany's input; the edit holds the subject's known objects there)."""
+    v = edit_vindex(gemma_vindex)
+    m = v.model()
+    keep = ["Berlin is a city in", "Paris is the capital of", *UNRELATED]
+    tops = {p: int(np.argmax(m.next_logits(m.tokenize(p)))) for p in keep}
+    for subject, target in (("Germany", "Madrid"), ("France", "Rome")):
+        r = insert_facts(v, [Fact(subject, f"The capital of {subject} is", target, "capital")], "neuron")
+        assert r.facts[0].top1_after and r.facts[0].held_out_top1 >= 2 / 3, r.facts[0]
+    after = Scorer(m)
+    for subject, target in (("Germany", "Madrid"), ("France", "Rome")):
+        assert _p(after, f"{subject}'s capital city is", target) > 0.3, subject  # a paraphrase never optimised on
+    moved = [p for p, t in tops.items() if int(np.argmax(m.next_logits(m.tokenize(p)))) != t]
+    assert "Berlin is a city in" not in moved and "Paris is the capital of" not in moved, moved
+    # "In winter it is often" (difficult by 0.01 nats) may flip on any edit; nothing else should
+    assert len(moved) <= 1, moved
+    v.patches.undo(len(v.patches.pending))
