@@ -128,6 +128,31 @@ class Model:
         fns = compile_spec(hooks, self.config.n_layers)
         return self._forward(arr, cache if cache is not None else self.new_cache(len(arr)), fns)
 
+    def _check_batch(self, batch: list[list[int]] | list[NDArray[np.int64]],
+                     caches: list[KVCache] | None) -> tuple[list[NDArray[np.int64]], list[KVCache]]:
+        if len(batch) == 0:
+            raise ModelError(f"{self.name}: an empty batch (give at least one list of token ids)")
+        if caches is not None and len(caches) != len(batch):
+            raise ModelError(f"{self.name}: {len(batch)} sequences but {len(caches)} caches (one per sequence)")
+        arrs = [self._check_ids(ids, 0 if caches is None else caches[b].length) for b, ids in enumerate(batch)]
+        return arrs, caches if caches is not None else [self.new_cache(len(a)) for a in arrs]
+
+    def forward_batch(self, batch: list[list[int]] | list[NDArray[np.int64]]) -> list[NDArray[np.float32]]:
+        """`forward` of each id list, in one pass: logits `[seq_b, vocab]` per sequence, equal to
+        running them one by one within float rounding. The sequences are packed end to end (no
+        padding), each attending only to its own earlier positions; no hooks (run those one by one)."""
+        arrs, caches = self._check_batch(batch, None)
+        logits = self._forward.batch(arrs, caches, all_logits=True)  # (sum seq_b, vocab)
+        return np.split(logits, np.cumsum([len(a) for a in arrs[:-1]]))
+
+    def next_logits_batch(self, batch: list[list[int]] | list[NDArray[np.int64]],
+                          caches: list[KVCache] | None = None) -> NDArray[np.float32]:
+        """`next_logits` of each id list in one pass: `[batch, vocab]`, row b the logits after
+        `batch[b]`, appended to `caches[b]` (fresh caches if None). Sequences may differ in length
+        and in what their caches hold, so a batch of greedy continuations is one call per step."""
+        arrs, caches = self._check_batch(batch, caches)
+        return self._forward.batch(arrs, caches)  # (batch, vocab)
+
     def stream(self, prompt: str | list[int], max_new_tokens: int = 32, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop_at_eos: bool = True,
                hooks: HookSpec | None = None) -> Iterator[tuple[int, str]]:
