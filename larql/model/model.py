@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -128,7 +128,7 @@ class Model:
         fns = compile_spec(hooks, self.config.n_layers)
         return self._forward(arr, cache if cache is not None else self.new_cache(len(arr)), fns)
 
-    def _check_batch(self, batch: list[list[int]] | list[NDArray[np.int64]],
+    def _check_batch(self, batch: Sequence[list[int] | NDArray[np.int64]],
                      caches: list[KVCache] | None) -> tuple[list[NDArray[np.int64]], list[KVCache]]:
         if len(batch) == 0:
             raise ModelError(f"{self.name}: an empty batch (give at least one list of token ids)")
@@ -137,7 +137,7 @@ class Model:
         arrs = [self._check_ids(ids, 0 if caches is None else caches[b].length) for b, ids in enumerate(batch)]
         return arrs, caches if caches is not None else [self.new_cache(len(a)) for a in arrs]
 
-    def forward_batch(self, batch: list[list[int]] | list[NDArray[np.int64]]) -> list[NDArray[np.float32]]:
+    def forward_batch(self, batch: Sequence[list[int] | NDArray[np.int64]]) -> list[NDArray[np.float32]]:
         """`forward` of each id list, in one pass: logits `[seq_b, vocab]` per sequence, equal to
         running them one by one within float rounding. The sequences are packed end to end (no
         padding), each attending only to its own earlier positions; no hooks (run those one by one)."""
@@ -145,7 +145,7 @@ class Model:
         logits = self._forward.batch(arrs, caches, all_logits=True)  # (sum seq_b, vocab)
         return np.split(logits, np.cumsum([len(a) for a in arrs[:-1]]))
 
-    def next_logits_batch(self, batch: list[list[int]] | list[NDArray[np.int64]],
+    def next_logits_batch(self, batch: Sequence[list[int] | NDArray[np.int64]],
                           caches: list[KVCache] | None = None) -> NDArray[np.float32]:
         """`next_logits` of each id list in one pass: `[batch, vocab]`, row b the logits after
         `batch[b]`, appended to `caches[b]` (fresh caches if None). Sequences may differ in length
