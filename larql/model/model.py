@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +21,7 @@ from larql.model.hooks import (
     compile_spec,
     hook_name,
 )
+from larql.model.prefix import PrefixCache
 from larql.model.tokenizer import TextTokenizer
 from larql.model.weights import Weights
 
@@ -34,11 +35,21 @@ class Model:
         self.weights, self.tokenizer = weights, tokenizer
         # edits: an FFN edit strategy (e.g. a vindex's patch overlay, see model/ffn.py); None is dense
         self._forward = Forward(cfg, weights, edits)
+        self.prefixes = PrefixCache()  # KV caches of earlier prompts, reused for shared prefixes (prefix.py)
 
     @property
     def edits(self) -> FFNEdits | None:
         """The FFN edit strategy this model runs with (None: the dense FFN)."""
         return self._forward.ffn.edits
+
+    def revision(self) -> Hashable | None:
+        """A value that changes whenever what this model computes may have: () for the dense FFN,
+        the edit strategy's `revision` (an edit bumps it); None when that cannot be told (a strategy
+        without one, an FFN block replaced by `with_ffn`), so nothing computed earlier is reused."""
+        if type(self._forward.ffn) is not FFN:
+            return None
+        edits = self.edits
+        return () if edits is None else getattr(edits, "revision", None)
 
     def with_edits(self, edits: FFNEdits | None) -> Model:
         """This model (same weights, tokenizer) with another FFN edit strategy."""
