@@ -22,13 +22,11 @@ once, scored at the end: MEMIT's). Editing is a callable, so any method is score
 
 from __future__ import annotations
 
-import copy
-import itertools
 import json
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -40,9 +38,9 @@ from numpy.typing import NDArray
 from larql.edit.facts import Fact, model_prefixes, target_ids
 from larql.errors import EditError
 from larql.jsonfile import read_json
-from larql.model.attention import KVCache
 from larql.model.interp import kl
 from larql.model.model import Model
+from larql.model.prefix import fork
 
 F32 = NDArray[np.float32]
 EVAL_PREFIX_SEED = 1  # the edit optimises on facts.PREFIX_SEED's prefixes; these are others
@@ -120,38 +118,83 @@ def _log_softmax(x: F32) -> NDArray[np.float64]:
     return z - math.log(float(np.exp(z).sum()))
 
 
+# Teacher-forced logit rows per batch: each is a vocabulary of float32 (1 MB on gemma3-270m)
+BATCH_ROWS = 64
+
+TokenLogps = list[tuple[float, bool]]  # per target token: (log p, is it the top-1)
+
+
 class Scorer:
-    """Teacher-forced log-probabilities of targets after prompts, one prefill per prompt: each
-    target continues from a copy of the prompt's KV cache."""
+    """Teacher-forced log-probabilities of targets after prompts. `prefetch` scores many (prompt,
+    target) pairs in batched passes: the prompts in one pass (each prompt once, whatever number of
+    targets follow it), then every target's tokens but its last in a second, each continuing a copy
+    of its prompt's KV cache. A pair asked for without a prefetch runs alone."""
 
     def __init__(self, model: Model) -> None:
         self.m = model
         self._ids: dict[str, list[int]] = {}
-        self._states: dict[str, tuple[KVCache, NDArray[np.float64]]] = {}  # one prefill per prompt
+        self._prompt_ids: dict[str, list[int]] = {}
+        self._scores: dict[tuple[str, str], TokenLogps] = {}
 
     def target(self, text: str) -> list[int]:
         if text not in self._ids:
             self._ids[text] = target_ids(self.m, text)
         return self._ids[text]
 
-    def prompt(self, prompt: str) -> tuple[KVCache, NDArray[np.float64]]:
-        if prompt not in self._states:
-            ids = self.m.tokenize(prompt)
-            cache = self.m.new_cache(len(ids) + 8)
-            self._states[prompt] = (cache, _log_softmax(self.m.next_logits(ids, cache)))
-        return self._states[prompt]
+    def prompt(self, prompt: str) -> str:
+        """The handle `token_logps` takes for `prompt` (the prompt's ids are tokenized once)."""
+        if prompt not in self._prompt_ids:
+            self._prompt_ids[prompt] = self.m.tokenize(prompt)
+        return prompt
 
-    def token_logps(self, state: tuple[KVCache, NDArray[np.float64]], target: str) -> list[tuple[float, bool]]:
-        """(log p, is top-1) of each token of `target` after the prompt."""
-        cache, first = state
-        toks = self.target(target)
-        out = [(float(first[toks[0]]), int(np.argmax(first)) == toks[0])]
-        if len(toks) > 1:
-            c = copy.deepcopy(cache)
-            for prev, tok in itertools.pairwise(toks):
-                lp = _log_softmax(self.m.next_logits([prev], c))
-                out.append((float(lp[tok]), int(np.argmax(lp)) == tok))
-        return out
+    def prefetch(self, pairs: Iterable[tuple[str, str]]) -> None:
+        """Score every (prompt, target) pair not scored yet, a group of prompts at a time, each
+        group's passes computing up to about BATCH_ROWS logit rows."""
+        by_prompt: dict[str, list[str]] = {}
+        for prompt, target in pairs:
+            if (prompt, target) not in self._scores and target not in by_prompt.setdefault(prompt, []):
+                by_prompt[prompt].append(target)
+        group: dict[str, list[str]] = {}
+        rows = 0
+        for prompt, targets in by_prompt.items():
+            n = 1 + sum(len(self.target(t)) - 1 for t in targets)
+            if group and rows + n > BATCH_ROWS:
+                self._run(group)
+                group, rows = {}, 0
+            group[prompt] = targets
+            rows += n
+        if group:
+            self._run(group)
+
+    def _run(self, group: dict[str, list[str]]) -> None:
+        prompts = list(group)
+        caches = [self.m.new_cache(len(self._prompt_ids[self.prompt(p)]) + 8) for p in prompts]
+        first = self.m.next_logits_batch([self._prompt_ids[p] for p in prompts], caches)  # (prompts, vocab)
+        at = {p: i for i, p in enumerate(prompts)}
+        pairs = [(p, t) for p in prompts for t in group[p]]
+        rows = {pair: [first[at[pair[0]]]] for pair in pairs}  # the logit rows predicting each target token
+        longer = [(p, t) for p, t in pairs if len(self.target(t)) > 1]
+        if longer:
+            forks = [fork(caches[at[p]], caches[at[p]].length, caches[at[p]].length + len(self.target(t)))
+                     for p, t in longer]
+            rest = self.m.forward_batch([self.target(t)[:-1] for _, t in longer], caches=forks)
+            for pair, logits in zip(longer, rest):  # (len(target) - 1, vocab) each
+                rows[pair].extend(logits)
+        for pair in pairs:
+            logits = np.stack(rows[pair])  # (len(target), vocab)
+            want = np.asarray(self.target(pair[1]))
+            z = logits.astype(np.float64)
+            z -= z.max(axis=1, keepdims=True)
+            lse = np.log(np.exp(z).sum(axis=1))  # (len(target),)
+            logp = z[np.arange(len(want)), want] - lse
+            top = logits.argmax(axis=1) == want
+            self._scores[pair] = [(float(a), bool(b)) for a, b in zip(logp, top)]
+
+    def token_logps(self, state: str, target: str) -> TokenLogps:
+        """(log p, is top-1) of each token of `target` after the prompt `state` (from `prompt`)."""
+        if (state, target) not in self._scores:
+            self.prefetch([(state, target)])
+        return self._scores[(state, target)]
 
 
 @dataclass
@@ -198,43 +241,70 @@ class EditScores:
     gen: float = 0.0
 
 
-def score_record(model: Model, rec: EditRecord, prefixes: Sequence[str]) -> EditScores:
-    sc, s = Scorer(model), EditScores()
-    s.acc, s.p_new = _accuracy(sc, rec.prompt, rec.target_new)
-    paras = list(rec.paraphrases) + [p + rec.prompt for p in prefixes]
-    for p in paras:
-        s.para_acc.append(_accuracy(sc, p, rec.target_new)[0])
-    if rec.target_true is not None:
-        c = _compare(sc, rec.prompt, rec.target_new, rec.target_true)
-        s.es, s.es_first = c.whole, c.first
+def _paraphrases(rec: EditRecord, prefixes: Sequence[str]) -> list[str]:
+    return list(rec.paraphrases) + [p + rec.prompt for p in prefixes]
+
+
+def _neighbours(rec: EditRecord) -> list[tuple[str, str]]:
+    return [(p, t) for p, t in rec.neighbours if t.strip() != rec.target_new.strip()]
+
+
+def _pairs(rec: EditRecord, prefixes: Sequence[str]) -> list[tuple[str, str]]:
+    """Every (prompt, target) `score_records` reads for `rec`."""
+    targets = [rec.target_new] + ([rec.target_true] if rec.target_true is not None else [])
+    out = [(p, t) for p in [rec.prompt, *_paraphrases(rec, prefixes)] for t in targets]
+    return out + [(p, t) for p, good in [*_neighbours(rec), *rec.reverse] for t in (good, rec.target_new)]
+
+
+def score_records(model: Model, records: Sequence[EditRecord], prefixes: Sequence[str]) -> list[EditScores]:
+    """Each record's scores, every prompt scored in batches (Scorer.prefetch) and the GEN
+    continuations generated together."""
+    sc = Scorer(model)
+    sc.prefetch(pair for rec in records for pair in _pairs(rec, prefixes))
+    gens = model.generate_batch([model.tokenize(r.prompt) for r in records], GEN_TOKENS)
+    out = []
+    for rec, gen in zip(records, gens):
+        s = EditScores()
+        s.acc, s.p_new = _accuracy(sc, rec.prompt, rec.target_new)
+        paras = _paraphrases(rec, prefixes)
         for p in paras:
-            c = _compare(sc, p, rec.target_new, rec.target_true)
-            s.ps.append(c.whole)
-            s.ps_first.append(c.first)
-    else:  # a fictional subject has no true target: success is the new target's tokens being top-1
-        s.es = s.es_first = s.acc
-        s.ps = s.ps_first = list(s.para_acc)
-    for prompt, target in rec.neighbours:
-        if target.strip() == rec.target_new.strip():
-            continue
-        c = _compare(sc, prompt, target, rec.target_new)
-        s.ns.append(c.whole)
-        s.ns_first.append(c.first)
-    for prompt, target in rec.reverse:
-        s.rs.append(_compare(sc, prompt, target, rec.target_new).whole)
-    gen = model.generate(rec.prompt, max_new_tokens=GEN_TOKENS)
-    s.gen = float(rec.target_new.strip().lower() in gen.text.lower())
-    return s
+            s.para_acc.append(_accuracy(sc, p, rec.target_new)[0])
+        if rec.target_true is not None:
+            c = _compare(sc, rec.prompt, rec.target_new, rec.target_true)
+            s.es, s.es_first = c.whole, c.first
+            for p in paras:
+                c = _compare(sc, p, rec.target_new, rec.target_true)
+                s.ps.append(c.whole)
+                s.ps_first.append(c.first)
+        else:  # a fictional subject has no true target: success is the new target's tokens being top-1
+            s.es = s.es_first = s.acc
+            s.ps = s.ps_first = list(s.para_acc)
+        for prompt, target in _neighbours(rec):
+            c = _compare(sc, prompt, target, rec.target_new)
+            s.ns.append(c.whole)
+            s.ns_first.append(c.first)
+        for prompt, target in rec.reverse:
+            s.rs.append(_compare(sc, prompt, target, rec.target_new).whole)
+        s.gen = float(rec.target_new.strip().lower() in model.detokenize(gen).lower())
+        out.append(s)
+    return out
+
+
+def score_record(model: Model, rec: EditRecord, prefixes: Sequence[str]) -> EditScores:
+    return score_records(model, [rec], prefixes)[0]
 
 
 def unrelated_logps(model: Model) -> list[NDArray[np.float64]]:
-    return [_log_softmax(model.next_logits(model.tokenize(p))) for p in UNRELATED]
+    """Log-probabilities after each UNRELATED prompt, all in one batch."""
+    logits = model.next_logits_batch([model.tokenize(p) for p in UNRELATED])  # (prompts, vocab)
+    return [_log_softmax(row) for row in logits]
 
 
 def fluency(model: Model, prompts: Sequence[str]) -> float:
     if not prompts:
         return float("nan")
-    return float(np.mean([ngram_entropy(model.generate(p, max_new_tokens=FLUENCY_TOKENS).ids) for p in prompts]))
+    gens = model.generate_batch([model.tokenize(p) for p in prompts], FLUENCY_TOKENS)
+    return float(np.mean([ngram_entropy(ids) for ids in gens]))
 
 
 # -- protocols ------------------------------------------------------------------------------------------
@@ -295,7 +365,7 @@ def evaluate(model: Model, records: Sequence[EditRecord], apply: Apply, protocol
     prefixes = model_prefixes(model, EVAL_PREFIXES, seed=EVAL_PREFIX_SEED)
     gen_prompts = [g for r in records for g in r.generation_prompts][:20]
     say("scoring the unedited model")
-    base_scores = [score_record(model, r, prefixes) for r in records]
+    base_scores = score_records(model, records, prefixes)
     base_unrelated = unrelated_logps(model)
     unedited = summarise(base_scores) | {"fluency": fluency(model, gen_prompts)}
     report = EvalReport(len(records), unedited, None, None)
@@ -326,7 +396,7 @@ def evaluate(model: Model, records: Sequence[EditRecord], apply: Apply, protocol
         undo = apply(list(records))
         report.seconds_stacked = time.perf_counter() - t0
         try:
-            scores = [score_record(model, r, prefixes) for r in records]
+            scores = score_records(model, records, prefixes)
             report.stacked = summarise(scores, base_unrelated, unrelated_logps(model)) | {
                 "fluency": fluency(model, gen_prompts)}
         finally:

@@ -173,14 +173,14 @@ class Forward:
         x = self.run([Segment(0, len(ids), cache, start)], ids, hooks)  # (T, hidden)
         return self.logits(x if all_logits else x[-1], hooks, start)
 
-    def batch(self, ids: list[NDArray[np.int64]], caches: list[KVCache], all_logits: bool = False) -> F32:
+    def batch(self, ids: list[NDArray[np.int64]], caches: list[KVCache], rows: NDArray[np.int64] | None = None) -> F32:
         """Each sequence `ids[b]` run after what `caches[b]` holds, all in one packed pass (no hooks):
-        logits `(sum T_b, vocab)` of every row in order if all_logits, else `(B, vocab)` of each
-        sequence's last position."""
+        logits `(len(rows), vocab)` of the packed rows `rows` (sequence b's rows follow sequence
+        b-1's), of every row if None."""
         bounds = np.cumsum([0, *(len(a) for a in ids)])
         segs = [Segment(int(lo), int(hi), c, c.length) for lo, hi, c in zip(bounds[:-1], bounds[1:], caches)]
         x = self.run(segs, np.concatenate(ids), None)  # (sum T_b, hidden)
-        return self.logits(x if all_logits else x[bounds[1:] - 1], None, 0)  # (sum T_b | B, vocab)
+        return self.logits(x if rows is None else x[rows], None, 0)  # (rows, vocab)
 
     def run(self, segs: list[Segment], ids: NDArray[np.int64], hooks: Hooks | None) -> F32:
         """The final residual `(T, hidden)` of the packed rows `ids`; each segment's cache grows by its rows."""

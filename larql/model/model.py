@@ -148,13 +148,24 @@ class Model:
         arrs = [self._check_ids(ids, 0 if caches is None else caches[b].length) for b, ids in enumerate(batch)]
         return arrs, caches if caches is not None else [self.new_cache(len(a)) for a in arrs]
 
-    def forward_batch(self, batch: Sequence[list[int] | NDArray[np.int64]]) -> list[NDArray[np.float32]]:
-        """`forward` of each id list, in one pass: logits `[seq_b, vocab]` per sequence, equal to
-        running them one by one within float rounding. The sequences are packed end to end (no
-        padding), each attending only to its own earlier positions; no hooks (run those one by one)."""
-        arrs, caches = self._check_batch(batch, None)
-        logits = self._forward.batch(arrs, caches, all_logits=True)  # (sum seq_b, vocab)
-        return np.split(logits, np.cumsum([len(a) for a in arrs[:-1]]))
+    def forward_batch(self, batch: Sequence[list[int] | NDArray[np.int64]], last: Sequence[int] | None = None,
+                      caches: list[KVCache] | None = None) -> list[NDArray[np.float32]]:
+        """`forward` of each id list, in one pass: logits `[seq_b, vocab]` per sequence (only its
+        final `last[b]` positions' if `last` is given, e.g. the positions predicting a target),
+        equal to running them one by one within float rounding. The sequences are packed end to
+        end (no padding), each attending only to its own earlier positions, after what `caches[b]`
+        holds (fresh caches if None); no hooks (run those one by one)."""
+        arrs, caches = self._check_batch(batch, caches)
+        lens = [len(a) for a in arrs]
+        if last is None:
+            logits = self._forward.batch(arrs, caches)  # (sum seq_b, vocab)
+            return np.split(logits, np.cumsum(lens[:-1]))
+        if len(last) != len(arrs) or any(not 1 <= n <= t for n, t in zip(last, lens)):
+            raise ModelError(f"{self.name}: `last` must give 1..len(ids) positions for each of the {len(arrs)} sequences")
+        ends = np.cumsum(lens)
+        rows = np.concatenate([np.arange(e - n, e) for e, n in zip(ends, last)])
+        logits = self._forward.batch(arrs, caches, rows)  # (sum last_b, vocab)
+        return np.split(logits, np.cumsum(list(last)[:-1]))
 
     def next_logits_batch(self, batch: Sequence[list[int] | NDArray[np.int64]],
                           caches: list[KVCache] | None = None) -> NDArray[np.float32]:
@@ -162,7 +173,26 @@ class Model:
         `batch[b]`, appended to `caches[b]` (fresh caches if None). Sequences may differ in length
         and in what their caches hold, so a batch of greedy continuations is one call per step."""
         arrs, caches = self._check_batch(batch, caches)
-        return self._forward.batch(arrs, caches)  # (batch, vocab)
+        return self._forward.batch(arrs, caches, np.cumsum([len(a) for a in arrs]) - 1)  # (batch, vocab)
+
+    def generate_batch(self, prompts: Sequence[list[int]], max_new_tokens: int = 32,
+                       stop_at_eos: bool = True) -> list[list[int]]:
+        """Greedy continuations of several prompts (token ids), stepped together: each the ids
+        `generate(prompt, max_new_tokens, stop_at_eos=...)` gives (an EOS ends its own sequence)."""
+        for p in prompts:
+            self._check_ids(p, max_new_tokens)
+        caches = [self.new_cache(len(p) + max_new_tokens) for p in prompts]
+        out: list[list[int]] = [[] for _ in prompts]
+        running, feed = list(range(len(prompts))), [list(p) for p in prompts]
+        for _ in range(max_new_tokens):
+            if not running:
+                break
+            logits = self.next_logits_batch(feed, [caches[b] for b in running])  # (running, vocab)
+            for b, tok in zip(running, logits.argmax(-1)):
+                out[b].append(int(tok))
+            running = [b for b in running if not (stop_at_eos and out[b][-1] in self.tokenizer.eos_ids)]
+            feed = [[out[b][-1]] for b in running]
+        return out
 
     def stream(self, prompt: str | list[int], max_new_tokens: int = 32, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop_at_eos: bool = True,
