@@ -12,6 +12,7 @@ strategy without a revision, an FFN served elsewhere) reuses nothing.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
@@ -50,20 +51,22 @@ class PrefixCache:
     def __init__(self, slots: int = SLOTS) -> None:
         self.slots = slots
         self._kept: OrderedDict[Hashable, tuple[object, list[int], KVCache]] = OrderedDict()
+        self._lock = threading.Lock()  # a served model answers several clients
 
     def start(self, model: Model, key: Hashable, ids: Sequence[int], extra: int = 0) -> tuple[KVCache, list[int]]:
         """(a cache already holding the longest prefix of `ids` kept under `key`, the ids still to
         run); at least the last id is left to run, so its logits come out. `extra`: room for more."""
         ids = list(ids)
         revision = model.revision()
-        kept = self._kept.get(key)
+        with self._lock:
+            kept = self._kept.get(key)
         if kept is None or revision is None or kept[0] != revision:
             return model.new_cache(len(ids) + extra), ids
         _, kept_ids, kept_cache = kept
         n = min(common_prefix(kept_ids, ids), len(ids) - 1, kept_cache.length)
         if n == 0:
             return model.new_cache(len(ids) + extra), ids
-        self._kept.move_to_end(key)
+        # positions < n of a kept cache are never rewritten (its owner only appends after them)
         return fork(kept_cache, n, len(ids) + extra), ids[n:]
 
     def keep(self, model: Model, key: Hashable, ids: Sequence[int], cache: KVCache) -> None:
@@ -71,7 +74,8 @@ class PrefixCache:
         revision = model.revision()
         if revision is None:
             return
-        self._kept[key] = (revision, list(ids), cache)
-        self._kept.move_to_end(key)
-        while len(self._kept) > self.slots:
-            self._kept.popitem(last=False)
+        with self._lock:
+            self._kept[key] = (revision, list(ids), cache)
+            self._kept.move_to_end(key)
+            while len(self._kept) > self.slots:
+                self._kept.popitem(last=False)
