@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from larql.vindex import knn
+from larql.vindex import knn, knn_kernels
 
 
 def awkward_gates(rng: np.random.Generator, n: int = 3000, h: int = 256) -> np.ndarray:
@@ -25,7 +25,7 @@ def brute(gates: np.ndarray, q: np.ndarray, k: int) -> list[int]:
 
 
 def ranked(gates: np.ndarray, q: np.ndarray, k: int) -> tuple[list[int], int]:
-    ids, scores = knn.top_abs(gates, knn.build_index(gates), q, k)
+    ids, scores = knn.top_abs(gates, knn.build_int8(gates), q, k)
     order = np.lexsort((ids, -np.abs(scores)))[:k]
     return [int(ids[i]) for i in order], len(ids)
 
@@ -59,7 +59,7 @@ def test_rescore_reads_halves_exactly() -> None:
     q = rng.standard_normal(64).astype(np.float32)
     cand = np.arange(50, dtype=np.int64)
     out = np.empty(50, np.float32)
-    knn._rescore_f16(halves, cand, q, out)
+    knn_kernels.rescore_f16(halves, cand, q, out)
     want = halves.view(np.float16).astype(np.float64) @ q.astype(np.float64)
     assert np.allclose(out, want, rtol=1e-5, atol=1e-30)
 
@@ -78,7 +78,7 @@ def test_the_bound_holds_for_every_row_and_is_reached() -> None:
     the Cauchy-Schwarz term is nearly all used (so a smaller bound would be wrong)."""
     rng = np.random.default_rng(9)
     gates = awkward_gates(rng, n=500).astype(np.float16)
-    index = knn.build_index(gates)
+    index = knn.build_int8(gates)
     g64 = gates.astype(np.float64)
     row8 = index.codes[7].astype(np.float64) * float(index.scales[7])
     resid = g64[7] - row8
@@ -87,8 +87,20 @@ def test_the_bound_holds_for_every_row_and_is_reached() -> None:
         n, h = index.codes.shape
         q_l1, q_l2 = float(np.abs(q).sum(dtype=np.float64)), float(np.linalg.norm(q.astype(np.float64)))
         lo, hi = np.empty(n), np.empty(n)
-        knn._int8_bounds(index.codes, index.scales, index.err, index.absmax, q, q_l2, q_l1 * h * 2.0 ** -21, lo, hi)
+        knn_kernels.int8_bounds(index.codes, index.scales, index.err, index.absmax, q, q_l2, q_l1 * h * 2.0 ** -21, lo, hi)
         exact = np.abs(g64 @ q.astype(np.float64))
         assert np.all(lo <= exact) and np.all(exact <= hi)
     used = (exact[7] - (lo[7] + hi[7]) / 2) / (index.err[7] * q_l2)
     assert abs(used) > 0.9, f"the rounding term was {abs(used):.2f} used"
+
+
+def test_faiss_and_the_int8_pass_agree() -> None:
+    """The browse-only way (faiss, no numba loaded) and the int8 pass rank the same features."""
+    rng = np.random.default_rng(4)
+    gates = awkward_gates(rng, n=2000).astype(np.float16)
+    index = knn.build_index(gates)
+    for _ in range(10):
+        q = rng.standard_normal(gates.shape[1]).astype(np.float32)
+        ids, scores = knn.faiss_top_abs(index, q, 10)
+        via_faiss = [int(ids[i]) for i in np.lexsort((ids, -np.abs(scores)))[:10]]
+        assert via_faiss == ranked(gates, q, 10)[0] == brute(gates, q, 10)
