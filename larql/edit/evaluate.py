@@ -22,8 +22,6 @@ once, scored at the end: MEMIT's). Editing is a callable, so any method is score
 
 from __future__ import annotations
 
-import copy
-import itertools
 import json
 import math
 import time
@@ -37,10 +35,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.facts import Fact, model_prefixes, target_ids
+from larql.edit.facts import Fact, model_prefixes
+from larql.edit.scoring import Scorer, _log_softmax
 from larql.errors import EditError
 from larql.jsonfile import read_json
-from larql.model.attention import KVCache
 from larql.model.interp import kl
 from larql.model.model import Model
 
@@ -115,45 +113,6 @@ def load_edit_set(path: str | Path) -> list[EditRecord]:
 # -- scoring primitives -------------------------------------------------------------------------------
 
 
-def _log_softmax(x: F32) -> NDArray[np.float64]:
-    z = x.astype(np.float64) - float(np.max(x))
-    return z - math.log(float(np.exp(z).sum()))
-
-
-class Scorer:
-    """Teacher-forced log-probabilities of targets after prompts, one prefill per prompt: each
-    target continues from a copy of the prompt's KV cache."""
-
-    def __init__(self, model: Model) -> None:
-        self.m = model
-        self._ids: dict[str, list[int]] = {}
-        self._states: dict[str, tuple[KVCache, NDArray[np.float64]]] = {}  # one prefill per prompt
-
-    def target(self, text: str) -> list[int]:
-        if text not in self._ids:
-            self._ids[text] = target_ids(self.m, text)
-        return self._ids[text]
-
-    def prompt(self, prompt: str) -> tuple[KVCache, NDArray[np.float64]]:
-        if prompt not in self._states:
-            ids = self.m.tokenize(prompt)
-            cache = self.m.new_cache(len(ids) + 8)
-            self._states[prompt] = (cache, _log_softmax(self.m.next_logits(ids, cache)))
-        return self._states[prompt]
-
-    def token_logps(self, state: tuple[KVCache, NDArray[np.float64]], target: str) -> list[tuple[float, bool]]:
-        """(log p, is top-1) of each token of `target` after the prompt."""
-        cache, first = state
-        toks = self.target(target)
-        out = [(float(first[toks[0]]), int(np.argmax(first)) == toks[0])]
-        if len(toks) > 1:
-            c = copy.deepcopy(cache)
-            for prev, tok in itertools.pairwise(toks):
-                lp = _log_softmax(self.m.next_logits([prev], c))
-                out.append((float(lp[tok]), int(np.argmax(lp)) == tok))
-        return out
-
-
 @dataclass
 class Compare:
     """One prompt, a target it should prefer (`good`) against one it should not (`bad`)."""
@@ -198,43 +157,70 @@ class EditScores:
     gen: float = 0.0
 
 
-def score_record(model: Model, rec: EditRecord, prefixes: Sequence[str]) -> EditScores:
-    sc, s = Scorer(model), EditScores()
-    s.acc, s.p_new = _accuracy(sc, rec.prompt, rec.target_new)
-    paras = list(rec.paraphrases) + [p + rec.prompt for p in prefixes]
-    for p in paras:
-        s.para_acc.append(_accuracy(sc, p, rec.target_new)[0])
-    if rec.target_true is not None:
-        c = _compare(sc, rec.prompt, rec.target_new, rec.target_true)
-        s.es, s.es_first = c.whole, c.first
+def _paraphrases(rec: EditRecord, prefixes: Sequence[str]) -> list[str]:
+    return list(rec.paraphrases) + [p + rec.prompt for p in prefixes]
+
+
+def _neighbours(rec: EditRecord) -> list[tuple[str, str]]:
+    return [(p, t) for p, t in rec.neighbours if t.strip() != rec.target_new.strip()]
+
+
+def _pairs(rec: EditRecord, prefixes: Sequence[str]) -> list[tuple[str, str]]:
+    """Every (prompt, target) `score_records` reads for `rec`."""
+    targets = [rec.target_new] + ([rec.target_true] if rec.target_true is not None else [])
+    out = [(p, t) for p in [rec.prompt, *_paraphrases(rec, prefixes)] for t in targets]
+    return out + [(p, t) for p, good in [*_neighbours(rec), *rec.reverse] for t in (good, rec.target_new)]
+
+
+def score_records(model: Model, records: Sequence[EditRecord], prefixes: Sequence[str]) -> list[EditScores]:
+    """Each record's scores, every prompt scored in batches (Scorer.prefetch) and the GEN
+    continuations generated together."""
+    sc = Scorer(model)
+    sc.prefetch(pair for rec in records for pair in _pairs(rec, prefixes))
+    gens = model.generate_batch([model.tokenize(r.prompt) for r in records], GEN_TOKENS)
+    out = []
+    for rec, gen in zip(records, gens):
+        s = EditScores()
+        s.acc, s.p_new = _accuracy(sc, rec.prompt, rec.target_new)
+        paras = _paraphrases(rec, prefixes)
         for p in paras:
-            c = _compare(sc, p, rec.target_new, rec.target_true)
-            s.ps.append(c.whole)
-            s.ps_first.append(c.first)
-    else:  # a fictional subject has no true target: success is the new target's tokens being top-1
-        s.es = s.es_first = s.acc
-        s.ps = s.ps_first = list(s.para_acc)
-    for prompt, target in rec.neighbours:
-        if target.strip() == rec.target_new.strip():
-            continue
-        c = _compare(sc, prompt, target, rec.target_new)
-        s.ns.append(c.whole)
-        s.ns_first.append(c.first)
-    for prompt, target in rec.reverse:
-        s.rs.append(_compare(sc, prompt, target, rec.target_new).whole)
-    gen = model.generate(rec.prompt, max_new_tokens=GEN_TOKENS)
-    s.gen = float(rec.target_new.strip().lower() in gen.text.lower())
-    return s
+            s.para_acc.append(_accuracy(sc, p, rec.target_new)[0])
+        if rec.target_true is not None:
+            c = _compare(sc, rec.prompt, rec.target_new, rec.target_true)
+            s.es, s.es_first = c.whole, c.first
+            for p in paras:
+                c = _compare(sc, p, rec.target_new, rec.target_true)
+                s.ps.append(c.whole)
+                s.ps_first.append(c.first)
+        else:  # a fictional subject has no true target: success is the new target's tokens being top-1
+            s.es = s.es_first = s.acc
+            s.ps = s.ps_first = list(s.para_acc)
+        for prompt, target in _neighbours(rec):
+            c = _compare(sc, prompt, target, rec.target_new)
+            s.ns.append(c.whole)
+            s.ns_first.append(c.first)
+        for prompt, target in rec.reverse:
+            s.rs.append(_compare(sc, prompt, target, rec.target_new).whole)
+        s.gen = float(rec.target_new.strip().lower() in model.detokenize(gen).lower())
+        out.append(s)
+    return out
+
+
+def score_record(model: Model, rec: EditRecord, prefixes: Sequence[str]) -> EditScores:
+    return score_records(model, [rec], prefixes)[0]
 
 
 def unrelated_logps(model: Model) -> list[NDArray[np.float64]]:
-    return [_log_softmax(model.next_logits(model.tokenize(p))) for p in UNRELATED]
+    """Log-probabilities after each UNRELATED prompt, all in one batch."""
+    logits = model.next_logits_batch([model.tokenize(p) for p in UNRELATED])  # (prompts, vocab)
+    return [_log_softmax(row) for row in logits]
 
 
 def fluency(model: Model, prompts: Sequence[str]) -> float:
     if not prompts:
         return float("nan")
-    return float(np.mean([ngram_entropy(model.generate(p, max_new_tokens=FLUENCY_TOKENS).ids) for p in prompts]))
+    gens = model.generate_batch([model.tokenize(p) for p in prompts], FLUENCY_TOKENS)
+    return float(np.mean([ngram_entropy(ids) for ids in gens]))
 
 
 # -- protocols ------------------------------------------------------------------------------------------
@@ -295,7 +281,7 @@ def evaluate(model: Model, records: Sequence[EditRecord], apply: Apply, protocol
     prefixes = model_prefixes(model, EVAL_PREFIXES, seed=EVAL_PREFIX_SEED)
     gen_prompts = [g for r in records for g in r.generation_prompts][:20]
     say("scoring the unedited model")
-    base_scores = [score_record(model, r, prefixes) for r in records]
+    base_scores = score_records(model, records, prefixes)
     base_unrelated = unrelated_logps(model)
     unedited = summarise(base_scores) | {"fluency": fluency(model, gen_prompts)}
     report = EvalReport(len(records), unedited, None, None)
@@ -326,7 +312,7 @@ def evaluate(model: Model, records: Sequence[EditRecord], apply: Apply, protocol
         undo = apply(list(records))
         report.seconds_stacked = time.perf_counter() - t0
         try:
-            scores = [score_record(model, r, prefixes) for r in records]
+            scores = score_records(model, records, prefixes)
             report.stacked = summarise(scores, base_unrelated, unrelated_logps(model)) | {
                 "fluency": fluency(model, gen_prompts)}
         finally:

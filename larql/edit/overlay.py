@@ -61,6 +61,7 @@ class PatchOverlay:
         self._deleted: dict[int, set[int]] = {}
         self._weights: dict[int, list[WeightDelta]] = {}
         self._joined: dict[int, tuple[F32, F32, F32]] = {}  # layer -> (U, V, keys), concatenated once
+        self.revision = 0  # bumped by every change, so results kept from before one are not reused
 
     def __len__(self) -> int:
         """How many features are edited in any way."""
@@ -100,6 +101,7 @@ class PatchOverlay:
     # -- editing --------------------------------------------------------------------------------
 
     def set(self, layer: int, feature: int, override: FeatureOverride) -> None:
+        self.revision += 1
         self._check(layer, feature)
         fixed = {}
         for part in ("gate", "up", "down"):
@@ -117,6 +119,7 @@ class PatchOverlay:
         self._vectors.setdefault(layer, {})[feature] = FeatureOverride(**fixed)
 
     def set_meta(self, layer: int, feature: int, meta: MetaOverride) -> None:
+        self.revision += 1
         self._check(layer, feature)
         # down_meta rows are u32 ids and f32 scores: anything else would crash a later SELECT
         ids, scores = np.asarray(meta.token_ids), np.asarray(meta.scores, dtype=np.float64)
@@ -128,12 +131,14 @@ class PatchOverlay:
 
     def delete(self, layer: int, feature: int) -> None:
         """Silence a feature: no FFN output, no metadata, not found by KNN."""
+        self.revision += 1
         self._check(layer, feature)
         self.remove(layer, feature)
         self._deleted.setdefault(layer, set()).add(feature)
 
     def remove(self, layer: int, feature: int) -> None:
         """Drop every edit of one feature (it reads as the base again)."""
+        self.revision += 1
         for part in (self._vectors, self._meta):
             part.get(layer, {}).pop(feature, None)
         self._deleted.get(layer, set()).discard(feature)
@@ -142,6 +147,7 @@ class PatchOverlay:
 
     def add_weight(self, layer: int, u: F32, v: F32, keys: F32) -> None:
         """Add dW = u v^T to layer `layer`'s down projection (checked: shapes, finite values)."""
+        self.revision += 1
         if not 0 <= layer < self.num_layers:
             raise VindexError(f"layer {layer} is out of range (layers 0-{self.num_layers - 1})")
         arrays = [np.ascontiguousarray(a, dtype=np.float32) for a in (u, v, keys)]
@@ -182,6 +188,7 @@ class PatchOverlay:
         return None if joined is None else joined[2]
 
     def clear(self) -> None:
+        self.revision += 1
         self._weights.clear()
         self._joined.clear()
         self._vectors.clear()

@@ -34,6 +34,11 @@ class OverlayEdits:
             raise VindexError(f"walk FFN top_k must be >= 1, got {top_k}")
         self.overlay, self.top_k = overlay, top_k
 
+    @property
+    def revision(self) -> int:
+        """The overlay's change count (model/prefix.py reuses kept KV caches only while it holds)."""
+        return self.overlay.revision
+
     def __len__(self) -> int:
         """How many features the overlay edits."""
         return len(self.overlay)

@@ -6,10 +6,17 @@ norms, soft-caps, gated or plain MLP (in ffn.py).
 Activations are float32 `(T, hidden)` for the T new positions; the KV cache holds the earlier ones,
 so prefill (T = prompt length) and decode (T = 1) are the same code. Every stage passes a named
 hook point (TransformerLens names, see `hooks.py`); with no hooks the cost is one `if` per point.
+
+A batch of prompts is packed end to end, not padded: the T rows are several sequences (`Segment`s),
+each with its own KV cache and start position. Everything but attention works row by row, so it runs
+once on all rows (one pass over each weight for the whole batch); attention runs per segment, which
+is the block-diagonal causal mask without computing the masked blocks. Hooks see one sequence's
+positions, so a hooked pass is a single segment.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -24,6 +31,18 @@ from larql.model.weights import LayerWeights, Weights
 
 F32 = NDArray[np.float32]
 Hooks = HookFns  # compiled hook functions: name -> fn(x, name, start), see hooks.compile_spec
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One sequence of a (packed) pass: rows lo..hi-1 of the activations are its positions
+    start..start+(hi-lo)-1, appended to `cache`."""
+
+    lo: int
+    hi: int
+    cache: KVCache
+    start: int
+
 
 def rms_norm(x: F32, weight: F32, eps: float) -> F32:
     """x `(..., n)` / rms(x) * weight; weight already includes Gemma's +1."""
@@ -60,18 +79,25 @@ class Forward:
         self.names: tuple[LayerHookNames, ...] = layer_hook_names(cfg.n_layers)
         self.ropes = {base: RopeTable(cfg.rope_inv_freq(base)) for base in {cfg.rope_base, cfg.rope_base_local}}
 
-    def embed(self, ids: NDArray[np.int64], start: int) -> F32:
+    def embed(self, ids: NDArray[np.int64], segs: list[Segment]) -> F32:
         x = self.w.token_embd.rows(ids)  # (T, hidden)
         if self.cfg.embed_scale != 1.0:
             x = x * np.float32(self.cfg.embed_scale)
         if self.w.pos_embd is not None:  # learned absolute positions (GPT-2)
-            x = x + self.w.pos_embd.rows(np.arange(start, start + len(ids)))  # (T, hidden)
+            x = x + self.w.pos_embd.rows(positions(segs))  # (T, hidden)
         return x
 
-    def attention_block(self, i: int, lw: LayerWeights, x: F32, cache: KVCache, start: int,
-                        hooks: Hooks | None) -> F32:
+    def rope(self, layer: int, segs: list[Segment]) -> tuple[F32, F32]:
+        """cos, sin `(T, d/2)` of every row's position under layer `layer`'s rope base."""
+        table = self.ropes[self.cfg.layer_rope_base(layer)]
+        if len(segs) == 1:
+            return table.get(segs[0].start, segs[0].start + segs[0].hi - segs[0].lo)
+        parts = [table.get(s.start, s.start + s.hi - s.lo) for s in segs]
+        return np.concatenate([c for c, _ in parts]), np.concatenate([sn for _, sn in parts])
+
+    def attention_block(self, i: int, lw: LayerWeights, x: F32, segs: list[Segment], hooks: Hooks | None) -> F32:
         cfg, n = self.cfg, self.names[i]
-        t = x.shape[0]
+        t, start = x.shape[0], segs[0].start  # start: the hooks' (a hooked pass is one segment)
         h = norm(cfg, x, lw.attn_norm, lw.attn_norm_bias)  # (T, hidden)
         q = lw.q.matmul(h)  # (T, n_heads * head_dim)
         k = lw.k.matmul(h)  # (T, n_kv * head_dim)
@@ -89,20 +115,28 @@ class Forward:
             q = rms_norm(q, lw.q_norm, cfg.norm_eps)  # (T, n_heads, d)
             k = rms_norm(k, lw.k_norm, cfg.norm_eps)  # (T, n_kv, d)
         if cfg.positions == "rope":
-            cos, sin = self.ropes[cfg.layer_rope_base(i)].get(start, start + t)  # (T, d/2)
+            cos, sin = self.rope(i, segs)  # (T, d/2)
             q = apply_rope(q, cos, sin, cfg.rope_interleaved)  # (T, n_heads, d)
             k = apply_rope(k, cos, sin, cfg.rope_interleaved)  # (T, n_kv, d)
             if hooks:
                 q, k = run_hook(hooks, n.rot_q, q, start), run_hook(hooks, n.rot_k, k, start)
-        keys, values = cache.write(i, start, k, v)  # (n_kv, S, d) each
         scores_hook = pattern_hook = None
         if hooks:
             if n.scores in hooks:
                 scores_hook = partial(run_hook, hooks, n.scores, start=start)
             if n.pattern in hooks:
                 pattern_hook = partial(run_hook, hooks, n.pattern, start=start)
-        z = attention(q, keys, values, start, cfg.attn_scale, cfg.layer_window(i), cfg.attn_softcap,
-                      scores_hook, pattern_hook)  # (T, n_heads*d)
+        window = cfg.layer_window(i)
+        if len(segs) == 1:
+            keys, values = segs[0].cache.write(i, start, k, v)  # (n_kv, S, d) each
+            z = attention(q, keys, values, start, cfg.attn_scale, window, cfg.attn_softcap,
+                          scores_hook, pattern_hook)  # (T, n_heads*d)
+        else:  # each sequence attends to its own keys only
+            z = np.empty((t, cfg.n_heads * cfg.head_dim), dtype=np.float32)  # (T, n_heads*d)
+            for s in segs:
+                keys, values = s.cache.write(i, s.start, k[s.lo:s.hi], v[s.lo:s.hi])  # (n_kv, S_s, d) each
+                z[s.lo:s.hi] = attention(q[s.lo:s.hi], keys, values, s.start, cfg.attn_scale, window,
+                                         cfg.attn_softcap)  # (T_s, n_heads*d)
         out = lw.o.matmul(z)  # (T, hidden)
         if lw.o_bias is not None:
             out = out + lw.o_bias
@@ -114,11 +148,11 @@ class Forward:
         h = norm(self.cfg, x, lw.ffn_norm, lw.ffn_norm_bias)  # (T, hidden)
         return self.ffn(i, h, hooks, start)  # (T, hidden)
 
-    def layer(self, i: int, x: F32, cache: KVCache, start: int, hooks: Hooks | None) -> F32:
-        lw, n, eps = self.w.layers[i], self.names[i], self.cfg.norm_eps
+    def layer(self, i: int, x: F32, segs: list[Segment], hooks: Hooks | None) -> F32:
+        lw, n, eps, start = self.w.layers[i], self.names[i], self.cfg.norm_eps, segs[0].start
         if hooks:
             x = run_hook(hooks, n.resid_pre, x, start)
-        a = self.attention_block(i, lw, x, cache, start, hooks)  # (T, hidden)
+        a = self.attention_block(i, lw, x, segs, hooks)  # (T, hidden)
         if lw.post_attn_norm is not None:
             a = rms_norm(a, lw.post_attn_norm, eps)
         x = x + a  # (T, hidden)
@@ -136,14 +170,35 @@ class Forward:
                  all_logits: bool = False) -> F32:
         """Run positions cache.length.. for `ids`; logits `(T, vocab)` if all_logits else `(vocab,)` of the last."""
         start = cache.length
-        cache.reserve(start + len(ids))
-        x = self.embed(ids, start)  # (T, hidden)
+        x = self.run([Segment(0, len(ids), cache, start)], ids, hooks)  # (T, hidden)
+        return self.logits(x if all_logits else x[-1], hooks, start)
+
+    def batch(self, ids: list[NDArray[np.int64]], caches: list[KVCache], rows: NDArray[np.int64] | None = None) -> F32:
+        """Each sequence `ids[b]` run after what `caches[b]` holds, all in one packed pass (no hooks):
+        logits `(len(rows), vocab)` of the packed rows `rows` (sequence b's rows follow sequence
+        b-1's), of every row if None."""
+        bounds = np.cumsum([0, *(len(a) for a in ids)])
+        segs = [Segment(int(lo), int(hi), c, c.length) for lo, hi, c in zip(bounds[:-1], bounds[1:], caches)]
+        x = self.run(segs, np.concatenate(ids), None)  # (sum T_b, hidden)
+        return self.logits(x if rows is None else x[rows], None, 0)  # (rows, vocab)
+
+    def run(self, segs: list[Segment], ids: NDArray[np.int64], hooks: Hooks | None) -> F32:
+        """The final residual `(T, hidden)` of the packed rows `ids`; each segment's cache grows by its rows."""
+        assert not hooks or len(segs) == 1  # hooks address one sequence's positions
+        for s in segs:
+            s.cache.reserve(s.start + s.hi - s.lo)
+        x = self.embed(ids, segs)  # (T, hidden)
         if hooks:
-            x = run_hook(hooks, "hook_embed", x, start)
+            x = run_hook(hooks, "hook_embed", x, segs[0].start)
         for i in range(self.cfg.n_layers):
-            x = self.layer(i, x, cache, start, hooks)
-        cache.length = start + len(ids)
-        x = norm(self.cfg, x if all_logits else x[-1], self.w.output_norm, self.w.output_norm_bias)  # (T|, hidden)
+            x = self.layer(i, x, segs, hooks)
+        for s in segs:
+            s.cache.length = s.start + s.hi - s.lo
+        return x
+
+    def logits(self, x: F32, hooks: Hooks | None, start: int) -> F32:
+        """The final norm and lm_head (and soft-cap) of residual rows x `(T|, hidden)`: `(T|, vocab)`."""
+        x = norm(self.cfg, x, self.w.output_norm, self.w.output_norm_bias)  # (T|, hidden)
         if hooks:
             x = run_hook(hooks, "hook_final_norm", x, start)
         logits = self.w.output.matmul(x)  # (T|, vocab)
@@ -151,3 +206,8 @@ class Forward:
             cap = np.float32(self.cfg.final_softcap)
             logits = np.tanh(logits / cap) * cap
         return logits
+
+
+def positions(segs: list[Segment]) -> NDArray[np.int64]:
+    """Every row's position `(T,)`: each segment counts on from its cache's length."""
+    return np.concatenate([np.arange(s.start, s.start + s.hi - s.lo) for s in segs])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +21,7 @@ from larql.model.hooks import (
     compile_spec,
     hook_name,
 )
+from larql.model.prefix import PrefixCache
 from larql.model.tokenizer import TextTokenizer
 from larql.model.weights import Weights
 
@@ -34,11 +35,21 @@ class Model:
         self.weights, self.tokenizer = weights, tokenizer
         # edits: an FFN edit strategy (e.g. a vindex's patch overlay, see model/ffn.py); None is dense
         self._forward = Forward(cfg, weights, edits)
+        self.prefixes = PrefixCache()  # KV caches of earlier prompts, reused for shared prefixes (prefix.py)
 
     @property
     def edits(self) -> FFNEdits | None:
         """The FFN edit strategy this model runs with (None: the dense FFN)."""
         return self._forward.ffn.edits
+
+    def revision(self) -> Hashable | None:
+        """A value that changes whenever what this model computes may have: () for the dense FFN,
+        the edit strategy's `revision` (an edit bumps it); None when that cannot be told (a strategy
+        without one, an FFN block replaced by `with_ffn`), so nothing computed earlier is reused."""
+        if type(self._forward.ffn) is not FFN:
+            return None
+        edits = self.edits
+        return () if edits is None else getattr(edits, "revision", None)
 
     def with_edits(self, edits: FFNEdits | None) -> Model:
         """This model (same weights, tokenizer) with another FFN edit strategy."""
@@ -127,6 +138,61 @@ class Model:
         arr = self._check_ids(ids, 0 if cache is None else cache.length)
         fns = compile_spec(hooks, self.config.n_layers)
         return self._forward(arr, cache if cache is not None else self.new_cache(len(arr)), fns)
+
+    def _check_batch(self, batch: Sequence[list[int] | NDArray[np.int64]],
+                     caches: list[KVCache] | None) -> tuple[list[NDArray[np.int64]], list[KVCache]]:
+        if len(batch) == 0:
+            raise ModelError(f"{self.name}: an empty batch (give at least one list of token ids)")
+        if caches is not None and len(caches) != len(batch):
+            raise ModelError(f"{self.name}: {len(batch)} sequences but {len(caches)} caches (one per sequence)")
+        arrs = [self._check_ids(ids, 0 if caches is None else caches[b].length) for b, ids in enumerate(batch)]
+        return arrs, caches if caches is not None else [self.new_cache(len(a)) for a in arrs]
+
+    def forward_batch(self, batch: Sequence[list[int] | NDArray[np.int64]], last: Sequence[int] | None = None,
+                      caches: list[KVCache] | None = None) -> list[NDArray[np.float32]]:
+        """`forward` of each id list, in one pass: logits `[seq_b, vocab]` per sequence (only its
+        final `last[b]` positions' if `last` is given, e.g. the positions predicting a target),
+        equal to running them one by one within float rounding. The sequences are packed end to
+        end (no padding), each attending only to its own earlier positions, after what `caches[b]`
+        holds (fresh caches if None); no hooks (run those one by one)."""
+        arrs, caches = self._check_batch(batch, caches)
+        lens = [len(a) for a in arrs]
+        if last is None:
+            logits = self._forward.batch(arrs, caches)  # (sum seq_b, vocab)
+            return np.split(logits, np.cumsum(lens[:-1]))
+        if len(last) != len(arrs) or any(not 1 <= n <= t for n, t in zip(last, lens)):
+            raise ModelError(f"{self.name}: `last` must give 1..len(ids) positions for each of the {len(arrs)} sequences")
+        ends = np.cumsum(lens)
+        rows = np.concatenate([np.arange(e - n, e) for e, n in zip(ends, last)])
+        logits = self._forward.batch(arrs, caches, rows)  # (sum last_b, vocab)
+        return np.split(logits, np.cumsum(list(last)[:-1]))
+
+    def next_logits_batch(self, batch: Sequence[list[int] | NDArray[np.int64]],
+                          caches: list[KVCache] | None = None) -> NDArray[np.float32]:
+        """`next_logits` of each id list in one pass: `[batch, vocab]`, row b the logits after
+        `batch[b]`, appended to `caches[b]` (fresh caches if None). Sequences may differ in length
+        and in what their caches hold, so a batch of greedy continuations is one call per step."""
+        arrs, caches = self._check_batch(batch, caches)
+        return self._forward.batch(arrs, caches, np.cumsum([len(a) for a in arrs]) - 1)  # (batch, vocab)
+
+    def generate_batch(self, prompts: Sequence[list[int]], max_new_tokens: int = 32,
+                       stop_at_eos: bool = True) -> list[list[int]]:
+        """Greedy continuations of several prompts (token ids), stepped together: each the ids
+        `generate(prompt, max_new_tokens, stop_at_eos=...)` gives (an EOS ends its own sequence)."""
+        for p in prompts:
+            self._check_ids(p, max_new_tokens)
+        caches = [self.new_cache(len(p) + max_new_tokens) for p in prompts]
+        out: list[list[int]] = [[] for _ in prompts]
+        running, feed = list(range(len(prompts))), [list(p) for p in prompts]
+        for _ in range(max_new_tokens):
+            if not running:
+                break
+            logits = self.next_logits_batch(feed, [caches[b] for b in running])  # (running, vocab)
+            for b, tok in zip(running, logits.argmax(-1)):
+                out[b].append(int(tok))
+            running = [b for b in running if not (stop_at_eos and out[b][-1] in self.tokenizer.eos_ids)]
+            feed = [[out[b][-1]] for b in running]
+        return out
 
     def stream(self, prompt: str | list[int], max_new_tokens: int = 32, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop_at_eos: bool = True,

@@ -26,6 +26,7 @@ from larql.vindex.describe import Edge, clean_token, is_content_token
 # (0.72); the templates' default guesses (Asia, euro, German) sit at 0.3-0.8 for unknown names.
 MIN_PROB = 0.7
 MAX_ANSWER_TOKENS = 4
+STOPS = (".", ",", "\n", ";")  # where an answer ends
 
 
 @dataclass(frozen=True)
@@ -61,44 +62,62 @@ def probe_prompt(t: RelationTemplate, entity: str) -> str:
     return " ".join([*lines, t.template.format(entity)])
 
 
+def _answer_text(model: Model, answer: list[int]) -> str:
+    text = model.detokenize(answer)
+    for stop in STOPS:
+        text = text.split(stop)[0]
+    return clean_token(text)
+
+
+def run_probes(model: Model, templates: tuple[RelationTemplate, ...], entity: str,
+               min_prob: float = 0.0) -> list[tuple[str, float]]:
+    """(answer text, probability of its first token) for each template, all templates in one batch:
+    one packed prefill (each template's worked examples reused from the model's last probe, see
+    model/prefix.py), then one batched greedy step at a time for the answers still running. An
+    answer whose first token is below `min_prob` stops at that token (its edge will not be shown)."""
+    prompts = [model.tokenize(probe_prompt(t, entity)) for t in templates]
+    starts = [model.prefixes.start(model, ("probe", t.template), ids, MAX_ANSWER_TOKENS)
+              for t, ids in zip(templates, prompts)]
+    caches = [cache for cache, _ in starts]
+    logits = model.next_logits_batch([rest for _, rest in starts], caches)  # (templates, vocab)
+    for t, ids, cache in zip(templates, prompts, caches):
+        model.prefixes.keep(model, ("probe", t.template), ids, cache)
+    answers = [[int(t)] for t in logits.argmax(-1)]
+    probs = [float(np.exp(log_softmax(row)[a[0]])) for row, a in zip(logits, answers)]
+    running = [b for b, p in enumerate(probs) if p >= min_prob]
+    for _ in range(MAX_ANSWER_TOKENS - 1):
+        running = [b for b in running if not any(stop in model.detokenize(answers[b]) for stop in STOPS)]
+        if not running:
+            break
+        logits = model.next_logits_batch([[answers[b][-1]] for b in running], [caches[b] for b in running])
+        for b, row in zip(running, logits):
+            answers[b].append(int(np.argmax(row)))
+    return [(_answer_text(model, a), p) for a, p in zip(answers, probs)]
+
+
 def run_probe(model: Model, t: RelationTemplate, entity: str) -> tuple[str, float]:
     """(answer text, probability of its first token) for one template."""
-    ids = model.tokenize(probe_prompt(t, entity))
-    cache = model.new_cache(len(ids) + MAX_ANSWER_TOKENS)
-    logits = model.next_logits(ids, cache)
-    first = int(np.argmax(logits))
-    prob = float(np.exp(log_softmax(logits)[first]))
-    answer = [first]
-    while len(answer) < MAX_ANSWER_TOKENS:
-        text = model.detokenize(answer)
-        if any(stop in text for stop in (".", ",", "\n", ";")):
-            break
-        logits = model.next_logits([answer[-1]], cache)
-        answer.append(int(np.argmax(logits)))
-    text = model.detokenize(answer)
-    for stop in (".", ",", "\n", ";"):
-        text = text.split(stop)[0]
-    return clean_token(text), prob
+    return run_probes(model, (t,), entity)[0]
 
 
 def probe_candidates(model: Model, entity: str, templates: tuple[RelationTemplate, ...] = TEMPLATES,
-                     progress: Callable[[str, int, int], None] | None = None) -> list[Edge]:
+                     progress: Callable[[str, int, int], None] | None = None, min_prob: float = 0.0) -> list[Edge]:
     """Every template's answer that reads as a word, whatever its probability (probe_edges keeps
-    those that clear MIN_PROB; benchmarks/bench_probe_threshold.py measures where that bar goes)."""
+    those that clear MIN_PROB; benchmarks/bench_probe_threshold.py measures where that bar goes).
+    Answers below `min_prob` are cut at their first token."""
     edges = []
-    for i, t in enumerate(templates):
-        answer, prob = run_probe(model, t, entity)
-        if progress is not None:
-            progress("probe edges", i + 1, len(templates))
+    for t, (answer, prob) in zip(templates, run_probes(model, templates, entity, min_prob)):
         words = answer.split()
         if words and is_content_token(words[0]) and answer.lower() != entity.lower():
             edges.append(Edge(answer, prob, -1, -1, "probe", t.relation))
+    if progress is not None:
+        progress("probe edges", len(templates), len(templates))
     return edges
 
 
 def probe_edges(model: Model, entity: str, templates: tuple[RelationTemplate, ...] = TEMPLATES,
                 progress: Callable[[str, int, int], None] | None = None) -> list[Edge]:
     """Edges for every template whose answer clears MIN_PROB, most probable first.
-    `progress(stage, done, total)` hears of each template run (they take seconds in all)."""
-    edges = [e for e in probe_candidates(model, entity, templates, progress) if e.score >= MIN_PROB]
+    `progress(stage, done, total)` hears when the templates, run as one batch, are done."""
+    edges = [e for e in probe_candidates(model, entity, templates, progress, MIN_PROB) if e.score >= MIN_PROB]
     return sorted(edges, key=lambda e: -e.score)

@@ -50,6 +50,7 @@ class Vindex:
         self.top_k: int = self.index["down_top_k"]
         self._maps: dict[str, NDArray[np.uint8]] = {}  # a memmap, or an empty array for an empty file
         self._gate_indexes: dict[int, Any] = {}  # layer -> faiss index of its gate vectors, built on first KNN
+        self._gate_int8: dict[int, knn.Int8Gates] = {}  # layer -> int8 copy of its gates (knn.py), built on first KNN
         self._token_texts: dict[int, str] = {}  # token id -> its text, decoded once
         check.check_down_meta_header(self.path, self._map(layout.DOWN_META_FILE)[: layout.DOWN_META_HEADER].tobytes(),
                                      self.num_layers, self.top_k)
@@ -185,6 +186,12 @@ class Vindex:
         if layer not in self._gate_indexes:
             self._gate_indexes[layer] = knn.build_index(self.gate_vectors(layer))
         return self._gate_indexes[layer]
+
+    def gate_int8(self, layer: int) -> knn.Int8Gates:
+        """The int8 copy of a layer's gate vectors (knn.py), built on first use and kept."""
+        if layer not in self._gate_int8:
+            self._gate_int8[layer] = knn.build_int8(self.gate_vectors(layer))
+        return self._gate_int8[layer]
 
     def gate_knn(self, layer: int, query: NDArray[np.float32], k: int = 10) -> list[tuple[int, float]]:
         """The k features whose gate scores `gate . query` are largest in absolute value, sign kept."""
