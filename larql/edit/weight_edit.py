@@ -173,6 +173,8 @@ def known_objects(model: Model, subject: str, exclude: Collection[str] = ()) -> 
 
     fits = tuple(t for t in TEMPLATES  # a small model's context may not hold the few-shot probes
                  if len(model.tokenize(probe_prompt(t, subject))) + MAX_ANSWER_TOKENS <= model.config.context_length)
+    if not fits:
+        return []
     low = {w.lower() for w in exclude}
     return [e.target for e in probe_edges(model, subject, fits) if not set(e.target.lower().split()) & low]
 
