@@ -140,6 +140,7 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str = DEFAULT
 
     before = []
     if measure:
+        sc.prefetch(checks := [(p, f.target) for f in facts for p in (f.prompt, *held_out(f))])  # one batch
         for f in facts:
             p, top = _probe(sc, [f.prompt], f.target)
             before.append((p, top, _probe(sc, held_out(f), f.target)[0]))
@@ -199,6 +200,7 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str = DEFAULT
     if not measure:
         return report
     sc = Scorer(model)  # the edited model: no cached prompt states from before
+    sc.prefetch(checks)
     for f, (p0, top0, h0) in zip(facts, before):
         p1, top1 = _probe(sc, [f.prompt], f.target)
         h1, htop = _probe(sc, held_out(f), f.target)
