@@ -84,13 +84,26 @@ def insert_steps(stmt: ast.InsertStmt, session: Session) -> list[Step]:
     else:
         layers = [stmt.layer if stmt.layer is not None else default_layer(v.index["model"], v.num_layers)]
     where = f"layers {layers[0]}-{layers[-1]}" if len(layers) > 1 else f"layer {layers[0]}"
+    if method == "neuron":
+        return [Step("statistics", f"E[k k^T] and E[x x^T] of the MLP's input at {where} (cached beside the vindex, "
+                                   "else computed)", {"layers": layers}),
+                Step("capture", f"the MLP's input at the subject's last token, prompt + {N_PREFIXES} model-written "
+                                "prefixes, and opening a text", {"facts": facts}),
+                Step("optimise_value", f"Adam through layers {layers[0]}.. (hand-written backward), at most 25 steps"),
+                Step("hold_inputs", f"BOS, decoy subjects, each subject's {N_NEIGHBOURS} nearest subjects and known "
+                                    "objects (probes), the old object, the other subjects, earlier neurons' subjects"),
+                Step("choose_slot", "per subject, the layer's cheapest feature not already edited"),
+                Step("solve", "per subject, g of least E[x x^T]-norm: 1 at the subject, 0 where held; "
+                              "gate = 12 g, up = g, down = value / f(12)"),
+                Step("record", f"patch overlay, {n} neuron insert(s) (method neuron)", {"method": method}),
+                Step("measure", "held-out prompts: prefixed prompt, unrelated prompts' top-1 and KL")]
     solve = "one joint solve" if method == "memit" else f"{n} solve(s), one fact after another"
     return [Step("statistics", f"E[k k^T] at {where} (cached beside the vindex, else computed)", {"layers": layers}),
             Step("capture", f"keys at the subject's last token, prompt + {N_PREFIXES} model-written prefixes",
                  {"facts": facts}),
             Step("optimise_value", f"Adam through layers {layers[0]}.. (hand-written backward), at most 25 steps"),
-            Step("hold_keys", f"BOS, decoy subjects, each subject's {N_NEIGHBOURS} nearest subjects, the old object, "
-                              "earlier edits at the layer"),
+            Step("hold_keys", f"BOS, decoy subjects, each subject's {N_NEIGHBOURS} nearest subjects and known objects "
+                              "(probes), the old object, earlier edits at the layer"),
             Step("solve", f"minimum C-norm update of W_down at {where}: {solve}"),
             Step("record", f"patch overlay, weight_edit (method {method})", {"method": method}),
             Step("measure", "held-out prompts: prefixed prompt, unrelated prompts' top-1 and KL")]

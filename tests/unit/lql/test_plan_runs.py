@@ -47,6 +47,8 @@ def _script(vx: Path, vxi: Path) -> list[str]:
         f"INSERT INTO EDGES (entity, relation, target) VALUES {row} AT LAYER 2 METHOD FEATURE",
         'INSERT INTO EDGES (entity, relation, target, prompt) VALUES ("eta", "colour", "red", "Colour of eta") '
         "AT LAYER 1 METHOD ROME",
+        'INSERT INTO EDGES (entity, relation, target, prompt) VALUES ("mu", "colour", "gold", "Colour of mu") '
+        "AT LAYER 1 METHOD NEURON",
         "DELETE FROM EDGES WHERE layer = 1 AND feature = 2",
         "UPDATE EDGES SET confidence = 0.5 WHERE layer = 1 AND feature = 3", "SHOW PATCHES", "SAVE PATCH",
         'REMOVE PATCH "p.vlp"', 'APPLY PATCH "p.vlp"', "SHOW COMPACT STATUS", "COMPACT MAJOR",
