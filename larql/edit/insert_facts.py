@@ -5,7 +5,7 @@ Methods:
             each holding the earlier ones' keys still;
 - "memit"   all facts in one joint solve per layer (EMMET's equality-constrained MEMIT);
 - "feature" LARQL's INSERT: one selective FFN feature per fact (edit/feature_insert.py).
-DEFAULT_METHOD is whichever measured best (benchmarks/bench_editing.py; README).
+`methods.default_method` is whichever measured best for the model (benchmarks/bench_editing.py; README).
 
 Every INSERT is recorded on the patch stack as a whole or not at all, and reports, per fact,
 efficacy (the prompt), generalisation and locality measured on prompts it did NOT optimise on:
@@ -27,7 +27,7 @@ import numpy as np
 from larql.edit.evaluate import EVAL_PREFIX_SEED, EVAL_PREFIXES, Scorer, unrelated_logps
 from larql.edit.facts import Fact, model_prefixes
 from larql.edit.feature_insert import installed
-from larql.edit.methods import DEFAULT_METHOD, METHODS, N_NEIGHBOURS, default_layer
+from larql.edit.methods import METHODS, N_NEIGHBOURS, default_layer, default_method
 from larql.edit.neighbours import similar_subjects
 from larql.edit.neuron import plan_neuron_edit
 from larql.edit.rome import KeyMetric
@@ -110,7 +110,7 @@ def _probe(sc: Scorer, prompts: Sequence[str], target: str) -> tuple[float, floa
     return float(np.mean(ps)), float(np.mean(tops))
 
 
-def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str = DEFAULT_METHOD,
+def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = None,
                  layers: Sequence[int] | None = None, progress: Callable[[str, int, int], None] | None = None,
                  measure: bool = True, decoys: Sequence[str] | None = None,
                  n_neighbours: int = N_NEIGHBOURS, exclude: Collection[str] = (),
@@ -122,6 +122,7 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str = DEFAULT
     subjects in the embedding, except words in `exclude` (an evaluation's held-out subjects), weighted
     by key statistics over `stats_tokens` tokens (default `stats.token_budget`), and with
     `hold_objects` the keys of what the model says each subject relates to (`known_objects`)."""
+    method = method or default_method(v.index["model"])
     if method not in METHODS:
         raise EditError(f"unknown edit method {method!r} (one of {', '.join(METHODS)})")
     if not facts:

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 METHODS = ("rome", "memit", "feature", "neuron")
-# The method INSERT uses when none is named: the one that measured best on held-out prompts
-# (benchmarks/bench_editing.py; the README's editing tables). NEURON, on the 40-fact set: alone S 99.3
-# (ROME 95.9), NS 100 (90.4), unrelated top-1 kept 99.5% (93.8%); all 40 in one INSERT S 91.8 (MEMIT
-# 87.3); ten capitals inserted one after another kept 28 of 30 other prompts' top-1 (ROME 22).
-DEFAULT_METHOD = "neuron"
+# The method INSERT uses when none is named: per model, the one that measured best on held-out prompts
+# (benchmarks/bench_editing.py; the README's editing tables). On gemma3-270m's 40-fact set NEURON alone
+# scored S 99.3 (ROME 95.9), NS 100 (90.4), unrelated top-1 kept 99.5% (93.8%); all 40 in one INSERT
+# S 91.8 (MEMIT 87.3); ten capitals one after another kept 28 of 30 other prompts' top-1 (ROME 22).
+# On SmolLM2-135M NEURON alone scored S 86.3 (ROME 80.8) but 35 in one INSERT broke the model
+# (unrelated top-1 kept 4.2%, KL 8.5; ROME stacked 66.7%), so a model not measured keeps ROME.
+DEFAULT_METHOD = "rome"
+MEASURED_DEFAULTS = {"gemma3-270m": "neuron"}
+
+
+def default_method(model_name: str) -> str:
+    """INSERT's method for a model when the statement names none."""
+    return MEASURED_DEFAULTS.get(model_name, DEFAULT_METHOD)
 # The layer whose MLP at the subject's last token carries facts, by crown discovery (edit/crown.py):
 # on gemma3-270m, ablating layer 3 there drops p(answer) from 0.08-0.64 to 0.001-0.006 in all three
 # facts tried (no other layer comes close); SmolLM2-135M's, measured the same way, is CROWN_LAYERS'.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from larql.edit.methods import DEFAULT_METHOD, N_NEIGHBOURS, N_PREFIXES, default_layer
+from larql.edit.methods import N_NEIGHBOURS, N_PREFIXES, default_layer, default_method
 from larql.errors import LqlSemanticError
 from larql.lql import ast
 from larql.lql.clauses import refusal
@@ -63,7 +63,9 @@ def _check_range(session: Session, stmt: ast.Statement, r: ast.Range | str | Non
 
 def insert_steps(stmt: ast.InsertStmt, session: Session) -> list[Step]:
     """The steps INSERT takes for its method; ops/editing.py reads the method, layers and goal here."""
-    method = stmt.method or DEFAULT_METHOD
+    v = session.vindex
+    assert v is not None  # the planner checked
+    method = stmt.method or default_method(v.index["model"])
     n = len(stmt.rows)
     facts = tuple(stmt.values(i) for i in range(n))  # entity, relation, target[, prompt] per row
     if method == "feature":
@@ -76,8 +78,6 @@ def insert_steps(stmt: ast.InsertStmt, session: Session) -> list[Step]:
                 Step("measure", "target probability, neighbours' KL" if alone
                      else "held-out prompts: prefixed prompt, unrelated prompts' top-1 and KL", {"alone": alone}),
                 Step("record", f"patch overlay, {n} feature insert(s)", {"method": method})]
-    v = session.vindex
-    assert v is not None  # the planner checked
     if stmt.layers is not None:
         _check_range(session, stmt, stmt.layers)
         layers = list(range(stmt.layers.start, stmt.layers.end + 1))

@@ -91,3 +91,17 @@ def test_stacked_neuron_edits_generalise_and_leave_related_entities_alone(gemma_
     # "In winter it is often" (difficult by 0.01 nats) may flip on any edit; nothing else should
     assert len(moved) <= 1, moved
     v.patches.undo(len(v.patches.pending))
+
+
+def test_insert_defaults_to_the_method_measured_best_for_the_model(gemma_vindex: Path) -> None:
+    from larql.edit.methods import default_method
+    from larql.lql.executor import execute
+    from larql.lql.parser import parse
+    from larql.lql.planner import plan
+    from larql.lql.session import Session
+
+    s = Session()
+    execute(f'USE "{gemma_vindex}"', s)
+    text = plan(parse('INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B")')[0], s).to_text()
+    assert "method neuron" in text  # gemma3-270m: NEURON measured best (README)
+    assert default_method("smollm2-135m") == "rome"  # its 35-fact NEURON batch broke the model
