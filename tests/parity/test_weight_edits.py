@@ -105,3 +105,19 @@ def test_insert_defaults_to_the_method_measured_best_for_the_model(gemma_vindex:
     text = plan(parse('INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B")')[0], s).to_text()
     assert "method neuron" in text  # gemma3-270m: NEURON measured best (README)
     assert default_method("smollm2-135m") == "rome"  # its 35-fact NEURON batch broke the model
+
+
+def test_a_neuron_is_never_asked_to_fire_at_the_attention_sink() -> None:
+    """SmolLM2 puts no BOS first: a one-token subject opening a text sits at position 0, the attention sink,
+    whose input is nearly the same for every token; asked to fire there, 35 neurons in one INSERT fired
+    on a fifth of all tokens. The start-of-text form is used only after position 0."""
+    import larql
+    from larql.edit.neuron import subject_input
+
+    smol = larql.load("smollm2-135m")
+    assert len(smol.tokenize("Japan")) == 1  # no BOS put first, one token
+    assert subject_input(smol, 4, "Japan") is None
+    many = subject_input(smol, 4, "Kyrgyzstan")  # several tokens: its last one is past the sink
+    assert many is not None and many.shape == (smol.config.hidden,) and np.all(np.isfinite(many))
+    gemma = larql.load("gemma3-270m")  # BOS first: every subject is past the sink
+    assert subject_input(gemma, 3, "Japan") is not None
