@@ -158,26 +158,26 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
             v.patches.record_all(list(feature_ops))  # later facts re-tune against earlier ones
             ops += feature_ops
         used = tuple(sorted({op.layer for op in ops}))
-    elif method == "neuron":
+    else:  # a neuron or weight edit holds still each subject's nearest subjects and known objects
+        subjects = list(dict.fromkeys(f.subject for f in facts))  # probed once per subject, not per fact
+        near = {s: similar_subjects(v.store, s, n_neighbours, exclude) for s in subjects}
+        objects = {s: known_objects(model, s, exclude) for s in subjects} if hold_objects else None
+    if method == "neuron":
         if layers and len(set(layers)) > 1:
             raise EditError("METHOD NEURON edits one layer: give AT LAYER n, not a range")
         used = tuple(layers[:1]) if layers else default_layers(model)
         layer = used[0]
         key_metric = key_metrics(model, used, stats_dir(v), stats_tokens)[layer]
         input_metric = key_metrics(model, used, stats_dir(v), stats_tokens, point="input")[layer]
-        near = {f.subject: similar_subjects(v.store, f.subject, n_neighbours, exclude) for f in facts}
-        objects = {f.subject: known_objects(model, f.subject, exclude) for f in facts} if hold_objects else None
         taken = set(v.overlay.layer(layer)) | set(v.overlay.deleted(layer))
         # the neurons already at the layer must stay silent on the new subjects and the new ones on theirs
         earlier = [op.entity for op in installed(v, layer, neurons=True) if op.entity]
         held = list(DECOY_SUBJECTS if decoys is None else decoys) + earlier
         neuron_plan = plan_neuron_edit(model, facts, layer, key_metric, input_metric, taken, held, near, objects)
         v.patches.record_all(list(neuron_plan.ops))
-    else:
+    elif method != "feature":
         used = tuple(layers) if layers else default_layers(model)
         metrics = key_metrics(model, used, stats_dir(v), stats_tokens)
-        near = {f.subject: similar_subjects(v.store, f.subject, n_neighbours, exclude) for f in facts}
-        objects = {f.subject: known_objects(model, f.subject, exclude) for f in facts} if hold_objects else None
         groups = [list(facts)] if method == "memit" else [[f] for f in facts]
         try:
             for i, group in enumerate(groups):
