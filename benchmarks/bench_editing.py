@@ -4,7 +4,7 @@ prompts the edit never optimised on (natural paraphrases, the prompt behind unse
 prefixes, neighbours, reverse prompts, unrelated prompts), single-edit and all-stacked.
 
     python benchmarks/bench_editing.py --vindex g.vindex [--data benchmarks/data/counterfact_gemma3_270m.json]
-        [--methods rome,feature] [--protocols single,stacked] [--limit N] [--layers 2,3,4] [--stats-tokens N]
+        [--methods rome,feature] [--protocols single,stacked] [--limit N] [--every K] [--layers 2,3,4] [--stats-tokens N]
 
 The decoy subjects a weight edit holds still are filtered so that none appears in any prompt of the
 edit set (the neighbourhood score would otherwise be measured on keys the edit was told to keep).
@@ -40,6 +40,7 @@ def main() -> None:
     parser.add_argument("--methods", default="rome,feature")
     parser.add_argument("--protocols", default="single,stacked")
     parser.add_argument("--limit", type=int, default=0)
+    parser.add_argument("--every", type=int, default=1, help="take every k-th record (a spread over relations)")
     parser.add_argument("--name", default="")
     parser.add_argument("--layers", default="", help="edit layers, comma-separated (default: the crown layer)")
     parser.add_argument("--stats-tokens", type=int, default=0, help="tokens of key statistics (default: larql's)")
@@ -49,7 +50,7 @@ def main() -> None:
     from larql.edit.view import edit_vindex
     from larql.edit.weight_edit import DECOY_SUBJECTS
 
-    records = load_edit_set(args.data)
+    records = load_edit_set(args.data)[:: args.every]
     if args.limit:
         records = records[: args.limit]
     text = " ".join(r.prompt + " " + " ".join(r.paraphrases) + " " + " ".join(p for p, _ in r.neighbours + r.reverse)

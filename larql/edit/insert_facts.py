@@ -27,13 +27,20 @@ import numpy as np
 from larql.edit.evaluate import EVAL_PREFIX_SEED, EVAL_PREFIXES, Scorer, unrelated_logps
 from larql.edit.facts import Fact, model_prefixes
 from larql.edit.feature_insert import installed
-from larql.edit.methods import METHODS, N_NEIGHBOURS, default_layer, default_method
+from larql.edit.methods import (
+    METHODS,
+    N_NEIGHBOURS,
+    NEURONS_PER_LAYER,
+    default_layer,
+    default_method,
+    neuron_layers,
+)
 from larql.edit.neighbours import similar_subjects
 from larql.edit.neuron import plan_neuron_edit
 from larql.edit.rome import KeyMetric
 from larql.edit.stats import second_moments, token_budget
 from larql.edit.view import EditableVindex
-from larql.edit.weight_edit import DECOY_SUBJECTS, WeightEditPlan, known_objects, plan_weight_edit
+from larql.edit.weight_edit import DECOY_SUBJECTS, WeightEditPlan, known_objects_many, plan_weight_edit
 from larql.edit.weight_op import WeightOp
 from larql.errors import EditError
 from larql.model.grad import require_backward
@@ -72,6 +79,22 @@ def key_metrics(model: Model, layers: Sequence[int], directory: Path | None,
         for layer, (cov, _) in second_moments(model, missing, directory, n_tokens, point).items():
             have[(layer, n_tokens, point)] = KeyMetric(cov)
     return {layer: have[(layer, n_tokens, point)] for layer in layers}
+
+
+def neuron_layer_plan(v: EditableVindex, model: Model, subjects: Sequence[str],
+                      layers: Sequence[int] | None) -> dict[int, set[str]]:
+    """Which layer each subject's neuron goes to: `layers` given, spread evenly over them; else the
+    model's `neuron_layers` in order, each filled up to NEURONS_PER_LAYER neurons (counting those
+    already installed), then the emptiest."""
+    candidates = tuple(dict.fromkeys(layers)) if layers else neuron_layers(model.name, model.config.n_layers)
+    count = {layer: len(installed(v, layer, neurons=True)) for layer in candidates}
+    out: dict[int, set[str]] = {}
+    for subject in subjects:
+        room = [layer for layer in candidates if count[layer] < NEURONS_PER_LAYER] if not layers else []
+        layer = room[0] if room else min(candidates, key=lambda c: (count[c], candidates.index(c)))
+        count[layer] += 1
+        out.setdefault(layer, set()).add(subject)
+    return out
 
 
 @dataclass(frozen=True)
@@ -121,7 +144,7 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
     Weight edits hold still the keys of `decoys` and of each subject's `n_neighbours` nearest
     subjects in the embedding, except words in `exclude` (an evaluation's held-out subjects), weighted
     by key statistics over `stats_tokens` tokens (default `stats.token_budget`), and with
-    `hold_objects` the keys of what the model says each subject relates to (`known_objects`)."""
+    `hold_objects` the keys of what the model says each subject relates to (`known_objects_many`)."""
     method = method or default_method(v.index["model"])
     if method not in METHODS:
         raise EditError(f"unknown edit method {method!r} (one of {', '.join(METHODS)})")
@@ -161,20 +184,24 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
     else:  # a neuron or weight edit holds still each subject's nearest subjects and known objects
         subjects = list(dict.fromkeys(f.subject for f in facts))  # probed once per subject, not per fact
         near = {s: similar_subjects(v.store, s, n_neighbours, exclude) for s in subjects}
-        objects = {s: known_objects(model, s, exclude) for s in subjects} if hold_objects else None
+        objects = dict(zip(subjects, known_objects_many(model, subjects, exclude))) if hold_objects else None
     if method == "neuron":
-        if layers and len(set(layers)) > 1:
-            raise EditError("METHOD NEURON edits one layer: give AT LAYER n, not a range")
-        used = tuple(layers[:1]) if layers else default_layers(model)
-        layer = used[0]
-        key_metric = key_metrics(model, used, stats_dir(v), stats_tokens)[layer]
-        input_metric = key_metrics(model, used, stats_dir(v), stats_tokens, point="input")[layer]
-        taken = set(v.overlay.layer(layer)) | set(v.overlay.deleted(layer))
-        # the neurons already at the layer must stay silent on the new subjects and the new ones on theirs
-        earlier = [op.entity for op in installed(v, layer, neurons=True) if op.entity]
-        held = list(DECOY_SUBJECTS if decoys is None else decoys) + earlier
-        neuron_plan = plan_neuron_edit(model, facts, layer, key_metric, input_metric, taken, held, near, objects)
-        v.patches.record_all(list(neuron_plan.ops))
+        by_layer = neuron_layer_plan(v, model, subjects, layers)
+        used = tuple(sorted(by_layer))
+        try:
+            for layer, placed in by_layer.items():
+                key_metric = key_metrics(model, [layer], stats_dir(v), stats_tokens)[layer]
+                input_metric = key_metrics(model, [layer], stats_dir(v), stats_tokens, point="input")[layer]
+                taken = set(v.overlay.layer(layer)) | set(v.overlay.deleted(layer))
+                # the neurons already at the layer must stay silent on the new subjects and the new ones on theirs
+                earlier = [op.entity for op in installed(v, layer, neurons=True) if op.entity]
+                neuron_plan = plan_neuron_edit(model, [f for f in facts if f.subject in placed], layer, key_metric,
+                                               input_metric, taken, DECOY_SUBJECTS if decoys is None else decoys,
+                                               near, objects, earlier=earlier)
+                v.patches.record_all(list(neuron_plan.ops))
+        except BaseException:  # an error or Ctrl-C: nothing half-applied
+            v.patches.undo(len(v.patches.pending) - recorded)
+            raise
     elif method != "feature":
         used = tuple(layers) if layers else default_layers(model)
         metrics = key_metrics(model, used, stats_dir(v), stats_tokens)

@@ -29,6 +29,17 @@ N_NEIGHBOURS = 32
 def default_layer(model_name: str, n_layers: int) -> int:
     return CROWN_LAYERS.get(model_name, max(1, n_layers // 6))
 
+
+# METHOD NEURON recycles a layer's cheapest features, one per subject: a layer holds NEURONS_PER_LAYER
+# before the next of the model's NEURON_LAYERS (crown layer first) takes the overflow
+NEURONS_PER_LAYER = 64
+NEURON_LAYERS: dict[str, tuple[int, ...]] = {"gemma3-270m": (3, 4, 2, 5, 6, 1, 7, 8), "smollm2-135m": (4, 5, 3, 6, 7, 2)}
+
+
+def neuron_layers(model_name: str, n_layers: int) -> tuple[int, ...]:
+    """The layers METHOD NEURON fills, in order (the crown layer alone for a model not measured)."""
+    return NEURON_LAYERS.get(model_name, (default_layer(model_name, n_layers),))
+
 # REBALANCE's loop (edit/rebalance.py; LARQL's factors and MAX, a band that holds INSERT's p >= 0.9 goal)
 REBALANCE_MAX, REBALANCE_CONVERGED_MAX = 16, 64
 REBALANCE_FLOOR, REBALANCE_CEILING = 0.30, 0.95

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.capture import capture
+from larql.edit.capture import BATCH_ROWS, capture_batch
 from larql.errors import EditError
 from larql.model.forward import norm
 from larql.tempfiles import clean_stale, temp_path
@@ -94,8 +94,11 @@ def compute_second_moments(model: Model, layers: list[int], n_tokens: int = DEFA
     count = 0
     hook = "mlp.hook_post" if point == "key" else "hook_resid_mid"
     names = {layer: f"blocks.{layer}.{hook}" for layer in layers}
-    for chunk in corpus_chunks(model, n_tokens):
-        got = capture(model, chunk, list(names.values()))
+    chunks = corpus_chunks(model, n_tokens)
+    per_pass = max(1, BATCH_ROWS // CHUNK)  # chunks packed per forward pass, summed before the next
+    for chunk, got in ((c, g) for i in range(0, len(chunks), per_pass)
+                       for c, g in zip(chunks[i: i + per_pass],
+                                       capture_batch(model, chunks[i: i + per_pass], list(names.values())))):
         for layer, name in names.items():
             k = got[name][1:]  # (T-1, width) without BOS, whose keys are off the scale
             if point == "input":

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.capture import capture
+from larql.edit.capture import capture_batch
 from larql.edit.facts import Fact, subject_position, target_ids
 from larql.errors import EditError
 from larql.model.forward import norm
@@ -83,10 +83,10 @@ class _Scored:
     kl: bool = False
 
 
-def _capture(model: Model, ids: list[int], first: int, layers: Sequence[int]) -> dict[str, F32]:
-    """resid_mid, the down-projection input and the MLP output at `layers` (`first` is the lowest)."""
+def _capture(model: Model, batch: list[list[int]], layers: Sequence[int]) -> list[dict[str, F32]]:
+    """resid_mid, the down-projection input and the MLP output at `layers`, per prompt, in packed passes."""
     names = [f"blocks.{layer}.{kind}" for layer in layers for kind in ("hook_resid_mid", "mlp.hook_post", "hook_mlp_out")]
-    return capture(model, ids, names)
+    return capture_batch(model, batch, names)
 
 
 @dataclass
@@ -117,14 +117,22 @@ class _Group:
     done: bool = False
 
 
-def _build_group(model: Model, facts: Sequence[Fact], layers: Sequence[int], prefixes: Sequence[str]) -> tuple[_Group, list[F32]]:
-    """A subject's prompts (each fact's prompt and user prompts, bare and behind each prefix; then the
-    KL prompts), run once through the real model: the residual entering the first layer's MLP at
-    every position, and the keys."""
+@dataclass(frozen=True)
+class _Prompts:
+    """A subject's optimised prompts (each fact's prompt and user prompts, bare and behind each
+    prefix, the target's tokens following) and then its KL prompts, as token ids."""
+
+    subject: str
+    ctx_ids: list[list[int]]
+    starts: list[int]  # the subject's last token in each
+    scored: list[_Scored]
+    n_prompts: int
+
+
+def _group_prompts(model: Model, facts: Sequence[Fact], prefixes: Sequence[str]) -> _Prompts:
     subject = facts[0].subject
     if any(f.subject != subject for f in facts):
         raise EditError("optimise_value takes facts about one subject; group them first")
-    first, cfg = layers[0], model.config
     ctx_ids: list[list[int]] = []
     starts: list[int] = []
     scored: list[_Scored] = []
@@ -145,14 +153,30 @@ def _build_group(model: Model, facts: Sequence[Fact], layers: Sequence[int], pre
         scored.append(_Scored(len(ctx_ids), np.array([len(kl_ids) - 1 - kl_s]), np.zeros(0, np.int64), kl=True))
         ctx_ids.append(kl_ids)
         starts.append(kl_s)
-    if max(len(i) for i in ctx_ids) > cfg.context_length:
+    if max(len(i) for i in ctx_ids) > model.config.context_length:
         raise EditError("a prompt with its target is longer than the model's context")
+    return _Prompts(subject, ctx_ids, starts, scored, n_prompts)
+
+
+def _build_groups(model: Model, groups: Sequence[Sequence[Fact]], layers: Sequence[int],
+                  prefixes: Sequence[str]) -> list[tuple[_Group, list[F32]]]:
+    """Every subject's prompts run through the real model in packed passes: per subject, the
+    residual entering the first layer's MLP at every position, and the keys."""
+    prompts = [_group_prompts(model, facts, prefixes) for facts in groups]
+    got = iter(_capture(model, [ids for p in prompts for ids in p.ctx_ids], layers))
+    return [_build_group(model, p, [next(got) for _ in p.ctx_ids], layers) for p in prompts]
+
+
+def _build_group(model: Model, prompts: _Prompts, captured: Sequence[dict[str, F32]],
+                 layers: Sequence[int]) -> tuple[_Group, list[F32]]:
+    first, cfg = layers[0], model.config
+    ctx_ids, starts, scored, n_prompts = prompts.ctx_ids, prompts.starts, prompts.scored, prompts.n_prompts
     contexts, full_resid = [], []
     keys = {layer: np.zeros(cfg.ffn, np.float64) for layer in layers}
     inputs = {layer: np.zeros(cfg.hidden, np.float64) for layer in layers}
     mlp_norm = 0.0
-    for j, (ids, s) in enumerate(zip(ctx_ids, starts)):
-        got = _capture(model, ids, first, layers)
+    for j, (got, s) in enumerate(zip(captured, starts)):
+        ids = ctx_ids[j]
         resid = got[f"blocks.{first}.hook_resid_mid"]
         full_resid.append(resid)
         contexts.append(TailContext(np.asarray(ids, np.int64), s, resid[s:]))
@@ -165,7 +189,7 @@ def _build_group(model: Model, facts: Sequence[Fact], layers: Sequence[int], pre
             mlp_norm = float(np.mean([np.linalg.norm(got[f"blocks.{layer}.hook_mlp_out"][s]) for layer in layers]))
     offsets = np.cumsum([0] + [c.n for c in contexts])[:-1]
     all_rows = np.concatenate([offsets[sc.ctx] + sc.rows for sc in scored])
-    group = _Group(subject, contexts, scored, n_prompts, {layer: (k / n_prompts).astype(np.float32)
+    group = _Group(prompts.subject, contexts, scored, n_prompts, {layer: (k / n_prompts).astype(np.float32)
                                                           for layer, k in keys.items()},
                    mlp_norm, all_rows, int(sum(c.n for c in contexts)),
                    inputs={layer: (x / n_prompts).astype(np.float32) for layer, x in inputs.items()})
@@ -213,7 +237,7 @@ def _optimise_values(model: Model, groups: Sequence[Sequence[Fact]], layers: Seq
                      ) -> list[ValueResult]:
     layers = sorted(set(layers))
     first, cfg = layers[0], model.config
-    built = [_build_group(model, facts, layers, prefixes) for facts in groups]
+    built = _build_groups(model, groups, layers, prefixes)
     todo = [g for g, _ in built]
     dense = {i: ffn_layers(i) for i in range(first, cfg.n_layers)} if ffn_layers is not None else None
     tail = Tail(cfg, model.weights, first, layers=dense)

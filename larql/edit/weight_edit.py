@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.capture import capture
+from larql.edit.capture import capture_batch
 from larql.edit.facts import Fact, model_prefixes, subject_position
 from larql.edit.methods import N_PREFIXES
 from larql.edit.rome import KeyMetric, LowRankDelta, solve_update
@@ -112,71 +112,107 @@ def group_by_subject(facts: Sequence[Fact]) -> list[list[Fact]]:
     return list(groups.values())
 
 
-def decoy_keys(model: Model, facts: Sequence[Fact], layers: Sequence[int], decoys: Sequence[str],
-               limit: int = MAX_DECOY_PROMPTS, neighbours: Mapping[str, Sequence[str]] | None = None,
-               point: str = "key", objects: Mapping[str, Sequence[str]] | None = None,
-               ) -> tuple[dict[int, F32], int]:
-    """Keys `(ffn, n)` per layer at the last token of decoy subjects put in the facts' prompts, and
-    of each subject's `neighbours` (edit/neighbours.py) put in that subject's prompts; with
-    `point="input"`, the MLP's normalised inputs `(hidden, n)` there instead. The old objects
-    (`target_true`) and each subject's `objects` (`known_objects`) are held where they open a text."""
+@dataclass(frozen=True)
+class HeldPrompt:
+    """A text whose key at `word`'s last token an edit must leave alone; `owner` is the subject it
+    is held for (a neighbour's or a known object's prompt), None when held for every subject."""
+
+    text: str
+    word: str
+    owner: str | None = None
+
+
+def held_prompts(facts: Sequence[Fact], decoys: Sequence[str], limit: int = MAX_DECOY_PROMPTS,
+                 neighbours: Mapping[str, Sequence[str]] | None = None,
+                 objects: Mapping[str, Sequence[str]] | None = None,
+                 per_fact: int | None = None) -> list[HeldPrompt]:
+    """Decoy subjects put in the facts' prompts (at most `limit`, for every subject), each subject's
+    `neighbours` (edit/neighbours.py, `per_fact` of them: default a NEIGHBOUR_BUDGET shared by the
+    facts) put in that subject's prompts, and where the old objects (`target_true`) and each
+    subject's `objects` (`known_objects_many`) open a text."""
     subjects = {f.subject.lower() for f in facts}
     templates = list(dict.fromkeys(f.prompt.replace(f.subject, "{}", 1) for f in facts))
-    prompts = [(t.format(d), d) for d in decoys if d.lower() not in subjects for t in templates]
+    prompts = [HeldPrompt(t.format(d), d) for d in decoys if d.lower() not in subjects for t in templates]
     if len(prompts) > limit:  # spread the budget over templates and decoys alike
         idx = np.linspace(0, len(prompts) - 1, limit).round().astype(int)
         prompts = [prompts[i] for i in idx]
     if neighbours:
-        per_fact = max(2, NEIGHBOUR_BUDGET // len(facts))  # a large batch holds fewer per fact
+        per_fact = per_fact or max(2, NEIGHBOUR_BUDGET // len(facts))  # a large batch holds fewer per fact
         for f in facts:
             near = [n for n in neighbours.get(f.subject, ()) if n.lower() not in subjects][:per_fact]
-            prompts += [(f.prompt.replace(f.subject, n, 1), n) for n in near]
-        prompts = list(dict.fromkeys(prompts))
-    # what the model knows about the old object ("Paris is the capital of") must not move either
-    olds = dict.fromkeys(f.target_true.strip() for f in facts if f.target_true and f.target_true.strip())
+            prompts += [HeldPrompt(f.prompt.replace(f.subject, n, 1), n, f.subject) for n in near]
+    # what the model knows about the old object ("Paris is the capital of") must not move either,
+    # nor what the model says the subject relates to (never a new target)
     targets = {f.target.strip().lower() for f in facts}
-    for f in facts:  # and what the model says the subject relates to (never the new target)
-        olds.update(dict.fromkeys(o for o in (objects or {}).get(f.subject, ()) if o.strip().lower() not in targets))
-    prompts += [(t.format(o), o) for o in olds if o.lower() not in subjects for t in OLD_OBJECT_TEMPLATES]
+    for f in facts:
+        olds = [f.target_true.strip()] if f.target_true and f.target_true.strip() else []
+        olds += [o for o in (objects or {}).get(f.subject, ()) if o.strip().lower() not in targets]
+        prompts += [HeldPrompt(t.format(o), o, f.subject) for o in dict.fromkeys(olds) if o.lower() not in subjects
+                    for t in OLD_OBJECT_TEMPLATES]
+    return list(dict.fromkeys(prompts))
+
+
+def held_keys(model: Model, prompts: Sequence[HeldPrompt], layers: Sequence[int], point: str = "key",
+              ) -> tuple[dict[int, F32], list[str | None]]:
+    """Keys `(ffn, n)` per layer at the last token of each prompt's word (with `point="input"`, the
+    MLP's normalised inputs `(hidden, n)` there instead), one per distinct text up to that token, and
+    whom each column is held for; the first prompt's BOS is held too."""
+    runs: dict[tuple[int, ...], tuple[int, str | None]] = {}  # "Barcelona is" and "Barcelona was" share a key
+    for p in prompts:
+        ids, s = subject_position(model, p.text, p.word)
+        runs.setdefault(tuple(ids[: s + 1]), (s, p.owner))  # causal: nothing after the word matters
     hook = "mlp.hook_post" if point == "key" else "hook_resid_mid"
     names = [f"blocks.{layer}.{hook}" for layer in layers]
     got: dict[int, list[F32]] = {layer: [] for layer in layers}
-    done: set[tuple[int, ...]] = set()
-    for j, (text, d) in enumerate(prompts):
-        ids, s = subject_position(model, text, d)
-        ids = ids[: s + 1]  # causal: the key at the subject depends on nothing after it
-        if tuple(ids) in done:  # "Barcelona is..." and "Barcelona was..." share their key
-            continue
-        done.add(tuple(ids))
-        seen = capture(model, ids, names)
+    owners: list[str | None] = []
+    for j, (seen, (s, owner)) in enumerate(zip(capture_batch(model, list(runs), names), runs.values())):
         if point == "input":
             seen = {name: norm(model.config, seen[name], model.weights.layers[layer].ffn_norm)
                     for layer, name in zip(layers, names)}
-        for layer, name in zip(layers, names):
-            if j == 0 and s > 0:
-                # the first position (BOS, the attention sink) has one large key shared by every prompt:
-                # left free, a 1-rank edit moved its MLP output by 66% at layer 3 and flipped unrelated
-                # answers ("Bees make" honey -> up), so it is held like a decoy
+        if j == 0 and s > 0:
+            # the first position (BOS, the attention sink) has one large key shared by every prompt:
+            # left free, a 1-rank edit moved its MLP output by 66% at layer 3 and flipped unrelated
+            # answers ("Bees make" honey -> up), so it is held like a decoy
+            owners.append(None)
+            for layer, name in zip(layers, names):
                 got[layer].append(seen[name][0])
+        owners.append(owner)
+        for layer, name in zip(layers, names):
             got[layer].append(seen[name][s])
     width = model.config.ffn if point == "key" else model.config.hidden
     return {layer: (np.stack(ks, axis=1) if ks else np.zeros((width, 0), np.float32))
-            for layer, ks in got.items()}, len(prompts)
+            for layer, ks in got.items()}, owners
 
 
-def known_objects(model: Model, subject: str, exclude: Collection[str] = ()) -> list[str]:
-    """What the model says `subject` relates to: DESCRIBE's probe answers (its capital, language,
-    continent...), less words in `exclude`. An edit about the subject must not fire on these where
-    they open a text: ten stacked capital edits (METHOD NEURON) turned "Berlin is a city in" from
-    Germany to "the" through the Germany edit, whose subject input "Berlin" shares (g·x = 0.4)."""
-    from larql.vindex.probes import MAX_ANSWER_TOKENS, TEMPLATES, probe_edges, probe_prompt
+def decoy_keys(model: Model, facts: Sequence[Fact], layers: Sequence[int], decoys: Sequence[str],
+               limit: int = MAX_DECOY_PROMPTS, neighbours: Mapping[str, Sequence[str]] | None = None,
+               point: str = "key", objects: Mapping[str, Sequence[str]] | None = None,
+               ) -> tuple[dict[int, F32], int]:
+    """`held_keys` of `held_prompts` (every column held for every fact) and the number of prompts."""
+    prompts = held_prompts(facts, decoys, limit, neighbours, objects)
+    return held_keys(model, prompts, layers, point)[0], len(prompts)
 
-    fits = tuple(t for t in TEMPLATES  # a small model's context may not hold the few-shot probes
-                 if len(model.tokenize(probe_prompt(t, subject))) + MAX_ANSWER_TOKENS <= model.config.context_length)
-    if not fits:
-        return []
+
+def known_objects_many(model: Model, subjects: Sequence[str], exclude: Collection[str] = ()) -> list[list[str]]:
+    """What the model says each subject relates to: DESCRIBE's probe answers (its capital, language,
+    continent...), less words in `exclude`, the probes of all subjects batched together. An edit
+    about a subject must not fire on these where they open a text: ten stacked capital edits
+    (METHOD NEURON) turned "Berlin is a city in" from Germany to "the" through the Germany edit,
+    whose subject input "Berlin" shares (g·x = 0.4)."""
+    from larql.vindex.probes import MAX_ANSWER_TOKENS, TEMPLATES, probe_edges_many, probe_prompt
+
     low = {w.lower() for w in exclude}
-    return [e.target for e in probe_edges(model, subject, fits) if not set(e.target.lower().split()) & low]
+    out: list[list[str]] = [[] for _ in subjects]
+    by_fit: dict[tuple, list[int]] = {}  # a small model's context may not hold every few-shot probe
+    for i, subject in enumerate(subjects):
+        fits = tuple(t for t in TEMPLATES if len(model.tokenize(probe_prompt(t, subject))) + MAX_ANSWER_TOKENS
+                     <= model.config.context_length)
+        if fits:
+            by_fit.setdefault(fits, []).append(i)
+    for fits, idx in by_fit.items():
+        for i, edges in zip(idx, probe_edges_many(model, [subjects[i] for i in idx], fits)):
+            out[i] = [e.target for e in edges if not set(e.target.lower().split()) & low]
+    return out
 
 
 def plan_weight_edit(model: Model, facts: Sequence[Fact], layers: Sequence[int], metrics: dict[int, KeyMetric],

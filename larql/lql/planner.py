@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from larql.edit.methods import N_NEIGHBOURS, N_PREFIXES, default_layer, default_method
+from larql.edit.methods import (
+    N_NEIGHBOURS,
+    N_PREFIXES,
+    NEURONS_PER_LAYER,
+    default_layer,
+    default_method,
+    neuron_layers,
+)
 from larql.errors import LqlSemanticError
 from larql.lql import ast
 from larql.lql.clauses import refusal
@@ -85,15 +92,24 @@ def insert_steps(stmt: ast.InsertStmt, session: Session) -> list[Step]:
         layers = [stmt.layer if stmt.layer is not None else default_layer(v.index["model"], v.num_layers)]
     where = f"layers {layers[0]}-{layers[-1]}" if len(layers) > 1 else f"layer {layers[0]}"
     if method == "neuron":
+        chosen: list[int] | None = layers
+        if stmt.layers is None and stmt.layer is None:  # filled in order, NEURONS_PER_LAYER each
+            chosen = None
+            order = neuron_layers(v.index["model"], v.num_layers)
+            where = (f"layer {order[0]}" if len(order) == 1 else
+                     f"layer {order[0]}, then {', '.join(map(str, order[1:]))} ({NEURONS_PER_LAYER} neurons each)")
+        elif len(layers) > 1:
+            where += " (subjects spread evenly)"
         return [Step("statistics", f"E[k k^T] and E[x x^T] of the MLP's input at {where} (cached beside the vindex, "
-                                   "else computed)", {"layers": layers}),
+                                   "else computed)", {"layers": chosen}),
                 Step("capture", f"the MLP's input at the subject's last token, prompt + {N_PREFIXES} model-written "
                                 "prefixes, and opening a text", {"facts": facts}),
                 Step("optimise_value", f"Adam through layers {layers[0]}.. (hand-written backward), at most 25 steps"),
                 Step("hold_inputs", f"BOS, decoy subjects, each subject's {N_NEIGHBOURS} nearest subjects and known "
-                                    "objects (probes), the old object, the other subjects, earlier neurons' subjects"),
+                                    "objects (probes), the old object; the other and earlier neurons' subjects"),
                 Step("choose_slot", "per subject, the layer's cheapest feature not already edited"),
-                Step("solve", "per subject, g of least E[x x^T]-norm: 1 at the subject, 0 where held; "
+                Step("solve", "per subject, g of least E[x x^T]-norm: 1 at the subject, 0 where held (its own "
+                              "holds, the nearest other subjects and wherever it would fire above 0.05); "
                               "gate = 12 g, up = g, down = value / f(12)"),
                 Step("record", f"patch overlay, {n} neuron insert(s) (method neuron)", {"method": method}),
                 Step("measure", "held-out prompts: prefixed prompt, unrelated prompts' top-1 and KL")]

@@ -182,6 +182,25 @@ class Forward:
         x = self.run(segs, np.concatenate(ids), None)  # (sum T_b, hidden)
         return self.logits(x if rows is None else x[rows], None, 0)  # (rows, vocab)
 
+    def observe(self, ids: list[NDArray[np.int64]], caches: list[KVCache], names: set[str], last_layer: int) -> dict[str, F32]:
+        """The activations at `names` (hook points of layers <= `last_layer`, none inside attention)
+        of the packed sequences `ids`, each `(sum T_b, ...)` in packing order; the pass stops after
+        `last_layer`. Read-only: nothing is changed, so packed rows need no per-sequence positions."""
+        bounds = np.cumsum([0, *(len(a) for a in ids)])
+        segs = [Segment(int(lo), int(hi), c, c.length) for lo, hi, c in zip(bounds[:-1], bounds[1:], caches)]
+        for s in segs:
+            s.cache.reserve(s.start + s.hi - s.lo)
+        got: dict[str, F32] = {}
+
+        def keep(x: F32, name: str, start: int) -> None:
+            got[name] = np.array(x, dtype=np.float32, copy=True)
+
+        hooks: Hooks = {n: keep for n in names}
+        x = self.embed(np.concatenate(ids), segs)  # (sum T_b, hidden)
+        for i in range(last_layer + 1):
+            x = self.layer(i, x, segs, hooks)
+        return got
+
     def run(self, segs: list[Segment], ids: NDArray[np.int64], hooks: Hooks | None) -> F32:
         """The final residual `(T, hidden)` of the packed rows `ids`; each segment's cache grows by its rows."""
         assert not hooks or len(segs) == 1  # hooks address one sequence's positions

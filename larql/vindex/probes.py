@@ -9,7 +9,7 @@ or an entity the model does not know, mostly fall below the bar or produce non-w
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,12 +75,18 @@ def run_probes(model: Model, templates: tuple[RelationTemplate, ...], entity: st
     one packed prefill (each template's worked examples reused from the model's last probe, see
     model/prefix.py), then one batched greedy step at a time for the answers still running. An
     answer whose first token is below `min_prob` stops at that token (its edge will not be shown)."""
-    prompts = [model.tokenize(probe_prompt(t, entity)) for t in templates]
+    return _run_pairs(model, [(t, entity) for t in templates], min_prob)
+
+
+def _run_pairs(model: Model, pairs: Sequence[tuple[RelationTemplate, str]],
+               min_prob: float) -> list[tuple[str, float]]:
+    """run_probes over (template, entity) pairs, all in one batch."""
+    prompts = [model.tokenize(probe_prompt(t, entity)) for t, entity in pairs]
     starts = [model.prefixes.start(model, ("probe", t.template), ids, MAX_ANSWER_TOKENS)
-              for t, ids in zip(templates, prompts)]
+              for (t, _), ids in zip(pairs, prompts)]
     caches = [cache for cache, _ in starts]
-    logits = model.next_logits_batch([rest for _, rest in starts], caches)  # (templates, vocab)
-    for t, ids, cache in zip(templates, prompts, caches):
+    logits = model.next_logits_batch([rest for _, rest in starts], caches)  # (pairs, vocab)
+    for (t, _), ids, cache in zip(pairs, prompts, caches):
         model.prefixes.keep(model, ("probe", t.template), ids, cache)
     answers = [[int(t)] for t in logits.argmax(-1)]
     probs = [float(np.exp(log_softmax(row)[a[0]])) for row, a in zip(logits, answers)]
@@ -95,6 +101,34 @@ def run_probes(model: Model, templates: tuple[RelationTemplate, ...], entity: st
     return [(_answer_text(model, a), p) for a, p in zip(answers, probs)]
 
 
+PAIRS_PER_BATCH = 64  # (template, entity) probes run together by probe_edges_many
+
+
+def probe_edges_many(model: Model, entities: Sequence[str], templates: tuple[RelationTemplate, ...] = TEMPLATES,
+                     ) -> list[list[Edge]]:
+    """`probe_edges` of each entity, the probes of several entities batched together (an INSERT of
+    hundreds of subjects asks what the model knows about each)."""
+    pairs = [(t, e) for e in entities for t in templates]
+    answers: list[tuple[str, float]] = []
+    for i in range(0, len(pairs), PAIRS_PER_BATCH):
+        answers += _run_pairs(model, pairs[i: i + PAIRS_PER_BATCH], MIN_PROB)
+    out = []
+    for j, entity in enumerate(entities):
+        got = answers[j * len(templates): (j + 1) * len(templates)]
+        edges = _edges(entity, templates, got)
+        out.append(sorted((e for e in edges if e.score >= MIN_PROB), key=lambda e: -e.score))
+    return out
+
+
+def _edges(entity: str, templates: Sequence[RelationTemplate], answers: Sequence[tuple[str, float]]) -> list[Edge]:
+    edges = []
+    for t, (answer, prob) in zip(templates, answers):
+        words = answer.split()
+        if words and is_content_token(words[0]) and answer.lower() != entity.lower():
+            edges.append(Edge(answer, prob, -1, -1, "probe", t.relation))
+    return edges
+
+
 def run_probe(model: Model, t: RelationTemplate, entity: str) -> tuple[str, float]:
     """(answer text, probability of its first token) for one template."""
     return run_probes(model, (t,), entity)[0]
@@ -105,11 +139,7 @@ def probe_candidates(model: Model, entity: str, templates: tuple[RelationTemplat
     """Every template's answer that reads as a word, whatever its probability (probe_edges keeps
     those that clear MIN_PROB; benchmarks/bench_probe_threshold.py measures where that bar goes).
     Answers below `min_prob` are cut at their first token."""
-    edges = []
-    for t, (answer, prob) in zip(templates, run_probes(model, templates, entity, min_prob)):
-        words = answer.split()
-        if words and is_content_token(words[0]) and answer.lower() != entity.lower():
-            edges.append(Edge(answer, prob, -1, -1, "probe", t.relation))
+    edges = _edges(entity, templates, run_probes(model, templates, entity, min_prob))
     if progress is not None:
         progress("probe edges", len(templates), len(templates))
     return edges

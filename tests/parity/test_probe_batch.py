@@ -20,6 +20,7 @@ from larql.vindex.probes import (
     TEMPLATES,
     probe_candidates,
     probe_edges,
+    probe_edges_many,
     probe_prompt,
     run_probes,
 )
@@ -69,6 +70,17 @@ def test_probe_edges_keep_what_clears_the_bar(gemma: larql.Model) -> None:
     assert [(e.label, e.target) for e in shown] == [(e.label, e.target) for e in want]
     assert np.allclose([e.score for e in shown], [e.score for e in want], atol=TOL)
     assert any(e.label == "capital" and e.target == "Madrid" for e in shown)
+
+
+def test_probes_of_many_entities_batched_equal_each_alone(gemma: larql.Model) -> None:
+    """An INSERT of hundreds of subjects probes them together: the same edges as one entity at a time."""
+    entities = ["Spain", "Kenya", "Zebrador", "Germany"]  # a fictional one, and one of the examples
+    many = probe_edges_many(gemma, entities)
+    for entity, got in zip(entities, many):
+        want = probe_edges(gemma, entity)
+        assert [(e.label, e.target) for e in got] == [(e.label, e.target) for e in want]
+        assert np.allclose([e.score for e in got], [e.score for e in want], atol=TOL)
+    assert any(e.label == "capital" and e.target == "Nairobi" for e in many[1])
 
 
 @pytest.fixture(scope="module")

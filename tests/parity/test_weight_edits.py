@@ -112,12 +112,14 @@ def test_a_neuron_is_never_asked_to_fire_at_the_attention_sink() -> None:
     whose input is nearly the same for every token; asked to fire there, 35 neurons in one INSERT fired
     on a fifth of all tokens. The start-of-text form is used only after position 0."""
     import larql
-    from larql.edit.neuron import subject_input
+    from larql.edit.neuron import subject_inputs
 
     smol = larql.load("smollm2-135m")
     assert len(smol.tokenize("Japan")) == 1  # no BOS put first, one token
-    assert subject_input(smol, 4, "Japan") is None
-    many = subject_input(smol, 4, "Kyrgyzstan")  # several tokens: its last one is past the sink
-    assert many is not None and many.shape == (smol.config.hidden,) and np.all(np.isfinite(many))
+    one, many = subject_inputs(smol, 4, ["Japan", "Kyrgyzstan"], ["{}"])
+    assert one.shape == (smol.config.hidden, 0)
+    # several tokens: its last one is past the sink
+    assert many.shape == (smol.config.hidden, 1) and np.all(np.isfinite(many))
+    assert subject_inputs(smol, 4, ["Japan"], ["{}", "In {}"])[0].shape == (smol.config.hidden, 1)  # behind "In"
     gemma = larql.load("gemma3-270m")  # BOS first: every subject is past the sink
-    assert subject_input(gemma, 3, "Japan") is not None
+    assert subject_inputs(gemma, 3, ["Japan"], ["{}"])[0].shape == (gemma.config.hidden, 1)

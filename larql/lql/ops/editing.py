@@ -75,7 +75,8 @@ def _insert_facts(stmt: ast.InsertStmt, session: Session, result: Result, run: P
         layer = run.param("capture", "layer")
         layers = None if layer is None else [layer]
     else:
-        layers = list(run.param("statistics", "layers"))
+        chosen = run.param("statistics", "layers")  # None: METHOD NEURON fills the model's neuron layers
+        layers = None if chosen is None else list(chosen)
     rows = run.param("capture", "facts")
     # insert_facts runs every step of the plan in one call, in the plan's order
     for step in run.plan.steps[len(run.taken):]:

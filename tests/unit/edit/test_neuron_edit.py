@@ -94,8 +94,48 @@ def test_stacked_neurons_take_new_slots_and_stay_silent_on_each_other(vx: Path) 
     x_first = _input_at(m, first.layer, PROMPT, "zeta")
     assert abs(float(second.vectors["up"] @ x_first)) < 1e-4  # the new neuron is silent on the old subject
     assert _logp(m, PROMPT, "blue") > taught - 0.1 * (taught - untaught)  # so the first fact stays taught
-    with pytest.raises(EditError, match="one layer"):
-        insert_facts(v, [Fact("kappa", "Colour of kappa", "gold")], "neuron", layers=[1, 2], measure=False)
+    # a layer range spreads the subjects over it, counting the neurons already there (two at layer 1)
+    insert_facts(v, [Fact("kappa", "Colour of kappa", "gold"), Fact("iota", "Colour of iota", "red")], "neuron",
+                 layers=[1, 2], measure=False)
+    assert [op.layer for op in v.patches.pending] == [1, 1, 2, 2]
+
+
+def test_without_a_layer_neurons_fill_the_model_layers_in_order(vx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import larql.edit.insert_facts as module
+
+    v = edit_vindex(vx)
+    m = v.model()
+    monkeypatch.setattr(module, "neuron_layers", lambda name, n: (2, 1))
+    monkeypatch.setattr(module, "NEURONS_PER_LAYER", 2)
+    insert_facts(v, [Fact("zeta", PROMPT, "blue", "colour")], "neuron", measure=False)
+    assert v.patches.pending[0].layer == 2  # the first of the model's neuron layers
+    # layer 2 has room for one more, layer 1 for two; then the emptiest, the earlier in order on a tie
+    assert module.neuron_layer_plan(v, m, ["a", "b", "c", "d"], None) == {2: {"a", "d"}, 1: {"b", "c"}}
+    assert module.neuron_layer_plan(v, m, ["a", "b", "c"], [0, 1]) == {0: {"a", "c"}, 1: {"b"}}  # given: even
+
+
+def test_neuron_directions_fire_at_their_subject_and_nowhere_near_it() -> None:
+    """More subjects than the input has dimensions: each neuron holds its own decoys, the nearest other
+    subjects and wherever it would fire, and still fires exactly at its subject."""
+    from larql.edit.neuron import LEAK, neuron_directions
+    from larql.edit.rome import KeyMetric
+
+    rng = np.random.default_rng(0)
+    hidden, n = 128, 100  # 100 subjects x 2 inputs in 128 dimensions
+    base = rng.standard_normal((hidden, hidden))
+    metric = KeyMetric(base @ base.T / hidden + np.eye(hidden))
+    common = 3.0 * rng.standard_normal((hidden, 1))  # inputs share a large component, as real ones do
+    fire = [(common + rng.standard_normal((hidden, 2))).astype(np.float32) for _ in range(n)]
+    held = (common + rng.standard_normal((hidden, 6))).astype(np.float32)
+    owners = [-1, -1, 0, 0, 1, 5]
+    gs = neuron_directions(metric, fire, held, owners)
+    for j, g in enumerate(gs):
+        assert np.allclose(g @ fire[j], 1.0, atol=1e-3)
+        mine = [c for c, o in enumerate(owners) if o in (-1, j)]
+        assert np.all(np.abs(g @ held[:, mine]) < 1e-3)
+    # off its subject a neuron is quadratic in g·x: most of the other 99 subjects' inputs stay under LEAK
+    off = np.abs(np.concatenate([gs[0] @ f for f in fire[1:]]))
+    assert np.median(off) < LEAK and np.linalg.norm(gs[0]) < 10
 
 
 def test_free_slots_skip_taken_features_and_say_when_none_are_left() -> None:

@@ -101,6 +101,7 @@ def test_plans_are_golden(vx: Path, vxi: Path, update_golden: bool) -> None:
              'METHOD MEMIT AT LAYER 1',
              'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B") METHOD MEMIT LAYERS 0-1',
              'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B") METHOD NEURON AT LAYER 1',
+             'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B") METHOD NEURON',
              'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B") METHOD FEATURE CONFIDENCE 0.8',
              'CROWN "The capital of France is" FOR "Paris" SUBJECT "France"', "REBALANCE",
              "REBALANCE AT LAYER 2 UNTIL CONVERGED FLOOR 0.5 CEILING 0.99", "REBALANCE MAX 3",

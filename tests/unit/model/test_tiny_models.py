@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import larql
 from tests.conftest import rel_err
@@ -88,3 +89,23 @@ def test_stream_yields_text_pieces(tiny: dict) -> None:
     pieces = list(m.stream("hello", max_new_tokens=5, stop_at_eos=False))
     assert len(pieces) == 5
     assert "".join(p for _, p in pieces) == m.detokenize([t for t, _ in pieces]).rstrip("\ufffd")
+
+
+def test_capture_batch_equals_run_with_cache_per_prompt(tiny: dict) -> None:
+    """Editing reads keys of hundreds of short prompts in packed passes: each sequence's activations
+    must be its own pass's, whatever else is packed beside it (lengths differ, one is a single token)."""
+    from larql.errors import ModelError
+
+    m = larql.load(tiny["root"] / "q8.gguf")
+    batch = [IDS, IDS[:3], [7], IDS[::-1]]
+    names = ["blocks.0.hook_resid_mid", "blocks.1.mlp.hook_post", "blocks.1.hook_mlp_out"]
+    got = m.capture_batch(batch, names)
+    assert len(got) == len(batch)
+    for ids, acts in zip(batch, got):
+        _, want = m.run_with_cache(ids, names)
+        for name in names:
+            assert acts[name].shape == want[name].shape
+            assert rel_err(acts[name], want[name]) <= 1e-5
+    for bad in (["blocks.0.attn.hook_pattern"], ["hook_embed"]):
+        with pytest.raises(ModelError, match="capture_batch"):
+            m.capture_batch(batch, bad)
