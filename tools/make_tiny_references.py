@@ -40,6 +40,11 @@ _COMMON: dict[str, Any] = {
 }
 _LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+# Phi-3's long-context scaling: per-frequency short / long factors (the long ones once a pass reaches
+# past original_max_position_embeddings: prompt 0 does, prompt 1 does not), cos and sin scaled by
+# sqrt(1 + ln(128 / 32) / ln 32) derived from the context ratio
+_LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.3, 2.1, 3.7],
+             "long_factor": [1.1, 2.9, 7.5, 19.0]}
 _GEMMA3_ROPE = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}
 
@@ -63,6 +68,8 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any], str]] = {
                                "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]},
                "q/k norms, sandwich norms, linear rope scaling on the global layer"),
     "phi3": ("phi3", {"sliding_window": 6}, "fused qkv_proj and gate_up_proj, sliding window of 6"),
+    "phi3_longrope": ("phi3", {"rope_parameters": _LONGROPE, "original_max_position_embeddings": 32},
+                      "longrope scaling: short factors below 32 positions, long ones past them, attention factor"),
     "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
                 "a router choosing 2 of 4 experts per position, weights renormalised"),
     "gpt2": ("gpt2", {"n_embd": 32, "n_layer": 3, "n_head": 4, "n_inner": 64, "n_positions": 128,

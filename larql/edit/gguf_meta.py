@@ -54,6 +54,9 @@ def architecture_fields(cfg: dict[str, Any]) -> dict[str, Any]:
         out[p + "rope.dimension_count"] = int(cfg["head_dim"])
         if int(cfg["sliding_window"]):
             out[p + "attention.sliding_window"] = int(cfg["sliding_window"])
+        if cfg.get("rope_scaling") == "longrope":  # llama.cpp keeps its factors in tensors this does not write
+            raise VindexError("COMPILE ... FORMAT GGUF without the source GGUF writes no longrope factors "
+                              "(rope_factors_short/long tensors); write FORMAT SAFETENSORS")
         if cfg.get("rope_scaling"):
             out[p + "rope.scaling.type"] = str(cfg["rope_scaling"])
             out[p + "rope.scaling.factor"] = float(cfg["rope_factor"])

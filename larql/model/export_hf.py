@@ -84,6 +84,10 @@ def _rope_parameters(cfg: ModelConfig, base: float, scaled: bool) -> dict[str, A
     if cfg.rope_scaling == "llama3":
         out |= {"low_freq_factor": cfg.rope_low_freq_factor, "high_freq_factor": cfg.rope_high_freq_factor,
                 "original_max_position_embeddings": cfg.rope_original_context}
+    if cfg.rope_scaling == "longrope":
+        out |= {"short_factor": list(cfg.rope_short_factors), "long_factor": list(cfg.rope_long_factors),
+                "original_max_position_embeddings": cfg.rope_original_context,
+                "attention_factor": cfg.rope_attn_factor}
     return out
 
 
