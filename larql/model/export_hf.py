@@ -27,7 +27,7 @@ from numpy.typing import NDArray
 from larql.errors import ModelError, UnsupportedError
 from larql.jsonfile import read_json
 from larql.model.config import ModelConfig
-from larql.model.hf_names import hf_tensor_name
+from larql.model.hf_names import SANDWICH_ARCHS, hf_tensor
 from larql.model.model import Model
 from larql.model.weights import named_tensors
 from larql.quant import QuantMatrix
@@ -71,9 +71,19 @@ def to_hf_values(name: str, x: F32, cfg: ModelConfig) -> F32:
         return _unpermute(x, cfg.n_heads)
     if cfg.rope_interleaved and part == "attn_k":
         return _unpermute(x, cfg.n_kv_heads)
-    if cfg.arch == "gemma3" and name.endswith("norm.weight"):
+    if cfg.arch in SANDWICH_ARCHS and name.endswith("norm.weight"):
         return (x - np.float32(1.0)).astype(np.float32)
     return x
+
+
+def export_name(name: str, cfg: ModelConfig) -> str:
+    """The HF checkpoint name a GGUF-named tensor is written under (Mixtral's experts as
+    `block_sparse_moe.experts.{e}.w1/w2/w3`, the layout transformers saves and reads)."""
+    where = hf_tensor(name, cfg)
+    if where.rows is not None or where.conv1d:  # a fused or transposed layout this writer does not build
+        raise UnsupportedError(f"safetensors export writes no fused tensors ({where.name}), which {cfg.arch} "
+                               f"uses; export it as GGUF instead")
+    return where.name
 
 
 def _rope_parameters(cfg: ModelConfig, base: float, scaled: bool) -> dict[str, Any]:
@@ -92,12 +102,13 @@ def _rope_parameters(cfg: ModelConfig, base: float, scaled: bool) -> dict[str, A
 
 
 def hf_config(cfg: ModelConfig, vocab: int, tok: TokenizerFiles, dtype: str) -> dict[str, Any]:
-    """config.json for Gemma3ForCausalLM or LlamaForCausalLM (legacy rope keys, which transformers
-    4.x and larql read, plus v5's rope_parameters)."""
-    if cfg.rope_freq_factors or cfg.n_experts:  # nothing below would carry them: refuse, not drop them
-        what = "per-frequency rope factors (llama.cpp's rope_freqs)" if cfg.rope_freq_factors else "experts"
-        raise UnsupportedError(f"safetensors export writes no {what}, which this {cfg.arch} model has; "
-                               f"export it as GGUF instead")
+    """config.json for Gemma3ForCausalLM, Gemma2ForCausalLM, MixtralForCausalLM or LlamaForCausalLM
+    (legacy rope keys, which transformers 4.x and larql read, plus v5's rope_parameters)."""
+    if cfg.rope_freq_factors:  # nothing below would carry them: refuse, not drop them
+        raise UnsupportedError(f"safetensors export writes no per-frequency rope factors (llama.cpp's rope_freqs), "
+                               f"which this {cfg.arch} model has; export it as GGUF instead")
+    if cfg.n_experts and cfg.arch not in ("llama", "mixtral"):
+        raise UnsupportedError(f"safetensors export writes experts only as Mixtral's; this is {cfg.arch}")
     common: dict[str, Any] = {
         "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn, "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
@@ -120,6 +131,14 @@ def hf_config(cfg: ModelConfig, vocab: int, tok: TokenizerFiles, dtype: str) -> 
                                     "sliding_attention": _rope_parameters(cfg, cfg.rope_base_local, False)},
                 "final_logit_softcapping": cfg.final_softcap or None,
                 "attn_logit_softcapping": cfg.attn_softcap or None, "use_bidirectional_attention": False}
+    if cfg.arch == "gemma2":
+        return _gemma2(cfg, common)
+    if cfg.n_experts:  # Mixtral, from an HF directory (arch mixtral) or a GGUF (a llama with experts)
+        return {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", **common, "hidden_act": "silu",
+                "num_local_experts": cfg.n_experts, "num_experts_per_tok": cfg.n_experts_used,
+                "sliding_window": cfg.sliding_window or None, "output_router_logits": False,
+                "router_aux_loss_coef": 0.0, "router_jitter_noise": 0.0,
+                "rope_parameters": _rope_parameters(cfg, cfg.rope_base, True)}
     if cfg.arch == "llama":
         if cfg.sliding_window:
             raise UnsupportedError(f"LlamaForCausalLM has no sliding window, and this model uses one of "
@@ -127,7 +146,23 @@ def hf_config(cfg: ModelConfig, vocab: int, tok: TokenizerFiles, dtype: str) -> 
         return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common, "hidden_act": "silu",
                 "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1,
                 "rope_parameters": _rope_parameters(cfg, cfg.rope_base, True)}
-    raise UnsupportedError(f"safetensors export knows Gemma 3 and Llama, not {cfg.arch!r}; export it as GGUF instead")
+    raise UnsupportedError(f"safetensors export knows Gemma 2, Gemma 3, Llama and Mixtral, not {cfg.arch!r}; "
+                           f"export it as GGUF instead")
+
+
+def _gemma2(cfg: ModelConfig, common: dict[str, Any]) -> dict[str, Any]:
+    """Gemma2ForCausalLM: every layer's type spelled out (so no version's default pattern is
+    assumed), the query scale as query_pre_attn_scalar, both soft-caps (null when off)."""
+    if cfg.rope_base_local != cfg.rope_base:
+        raise UnsupportedError("Gemma 2 has one rope base; this model's sliding layers use another")
+    scalar = 1.0 / cfg.attn_scale**2
+    return {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", **common,
+            "hidden_activation": "gelu_pytorch_tanh", "attention_bias": False,
+            "query_pre_attn_scalar": round(scalar) if abs(scalar - round(scalar)) < 1e-3 else scalar,
+            "sliding_window": cfg.sliding_window,
+            "layer_types": ["full_attention" if g else "sliding_attention" for g in cfg.global_layers],
+            "rope_parameters": _rope_parameters(cfg, cfg.rope_base, True),
+            "final_logit_softcapping": cfg.final_softcap or None, "attn_logit_softcapping": cfg.attn_softcap or None}
 
 
 def _tokenizer_files(tok: TokenizerFiles, cfg: ModelConfig) -> dict[str, str]:
@@ -206,7 +241,7 @@ def write_hf_dir(out: str | Path, cfg: ModelConfig, tensors: Sequence[ExportTens
         raise ModelError(f"{out}: the model has no token_embd.weight to export")
     config = hf_config(cfg, embd.shape[0], tok, dtype)
     files = _tokenizer_files(tok, cfg)
-    hf_tensors = [(hf_tensor_name(t.name, cfg.arch), t.shape,
+    hf_tensors = [(export_name(t.name, cfg), t.shape,
                    (lambda t=t: to_hf_values(t.name, np.asarray(t.load(), np.float32).reshape(t.shape), cfg)))
                   for t in tensors]
     tmp = temp_path(out)
