@@ -62,9 +62,10 @@ class KVCache:
         self.k = [np.zeros((n_kv_heads, capacity, head_dim), dtype=np.float32) for _ in range(n_layers)]
         self.v = [np.zeros((n_kv_heads, capacity, head_dim), dtype=np.float32) for _ in range(n_layers)]
         self.length = 0
-        # the token ids behind the cached positions, kept only for longrope models: a pass that
-        # first reaches past the original context re-runs them with the long factors
+        # longrope models only: the token ids behind the cached positions, and whether their keys
+        # were rotated with the long factors; a pass needing the other factors re-runs those ids
         self.ids = np.empty(0, dtype=np.int64)
+        self.rope_long = False
 
     def reserve(self, total: int) -> None:
         """Make room for `total` positions (doubling, so appends stay amortised O(1))."""

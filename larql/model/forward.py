@@ -207,23 +207,27 @@ class Forward:
             s.cache.length = s.start + s.hi - s.lo
             if self.cfg.rope_scaling == "longrope":
                 s.cache.ids = np.concatenate([s.cache.ids[:s.start], ids[s.lo:s.hi]])
+                s.cache.rope_long = self.cfg.long_rope(s.cache.length)
         return x if keep is None else x[keep]
 
     def rewind_longrope(self, segs: list[Segment], ids: NDArray[np.int64]
                         ) -> tuple[list[Segment], NDArray[np.int64], NDArray[np.int64] | None]:
-        """Segments whose cached positions were rotated with longrope's short factors and which now
-        reach past the original context start again from position 0, their cached ids first, so
-        that every position uses the long factors (what transformers' Phi-3 generation does: it
-        drops the cache there). Returns the segments, the packed ids and which rows are the
-        caller's (None: all, nothing rewound)."""
-        if not any(0 < s.start <= self.cfg.rope_original_context and self.cfg.long_rope(s.start + s.hi - s.lo)
-                   for s in segs):
+        """Segments whose cached keys were rotated with the other longrope factors than this pass
+        needs (short ones, and the pass now reaches past the original context; or long ones in a
+        cache forked back to a short prefix) start again from position 0, their cached ids first,
+        so that every position uses one set of factors (what transformers' Phi-3 generation does:
+        it drops the cache at the crossing). Returns the segments, the packed ids and which rows
+        are the caller's (None: all, nothing rewound)."""
+        def stale(s: Segment) -> bool:
+            return s.start > 0 and s.cache.rope_long != self.cfg.long_rope(s.start + s.hi - s.lo)
+
+        if not any(stale(s) for s in segs):
             return segs, ids, None
         new_segs, parts, keep, row = [], [], [], 0
         for s in segs:
             own = ids[s.lo:s.hi]
             start = s.start
-            if 0 < start <= self.cfg.rope_original_context and self.cfg.long_rope(start + len(own)):
+            if stale(s):
                 if len(s.cache.ids) < start:
                     raise ModelError(f"longrope: this KV cache holds {start} positions but not their token ids; "
                                      f"run the whole sequence again")

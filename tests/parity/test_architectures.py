@@ -99,6 +99,12 @@ def test_longrope_decode_across_the_original_context_reruns_with_the_long_factor
     assert rel_err(both[0], m.forward(ids[:34])[33]) <= TOL
     assert rel_err(both[1], m.forward(short[:10])[9]) <= TOL
     assert caches[0].length == 34 and np.array_equal(caches[0].ids, ids[:34])
+    # a cache forked back to a short prefix (DESCRIBE's prefix reuse) holds long-rotated keys: a
+    # short pass after it runs the prefix again with the short factors
+    from larql.model.prefix import fork
+
+    short_again = fork(caches[0], 20, 40)
+    assert rel_err(m.next_logits(ids[20:25], short_again), m.forward(ids[:25])[24]) <= TOL
 
 
 if __name__ == "__main__":  # the figures of the README's architecture table
