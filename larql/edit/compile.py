@@ -228,6 +228,9 @@ def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wi
         factors = cfg.get("rope_freq_factors")
         if factors:  # Llama 3.1's rope scaling, which llama.cpp reads from this tensor
             writer.add_tensor("rope_freqs.weight", np.asarray(factors, dtype=np.float32))
+        if cfg.get("rope_scaling") == "longrope":  # Phi-3's, which llama.cpp reads from these two tensors
+            for kind in ("short", "long"):
+                writer.add_tensor(f"rope_factors_{kind}.weight", np.asarray(cfg[f"rope_{kind}_factors"], np.float32))
         for e in manifest:
             m = edited_matrix(source, e["name"], edited)
             if permute and e["name"].endswith((".attn_q.weight", ".attn_k.weight")):
