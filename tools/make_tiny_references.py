@@ -4,7 +4,8 @@ For each architecture: a seeded random model built by HF transformers itself (fl
 attention, 3 layers, hidden 32, the 257-token byte-level tokenizer of tests/synthetic.py), saved
 as an HF directory (config.json + model.safetensors + tokenizer.json) by `save_pretrained`, with
 what transformers computes for two prompts: token ids, logits at every position, the residual
-entering layer 0 and after every layer, and layer 0's q projection before RoPE. The parity tests
+entering layer 0 and after every layer, and layer 0's q projection before RoPE (and, for the
+references in GENERATIONS, a greedy generation with its per-step logits). The parity tests
 (tests/parity/test_architectures.py) compare larql against these files and need no torch.
 
 Needs torch and transformers; neither is a runtime or CI dependency of larql. Run from the
@@ -135,6 +136,21 @@ def _run(model: torch.nn.Module, ids: list[int]) -> dict[str, np.ndarray]:
             "resid_post": np.stack([seen[f"resid_post.{i}"] for i in range(len(layers))])}
 
 
+# references that also record a greedy generation through transformers' KV cache: (prompt 0's first
+# n tokens, new tokens). phi3_longrope's crosses its original context of 32 at the 5th new token,
+# where transformers' Phi-3 drops its cache and runs everything again with the long factors.
+GENERATIONS = {"phi3_longrope": (28, 12)}
+
+
+def _generate(model: torch.nn.Module, ids: list[int], new: int) -> dict[str, np.ndarray]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, output_scores=True,
+                             return_dict_in_generate=True, pad_token_id=EOS, eos_token_id=None)
+    return {"gen.prompt": np.array(ids, dtype=np.int64),
+            "gen.ids": out.sequences[0, len(ids):].numpy().astype(np.int64),
+            "gen.scores": torch.stack(out.scores)[:, 0].numpy().astype(np.float32)}  # (new, vocab)
+
+
 def build(name: str, seed: int = 0) -> Path:
     model_type, fields, what = ARCHITECTURES[name]
     torch.manual_seed(seed)
@@ -152,6 +168,9 @@ def build(name: str, seed: int = 0) -> Path:
     for p, text in enumerate(PROMPTS):
         for key, value in _run(model, tok.encode(text).ids).items():
             arrays[f"p{p}.{key}"] = value
+    if name in GENERATIONS:
+        n, new = GENERATIONS[name]
+        arrays |= _generate(model, tok.encode(PROMPTS[0]).ids[:n], new)
     np.savez_compressed(OUT / f"{name}.npz", **arrays)
     (OUT / f"{name}.json").write_text(json.dumps({
         "architecture": name, "model_type": model_type, "exercises": what, "seed": seed, "prompts": PROMPTS,

@@ -77,6 +77,21 @@ def test_decode_through_the_kv_cache_matches_the_full_forward() -> None:
             assert rel_err(step, full[t]) <= TOL, f"{arch}: decode step {t}"
 
 
+def test_longrope_generation_across_the_original_context_matches_transformers() -> None:
+    """transformers' greedy generate from 28 tokens of prompt 0, 12 new ones, crossing the original
+    context (32) at the 5th: larql's decode through its KV cache gives the same tokens and, at every
+    step, transformers' logits."""
+    m = larql.load(REFS / "phi3_longrope")
+    ref = np.load(REFS / "phi3_longrope.npz")
+    assert len(ref["gen.prompt"]) < 32 < len(ref["gen.prompt"]) + len(ref["gen.ids"])
+    assert m.generate(ref["gen.prompt"].tolist(), max_new_tokens=len(ref["gen.ids"])).ids == ref["gen.ids"].tolist()
+    cache = m.new_cache(64)
+    logits = m.next_logits(ref["gen.prompt"], cache)
+    for t, tok in enumerate(ref["gen.ids"]):
+        assert rel_err(logits, ref["gen.scores"][t]) <= TOL, f"step {t}"
+        logits = m.next_logits([int(tok)], cache)
+
+
 def test_longrope_decode_across_the_original_context_reruns_with_the_long_factors() -> None:
     """Phi-3's longrope (original context 32): a pass ending at or before position 31 rotates with the
     short factors, one reaching past it with the long ones at every position. transformers' Phi-3
