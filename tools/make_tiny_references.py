@@ -5,7 +5,8 @@ attention, 3 layers, hidden 32, the 257-token byte-level tokenizer of tests/synt
 as an HF directory (config.json + model.safetensors + tokenizer.json) by `save_pretrained`, with
 what transformers computes for two prompts: token ids, logits at every position, the residual
 entering layer 0 and after every layer, and layer 0's q projection before RoPE (and, for the
-references in GENERATIONS, a greedy generation with its per-step logits). The parity tests
+references in GENERATIONS, a greedy generation with its per-step logits; for Mixtral, each expert's
+output, the chosen experts and their weights per layer). The parity tests
 (tests/parity/test_architectures.py) compare larql against these files and need no torch.
 
 Needs torch and transformers; neither is a runtime or CI dependency of larql. Run from the
@@ -128,12 +129,30 @@ def _run(model: torch.nn.Module, ids: list[int]) -> dict[str, np.ndarray]:
     cfg = model.config
     q_out = cfg.num_attention_heads * (getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
     handles.append(proj.register_forward_hook(lambda m, a, out: keep("q0", out[..., :q_out])))
+    experts: dict[str, list[np.ndarray]] = {}
+    if cfg.model_type == "mixtral":
+        handles += [layer.mlp.experts.register_forward_hook(lambda m, a, out: _each_expert(m, a, experts))
+                    for layer in layers]
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0].numpy().astype(np.float32)
     for h in handles:
         h.remove()
-    return {"ids": np.array(ids, dtype=np.int64), "logits": logits, "embed": seen["embed"], "q0": seen["q0"],
-            "resid_post": np.stack([seen[f"resid_post.{i}"] for i in range(len(layers))])}
+    out = {"ids": np.array(ids, dtype=np.int64), "logits": logits, "embed": seen["embed"], "q0": seen["q0"],
+           "resid_post": np.stack([seen[f"resid_post.{i}"] for i in range(len(layers))])}
+    return out | {key: np.stack(values) for key, values in experts.items()}
+
+
+def _each_expert(module: torch.nn.Module, args: tuple[Any, ...], into: dict[str, list[np.ndarray]]) -> None:
+    """Mixtral's experts module, run again by its own forward once per expert with weight 1 on the
+    slots routed to that expert and 0 elsewhere: each expert's output before the router's weight,
+    as transformers computes it, `(E, T, hidden)` (zero where the expert is not chosen); also the
+    chosen experts `(T, k)` and their weights."""
+    hidden, index, weights = args
+    outs = [type(module).forward(module, hidden, index, (index == e).to(weights.dtype))
+            for e in range(module.num_experts)]
+    into.setdefault("expert_out", []).append(torch.stack(outs).numpy().astype(np.float32))
+    into.setdefault("expert_index", []).append(index.numpy().astype(np.int64))
+    into.setdefault("expert_weight", []).append(weights.numpy().astype(np.float32))
 
 
 # references that also record a greedy generation through transformers' KV cache: (prompt 0's first

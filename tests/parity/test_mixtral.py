@@ -198,6 +198,25 @@ def test_expert_hooks_match_a_recomputation_from_the_weights() -> None:
         assert rel_err(x + mlp_out, ref["p0.resid_post"][layer]) <= 1e-4  # transformers' own residual
 
 
+def test_expert_hooks_match_transformers_experts() -> None:
+    """Against transformers itself (tools/make_tiny_references.py runs Mixtral's experts module once
+    per expert with weight 1 on that expert's slots): every expert's `hook_out` equals transformers'
+    output of that expert, on both prompts and every layer, zero where neither picks it; the rows
+    larql routes to each expert are the ones transformers' router chose."""
+    m = larql.load(REF)
+    ref = np.load(REF.parent / "mixtral.npz")
+    for p in ("p0", "p1"):
+        names = [f"blocks.{i}.mlp.experts.{e}.hook_out" for i in range(m.config.n_layers)
+                 for e in range(m.config.n_experts)]
+        _, cache = m.run_with_cache(ref[f"{p}.ids"], names)
+        for i in range(m.config.n_layers):
+            for e in range(m.config.n_experts):
+                got, want = cache[f"blocks.{i}.mlp.experts.{e}.hook_out"], ref[f"{p}.expert_out"][i, e]
+                chosen = (ref[f"{p}.expert_index"][i] == e).any(axis=1)  # (T,) transformers' routing
+                assert np.array_equal(got.any(axis=1), chosen), f"{p} layer {i} expert {e}: routing"
+                assert rel_err(got, want) <= 1e-5, f"{p} layer {i} expert {e}: {rel_err(got, want):.1e}"
+
+
 def test_ablating_an_expert_by_its_hook_equals_zeroing_its_weights(tmp_path: Path) -> None:
     """Zero() on `blocks.1.mlp.experts.2.hook_out` (or its hook_post) gives exactly the logits of the
     checkpoint with that expert's w2 zeroed; at one position it changes only that position onwards."""
