@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from larql.edit.gguf_fuse import OutTensor, fuse
 from larql.edit.gguf_meta import vindex_fields, write_fields
 from larql.edit.overlay import FeatureOverride
 from larql.edit.view import EditableVindex
@@ -231,20 +232,24 @@ def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wi
         if cfg.get("rope_scaling") == "longrope":  # Phi-3's, which llama.cpp reads from these two tensors
             for kind in ("short", "long"):
                 writer.add_tensor(f"rope_factors_{kind}.weight", np.asarray(cfg[f"rope_{kind}_factors"], np.float32))
+        tensors = []
         for e in manifest:
             m = edited_matrix(source, e["name"], edited)
             if permute and e["name"].endswith((".attn_q.weight", ".attn_k.weight")):
                 heads = cfg["n_heads"] if e["name"].endswith("q.weight") else cfg["n_kv_heads"]
                 m = interleave_rope_rows(m if m is not None else source.matrix(e["name"]).dequantize(), heads)
             if m is not None:
-                writer.add_tensor(e["name"], m)
+                tensors.append(OutTensor(e["name"], m))
             else:
                 q = source.matrix(e["name"])
-                data = np.ascontiguousarray(q.raw)
-                if q.qtype == GGMLType.F32:
-                    writer.add_tensor(e["name"], data.view(np.float32).reshape(e["shape"]))
-                else:
-                    writer.add_tensor(e["name"], data, raw_dtype=gguf.GGMLQuantizationType(int(q.qtype)))
+                tensors.append(OutTensor(e["name"], q.dequantize().reshape(e["shape"]) if q.qtype == GGMLType.F32
+                                         else q))
+        for t in fuse(cfg["arch"], tensors):  # Phi-3's and GPT-2's fused tensors, as llama.cpp names them
+            if isinstance(t.data, np.ndarray):
+                writer.add_tensor(t.name, np.ascontiguousarray(t.data, dtype=np.float32))
+            else:
+                writer.add_tensor(t.name, np.ascontiguousarray(t.data.raw),
+                                  raw_dtype=gguf.GGMLQuantizationType(int(t.data.qtype)))
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
