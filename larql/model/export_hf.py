@@ -139,15 +139,33 @@ def hf_config(cfg: ModelConfig, vocab: int, tok: TokenizerFiles, dtype: str) -> 
                 "sliding_window": cfg.sliding_window or None, "output_router_logits": False,
                 "router_aux_loss_coef": 0.0, "router_jitter_noise": 0.0,
                 "rope_parameters": _rope_parameters(cfg, cfg.rope_base, True)}
+    rope = {"rope_parameters": _rope_parameters(cfg, cfg.rope_base, True)}
+    if cfg.arch in ("qwen2", "qwen3"):
+        return _qwen(cfg, common | rope)
+    if cfg.arch == "mistral" or (cfg.arch == "llama" and cfg.sliding_window):  # llama.cpp converts Mistral as llama
+        if not all(g == (cfg.sliding_window == 0) for g in cfg.global_layers):
+            raise UnsupportedError("MistralForCausalLM slides on every layer or none; this model mixes them")
+        return {"architectures": ["MistralForCausalLM"], "model_type": "mistral", **common, **rope,
+                "hidden_act": "silu", "sliding_window": cfg.sliding_window or None}
     if cfg.arch == "llama":
-        if cfg.sliding_window:
-            raise UnsupportedError(f"LlamaForCausalLM has no sliding window, and this model uses one of "
-                                   f"{cfg.sliding_window} tokens; export it as GGUF instead")
-        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common, "hidden_act": "silu",
-                "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1,
-                "rope_parameters": _rope_parameters(cfg, cfg.rope_base, True)}
-    raise UnsupportedError(f"safetensors export knows Gemma 2, Gemma 3, Llama and Mixtral, not {cfg.arch!r}; "
-                           f"export it as GGUF instead")
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common, **rope, "hidden_act": "silu",
+                "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1}
+    raise UnsupportedError(f"safetensors export knows Gemma 2, Gemma 3, Llama, Mistral, Mixtral, Qwen2 and Qwen3, "
+                           f"not {cfg.arch!r}; export it as GGUF instead")
+
+
+def _qwen(cfg: ModelConfig, common: dict[str, Any]) -> dict[str, Any]:
+    """Qwen2ForCausalLM / Qwen3ForCausalLM (q/k/v biases and q/k norms are tensors, no flag): a
+    sliding window only from layer max_window_layers on, as transformers' use_sliding_window."""
+    first = next((i for i, g in enumerate(cfg.global_layers) if not g), cfg.n_layers)
+    if any(not g for g in cfg.global_layers[:first]) or any(cfg.global_layers[first:]):
+        raise UnsupportedError(f"{cfg.arch}: sliding layers must be the last ones (from max_window_layers on)")
+    sliding = first < cfg.n_layers
+    return {"architectures": [f"{cfg.arch.capitalize()}ForCausalLM"], "model_type": cfg.arch, **common,
+            "hidden_act": "silu", "use_sliding_window": sliding, "max_window_layers": first,
+            "sliding_window": cfg.sliding_window if sliding else None,
+            "layer_types": ["full_attention" if g else "sliding_attention" for g in cfg.global_layers],
+            **({"attention_bias": False} if cfg.arch == "qwen3" else {})}
 
 
 def _gemma2(cfg: ModelConfig, common: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""Safetensors export of Gemma 2 and Mixtral (export_model and COMPILE ... INTO MODEL FORMAT
-SAFETENSORS): the directory written is the HF checkpoint transformers saved (the same tensor names),
+"""Safetensors export of Gemma 2, Mixtral, Mistral, Qwen2, Qwen3 and Llama 3 (export_model and
+COMPILE ... INTO MODEL FORMAT SAFETENSORS): the directory written is the HF checkpoint transformers saved (the same tensor names),
 larql loads it back to the same config and logits, from the HF reference, from its GGUF and from an
 edited vindex. That transformers itself runs the export is a dev-only check
 (benchmarks/check_safetensors_export.py --dirs), not a test: no torch here."""
@@ -26,7 +26,9 @@ from tests.parity.test_architectures_gguf import write_gguf
 REFS = Path(__file__).resolve().parents[1] / "golden" / "architectures"
 
 
-@pytest.mark.parametrize("arch, cls", [("gemma2", "Gemma2ForCausalLM"), ("mixtral", "MixtralForCausalLM")])
+@pytest.mark.parametrize("arch, cls", [("gemma2", "Gemma2ForCausalLM"), ("mixtral", "MixtralForCausalLM"),
+                                       ("mistral", "MistralForCausalLM"), ("qwen2", "Qwen2ForCausalLM"),
+                                       ("qwen3", "Qwen3ForCausalLM"), ("llama3", "LlamaForCausalLM")])
 def test_export_is_the_checkpoint_transformers_saved(arch: str, cls: str, tmp_path: Path) -> None:
     m = larql.load(REFS / arch)
     out = export_model(m, tmp_path / arch, dtype="f32")
@@ -46,7 +48,7 @@ def test_export_is_the_checkpoint_transformers_saved(arch: str, cls: str, tmp_pa
         assert np.array_equal(logits.argmax(-1), ref[f"{p}.logits"].argmax(-1))
 
 
-@pytest.mark.parametrize("arch", ["gemma2_gguf", "mixtral"])
+@pytest.mark.parametrize("arch", ["gemma2_gguf", "mixtral", "qwen2", "qwen3"])
 def test_export_from_gguf_gives_transformers_logits(arch: str, tmp_path: Path) -> None:
     """From llama.cpp's layout (Gemma norms 1 + w, Mixtral a llama with stacked experts and its q/k
     rows permuted): the export loads back to the reference's logits."""
@@ -85,7 +87,7 @@ def test_what_the_export_cannot_carry_is_refused(tmp_path: Path) -> None:
     m.config = replace(m.config, rope_base_local=1234.0)  # Gemma 2 has one rope base
     with pytest.raises(UnsupportedError, match="Gemma 2 has one rope base"):
         export_model(m, tmp_path / "x", dtype="f32")
-    with pytest.raises(UnsupportedError, match="safetensors export knows Gemma 2, Gemma 3, Llama and Mixtral, not "
-                                               "'gpt2'"):
+    with pytest.raises(UnsupportedError, match="safetensors export knows Gemma 2, Gemma 3, Llama, "
+                                               "Mistral, Mixtral, Qwen2 and Qwen3, not 'gpt2'"):
         export_model(larql.load(REFS / "gpt2"), tmp_path / "y", dtype="f32")
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
