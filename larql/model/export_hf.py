@@ -76,14 +76,36 @@ def to_hf_values(name: str, x: F32, cfg: ModelConfig) -> F32:
     return x
 
 
-def export_name(name: str, cfg: ModelConfig) -> str:
-    """The HF checkpoint name a GGUF-named tensor is written under (Mixtral's experts as
-    `block_sparse_moe.experts.{e}.w1/w2/w3`, the layout transformers saves and reads)."""
-    where = hf_tensor(name, cfg)
-    if where.rows is not None or where.conv1d:  # a fused or transposed layout this writer does not build
-        raise UnsupportedError(f"safetensors export writes no fused tensors ({where.name}), which {cfg.arch} "
-                               f"uses; export it as GGUF instead")
-    return where.name
+def hf_tensors(tensors: Sequence[ExportTensor], cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], Callable[[], F32]]]:
+    """(HF checkpoint name, shape, loader of HF-convention values) per tensor written: Mixtral's
+    experts as `block_sparse_moe.experts.{e}.w1/w2/w3`, Phi-3's q/k/v rows joined into `qkv_proj`
+    and its gate and up into `gate_up_proj` (the layout transformers saves and reads)."""
+    groups: dict[str, list[tuple[int, ExportTensor]]] = {}
+    for t in tensors:
+        where = hf_tensor(t.name, cfg)
+        if where.conv1d:  # GPT-2's transposed Conv1D layout, which this writer does not build
+            raise UnsupportedError(f"safetensors export writes no Conv1D tensors ({where.name}), which {cfg.arch} "
+                                   f"uses; export it as GGUF instead")
+        groups.setdefault(where.name, []).append((where.rows[0] if where.rows else 0, t))
+
+    def values(t: ExportTensor) -> F32:
+        return to_hf_values(t.name, np.asarray(t.load(), np.float32).reshape(t.shape), cfg)
+
+    out: list[tuple[str, tuple[int, ...], Callable[[], F32]]] = []
+    for name, parts in groups.items():
+        parts.sort(key=lambda p: p[0])
+        if len(parts) == 1:
+            t = parts[0][1]
+            out.append((name, t.shape, lambda t=t: values(t)))  # type: ignore[misc]
+            continue
+        row = 0
+        for first, t in parts:  # the parts must tile the fused tensor's rows
+            if first != row or len(t.shape) != 2 or t.shape[1] != parts[0][1].shape[1]:
+                raise ModelError(f"{name}: the parts {[p.name for _, p in parts]} do not make one tensor")
+            row += t.shape[0]
+        out.append((name, (row, parts[0][1].shape[1]),
+                    lambda parts=parts: np.concatenate([values(t) for _, t in parts])))  # type: ignore[misc]
+    return out
 
 
 def _rope_parameters(cfg: ModelConfig, base: float, scaled: bool) -> dict[str, Any]:
@@ -142,6 +164,11 @@ def hf_config(cfg: ModelConfig, vocab: int, tok: TokenizerFiles, dtype: str) -> 
     rope = {"rope_parameters": _rope_parameters(cfg, cfg.rope_base, True)}
     if cfg.arch in ("qwen2", "qwen3"):
         return _qwen(cfg, common | rope)
+    if cfg.arch == "phi3":
+        return {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", **common, **rope, "hidden_act": "silu",
+                "sliding_window": cfg.sliding_window or None, "partial_rotary_factor": 1.0,
+                "original_max_position_embeddings": cfg.rope_original_context or cfg.context_length,
+                "pad_token_id": None}
     if cfg.arch == "mistral" or (cfg.arch == "llama" and cfg.sliding_window):  # llama.cpp converts Mistral as llama
         if not all(g == (cfg.sliding_window == 0) for g in cfg.global_layers):
             raise UnsupportedError("MistralForCausalLM slides on every layer or none; this model mixes them")
@@ -150,8 +177,8 @@ def hf_config(cfg: ModelConfig, vocab: int, tok: TokenizerFiles, dtype: str) -> 
     if cfg.arch == "llama":
         return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common, **rope, "hidden_act": "silu",
                 "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1}
-    raise UnsupportedError(f"safetensors export knows Gemma 2, Gemma 3, Llama, Mistral, Mixtral, Qwen2 and Qwen3, "
-                           f"not {cfg.arch!r}; export it as GGUF instead")
+    raise UnsupportedError(f"safetensors export knows Gemma 2, Gemma 3, Llama, Mistral, Mixtral, Phi-3, Qwen2 and "
+                           f"Qwen3, not {cfg.arch!r}; export it as GGUF instead")
 
 
 def _qwen(cfg: ModelConfig, common: dict[str, Any]) -> dict[str, Any]:
@@ -259,9 +286,7 @@ def write_hf_dir(out: str | Path, cfg: ModelConfig, tensors: Sequence[ExportTens
         raise ModelError(f"{out}: the model has no token_embd.weight to export")
     config = hf_config(cfg, embd.shape[0], tok, dtype)
     files = _tokenizer_files(tok, cfg)
-    hf_tensors = [(export_name(t.name, cfg), t.shape,
-                   (lambda t=t: to_hf_values(t.name, np.asarray(t.load(), np.float32).reshape(t.shape), cfg)))
-                  for t in tensors]
+    written = hf_tensors(tensors, cfg)
     tmp = temp_path(out)
     try:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -269,7 +294,7 @@ def write_hf_dir(out: str | Path, cfg: ModelConfig, tensors: Sequence[ExportTens
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         for name, text in files.items():
             (tmp / name).write_text(text)
-        write_safetensors(tmp / "model.safetensors", hf_tensors, dtype)
+        write_safetensors(tmp / "model.safetensors", written, dtype)
         if out.exists():  # overwrite: move the old one aside first, so a crash loses nothing
             old = temp_path(out, "old")
             os.rename(out, old)

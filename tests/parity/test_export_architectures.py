@@ -1,4 +1,4 @@
-"""Safetensors export of Gemma 2, Mixtral, Mistral, Qwen2, Qwen3 and Llama 3 (export_model and
+"""Safetensors export of Gemma 2, Mixtral, Mistral, Qwen2, Qwen3, Phi-3 (longrope too) and Llama 3 (export_model and
 COMPILE ... INTO MODEL FORMAT SAFETENSORS): the directory written is the HF checkpoint transformers saved (the same tensor names),
 larql loads it back to the same config and logits, from the HF reference, from its GGUF and from an
 edited vindex. That transformers itself runs the export is a dev-only check
@@ -28,7 +28,8 @@ REFS = Path(__file__).resolve().parents[1] / "golden" / "architectures"
 
 @pytest.mark.parametrize("arch, cls", [("gemma2", "Gemma2ForCausalLM"), ("mixtral", "MixtralForCausalLM"),
                                        ("mistral", "MistralForCausalLM"), ("qwen2", "Qwen2ForCausalLM"),
-                                       ("qwen3", "Qwen3ForCausalLM"), ("llama3", "LlamaForCausalLM")])
+                                       ("qwen3", "Qwen3ForCausalLM"), ("llama3", "LlamaForCausalLM"),
+                                       ("phi3", "Phi3ForCausalLM"), ("phi3_longrope", "Phi3ForCausalLM")])
 def test_export_is_the_checkpoint_transformers_saved(arch: str, cls: str, tmp_path: Path) -> None:
     m = larql.load(REFS / arch)
     out = export_model(m, tmp_path / arch, dtype="f32")
@@ -48,7 +49,7 @@ def test_export_is_the_checkpoint_transformers_saved(arch: str, cls: str, tmp_pa
         assert np.array_equal(logits.argmax(-1), ref[f"{p}.logits"].argmax(-1))
 
 
-@pytest.mark.parametrize("arch", ["gemma2_gguf", "mixtral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["gemma2_gguf", "mixtral", "qwen2", "qwen3", "phi3", "phi3_longrope"])
 def test_export_from_gguf_gives_transformers_logits(arch: str, tmp_path: Path) -> None:
     """From llama.cpp's layout (Gemma norms 1 + w, Mixtral a llama with stacked experts and its q/k
     rows permuted): the export loads back to the reference's logits."""
@@ -88,6 +89,6 @@ def test_what_the_export_cannot_carry_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedError, match="Gemma 2 has one rope base"):
         export_model(m, tmp_path / "x", dtype="f32")
     with pytest.raises(UnsupportedError, match="safetensors export knows Gemma 2, Gemma 3, Llama, "
-                                               "Mistral, Mixtral, Qwen2 and Qwen3, not 'gpt2'"):
+                                               "Mistral, Mixtral, Phi-3, Qwen2 and Qwen3, not 'gpt2'"):
         export_model(larql.load(REFS / "gpt2"), tmp_path / "y", dtype="f32")
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
