@@ -19,7 +19,7 @@ from typing import Protocol, cast
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.errors import UnsupportedError
+from larql.errors import ModelError, UnsupportedError
 from larql.model.config import ModelConfig
 from larql.model.hooks import HookFns, expert_hook_names, layer_hook_names, run_hook
 from larql.model.weights import Weights
@@ -140,7 +140,11 @@ class FFN:
             logits = run_hook(hooks, n.router, logits, start)
         probs = np.exp(logits - logits.max(axis=1, keepdims=True))
         probs /= probs.sum(axis=1, keepdims=True)  # (T, n_experts)
+        if hooks:
+            probs = run_hook(hooks, n.expert_weights, probs, start)
         chosen = np.argsort(-probs, axis=1, kind="stable")[:, : self.n_used]  # (T, k) as torch.topk
+        if hooks:
+            chosen = self._chosen_hook(hooks, n.expert_indices, chosen, start, len(lw.experts))
         weight = np.take_along_axis(probs, chosen, axis=1)
         weight /= weight.sum(axis=1, keepdims=True)  # (T, k)
         out = np.zeros_like(h)  # (T, hidden)
@@ -184,6 +188,20 @@ class FFN:
         if hooks:
             out = run_hook(hooks, n.mlp_out, out, start)
         return out
+
+    @staticmethod
+    def _chosen_hook(hooks: HookFns, name: str, chosen: NDArray[np.intp], start: int, n_experts: int
+                     ) -> NDArray[np.intp]:
+        """The chosen experts `(T, k)` through the hook at `name`: what it returns (the same shape)
+        is routed to, so it must name experts 0..n_experts-1, each once per position."""
+        if name not in hooks:
+            return chosen
+        out = np.asarray(run_hook(hooks, name, chosen.astype(np.int64), start))
+        if (out.shape != chosen.shape or not np.array_equal(out, np.round(out)) or out.min() < 0
+                or out.max() >= n_experts or any(len(set(row)) != len(row) for row in out.tolist())):
+            raise ModelError(f"hook {name}: the chosen experts must be a {list(chosen.shape)} array of distinct "
+                             f"expert numbers 0..{n_experts - 1} per position")
+        return out.astype(np.intp)
 
     @staticmethod
     def _expert_hook(hooks: HookFns | None, name: str, part: F32, rows: NDArray[np.intp], t: int, start: int) -> F32:

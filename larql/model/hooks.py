@@ -12,6 +12,8 @@ Per layer L, in forward order:
     blocks.L.hook_attn_out       (T, hidden)       after o_proj, before Gemma's post-attention norm
     blocks.L.hook_resid_mid      (T, hidden)
     blocks.L.mlp.hook_router     (T, experts)      a mixture of experts' router logits (Mixtral only)
+    blocks.L.mlp.hook_expert_weights  (T, experts) their softmax, before the top-k (TransformerLens's)
+    blocks.L.mlp.hook_expert_indices  (T, k)       the experts chosen, int64, largest weight first
     blocks.L.mlp.experts.E.hook_pre   (T, ffn)     expert E's gate projection   } TransformerLens's MoE
     blocks.L.mlp.experts.E.hook_post  (T, ffn)     act(gate) * up of expert E   } names; rows the router
     blocks.L.mlp.experts.E.hook_out   (T, hidden)  expert E's down projection,  } did not send to E are
@@ -41,6 +43,7 @@ F32 = NDArray[np.float32]
 
 LAYER_KINDS = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_rot_q", "attn.hook_rot_k",
                "attn.hook_scores", "attn.hook_pattern", "hook_attn_out", "hook_resid_mid", "mlp.hook_router",
+               "mlp.hook_expert_weights", "mlp.hook_expert_indices",
                "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post")
 GLOBAL_HOOKS = ("hook_embed", "hook_final_norm")
 EXPERT_KINDS = ("hook_pre", "hook_post", "hook_out")  # per expert: blocks.L.mlp.experts.E.<kind>
@@ -58,6 +61,8 @@ class LayerHookNames(NamedTuple):
     attn_out: str
     resid_mid: str
     router: str
+    expert_weights: str
+    expert_indices: str
     mlp_pre: str
     mlp_post: str
     mlp_out: str
@@ -77,13 +82,13 @@ def expert_hook_names(layer: int, n_experts: int) -> tuple[tuple[str, str, str],
 
 def all_hook_names(n_layers: int, unreached: tuple[str, ...] = (), n_experts: int = 0) -> list[str]:
     """Every hook point in forward order, less the kinds in `unreached` (see Model.hook_names); with
-    experts, each one's points follow the router's, expert by expert."""
+    experts, each one's points follow the routing's, expert by expert."""
     names = [GLOBAL_HOOKS[0]]
     for i in range(n_layers):
         for kind in LAYER_KINDS:
             if kind not in unreached:
                 names.append(f"blocks.{i}.{kind}")
-            if kind == "mlp.hook_router" and n_experts:
+            if kind == "mlp.hook_expert_indices" and n_experts:
                 names += [n for per in expert_hook_names(i, n_experts) for n in per]
     return [*names, GLOBAL_HOOKS[1]]
 

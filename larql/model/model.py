@@ -80,10 +80,11 @@ class Model:
 
     def hook_names(self) -> list[str]:
         """The hook points a forward pass of this model reaches, in order: not `hook_rot_q/k` without
-        RoPE (GPT-2), `mlp.hook_router` only in a mixture of experts, which has no `mlp.hook_pre/post`."""
+        RoPE (GPT-2), the routing points only in a mixture of experts, which has no `mlp.hook_pre/post`."""
         c = self.config
         unreached: tuple[str, ...] = ("attn.hook_rot_q", "attn.hook_rot_k") if c.positions != "rope" else ()
-        unreached += ("mlp.hook_pre", "mlp.hook_post") if c.n_experts else ("mlp.hook_router",)
+        unreached += (("mlp.hook_pre", "mlp.hook_post") if c.n_experts
+                      else ("mlp.hook_router", "mlp.hook_expert_weights", "mlp.hook_expert_indices"))
         return all_hook_names(c.n_layers, unreached, c.n_experts)
 
     def tokenize(self, text: str) -> list[int]:

@@ -259,3 +259,33 @@ def test_expert_hook_names_are_checked() -> None:
         larql.load(REF.parent / "llama3").forward([1, 2], hooks={"blocks.0.mlp.experts.0.hook_pre": Zero()})
     assert "blocks.0.mlp.experts.3.hook_out" in m.hook_names()
     assert not any(".experts." in n for n in larql.load(REF.parent / "llama3").hook_names())
+
+
+def test_routing_hooks_are_transformers_routing_and_steer_it() -> None:
+    """`mlp.hook_expert_weights` is the softmax of the router logits (TransformerLens's point, before
+    the top-k) and `mlp.hook_expert_indices` the experts transformers' router chose, in its order;
+    replacing the weights by a one-hot on expert 3 sends every position to expert 3 alone."""
+    from larql.errors import ModelError
+    from larql.model.hooks import Replace
+
+    m = larql.load(REF)
+    ref = np.load(REF.parent / "mixtral.npz")
+    for p in ("p0", "p1"):
+        ids = ref[f"{p}.ids"]
+        for i in range(m.config.n_layers):
+            names = [f"blocks.{i}.mlp.hook_router", f"blocks.{i}.mlp.hook_expert_weights",
+                     f"blocks.{i}.mlp.hook_expert_indices"]
+            _, cache = m.run_with_cache(ids, names)
+            logits = cache[names[0]].astype(np.float64)
+            probs = np.exp(logits - logits.max(-1, keepdims=True))
+            assert rel_err(cache[names[1]], probs / probs.sum(-1, keepdims=True)) <= 1e-6
+            assert np.array_equal(cache[names[2]], ref[f"{p}.expert_index"][i])
+    ids = ref["p1.ids"]
+    one_hot = np.eye(m.config.n_experts, dtype=np.float32)[3]
+    _, cache = m.run_with_cache(ids, ["blocks.1.mlp.experts.3.hook_out", "blocks.1.hook_mlp_out"],
+                                hooks={"blocks.1.mlp.hook_expert_weights": Replace(one_hot)})
+    np.testing.assert_array_equal(cache["blocks.1.hook_mlp_out"], cache["blocks.1.mlp.experts.3.hook_out"])
+    assert cache["blocks.1.mlp.experts.3.hook_out"].any(axis=1).all()
+    with pytest.raises(ModelError, match=r"hook blocks\.1\.mlp\.hook_expert_indices: the chosen experts must be a "
+                                         r"\[15, 2\] array of distinct expert numbers 0\.\.3 per position"):
+        m.forward(ids, hooks={"blocks.1.mlp.hook_expert_indices": lambda x, name: np.zeros_like(x)})
