@@ -79,32 +79,36 @@ def to_hf_values(name: str, x: F32, cfg: ModelConfig) -> F32:
 def hf_tensors(tensors: Sequence[ExportTensor], cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], Callable[[], F32]]]:
     """(HF checkpoint name, shape, loader of HF-convention values) per tensor written: Mixtral's
     experts as `block_sparse_moe.experts.{e}.w1/w2/w3`, Phi-3's q/k/v rows joined into `qkv_proj`
-    and its gate and up into `gate_up_proj` (the layout transformers saves and reads)."""
+    and its gate and up into `gate_up_proj`, GPT-2's Conv1D weights transposed and its q/k/v joined
+    into `c_attn` (the layout transformers saves and reads)."""
     groups: dict[str, list[tuple[int, ExportTensor]]] = {}
+    conv1d: set[str] = set()  # GPT-2's Conv1D tensors, stored (in, out): the transpose of larql's
     for t in tensors:
         where = hf_tensor(t.name, cfg)
-        if where.conv1d:  # GPT-2's transposed Conv1D layout, which this writer does not build
-            raise UnsupportedError(f"safetensors export writes no Conv1D tensors ({where.name}), which {cfg.arch} "
-                                   f"uses; export it as GGUF instead")
         groups.setdefault(where.name, []).append((where.rows[0] if where.rows else 0, t))
+        if where.conv1d:
+            conv1d.add(where.name)
 
     def values(t: ExportTensor) -> F32:
         return to_hf_values(t.name, np.asarray(t.load(), np.float32).reshape(t.shape), cfg)
 
+    def joined(parts: list[tuple[int, ExportTensor]], transpose: bool) -> F32:
+        x = np.concatenate([values(t) for _, t in parts]) if len(parts) > 1 else values(parts[0][1])
+        return np.ascontiguousarray(x.T) if transpose else x
+
     out: list[tuple[str, tuple[int, ...], Callable[[], F32]]] = []
     for name, parts in groups.items():
         parts.sort(key=lambda p: p[0])
-        if len(parts) == 1:
-            t = parts[0][1]
-            out.append((name, t.shape, lambda t=t: values(t)))  # type: ignore[misc]
-            continue
+        first_shape = parts[0][1].shape
         row = 0
-        for first, t in parts:  # the parts must tile the fused tensor's rows
-            if first != row or len(t.shape) != 2 or t.shape[1] != parts[0][1].shape[1]:
+        for first, t in parts:  # fused parts (q, k, v; gate, up) must tile the tensor's rows
+            if first != row or t.shape[1:] != first_shape[1:]:
                 raise ModelError(f"{name}: the parts {[p.name for _, p in parts]} do not make one tensor")
             row += t.shape[0]
-        out.append((name, (row, parts[0][1].shape[1]),
-                    lambda parts=parts: np.concatenate([values(t) for _, t in parts])))  # type: ignore[misc]
+        shape = (row, *first_shape[1:])
+        transpose = name in conv1d and len(shape) == 2
+        out.append((name, shape[::-1] if transpose else shape,
+                    lambda parts=parts, transpose=transpose: joined(parts, transpose)))  # type: ignore[misc]
     return out
 
 
@@ -131,6 +135,8 @@ def hf_config(cfg: ModelConfig, vocab: int, tok: TokenizerFiles, dtype: str) -> 
                                f"which this {cfg.arch} model has; export it as GGUF instead")
     if cfg.n_experts and cfg.arch not in ("llama", "mixtral"):
         raise UnsupportedError(f"safetensors export writes experts only as Mixtral's; this is {cfg.arch}")
+    if cfg.arch == "gpt2":
+        return _gpt2(cfg, vocab, tok, dtype)
     common: dict[str, Any] = {
         "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn, "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
@@ -177,8 +183,21 @@ def hf_config(cfg: ModelConfig, vocab: int, tok: TokenizerFiles, dtype: str) -> 
     if cfg.arch == "llama":
         return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common, **rope, "hidden_act": "silu",
                 "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1}
-    raise UnsupportedError(f"safetensors export knows Gemma 2, Gemma 3, Llama, Mistral, Mixtral, Phi-3, Qwen2 and "
-                           f"Qwen3, not {cfg.arch!r}; export it as GGUF instead")
+    raise UnsupportedError(f"safetensors export knows Gemma 2, Gemma 3, GPT-2, Llama, Mistral, Mixtral, Phi-3, "
+                           f"Qwen2 and Qwen3, not {cfg.arch!r}; export it as GGUF instead")
+
+
+def _gpt2(cfg: ModelConfig, vocab: int, tok: TokenizerFiles, dtype: str) -> dict[str, Any]:
+    """GPT2LMHeadModel: GPT-2's own field names; its query scale is 1/sqrt(head_dim) or none."""
+    if cfg.attn_scale not in (1.0, cfg.head_dim ** -0.5) or cfg.activation != "gelu_tanh":
+        raise UnsupportedError("GPT2LMHeadModel scales queries by 1/sqrt(head_dim) (or not) and uses gelu_new")
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": cfg.hidden, "n_layer": cfg.n_layers,
+            "n_head": cfg.n_heads, "n_inner": cfg.ffn, "n_positions": cfg.context_length, "vocab_size": vocab,
+            "layer_norm_epsilon": cfg.norm_eps, "activation_function": "gelu_new",
+            "scale_attn_weights": cfg.attn_scale != 1.0, "scale_attn_by_inverse_layer_idx": False,
+            "tie_word_embeddings": cfg.tied_embeddings, "attn_pdrop": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0,
+            "use_cache": True, "torch_dtype": DTYPES[dtype][1], "dtype": DTYPES[dtype][1],
+            "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_ids[0] if tok.eos_ids else None}
 
 
 def _qwen(cfg: ModelConfig, common: dict[str, Any]) -> dict[str, Any]:
