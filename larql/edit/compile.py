@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from larql.edit.gguf_fuse import OutTensor, fuse
-from larql.edit.gguf_meta import vindex_fields, write_fields
+from larql.edit.gguf_meta import gguf_arch, vindex_fields, write_fields
 from larql.edit.overlay import FeatureOverride
 from larql.edit.view import EditableVindex
 from larql.errors import VindexError
@@ -208,7 +208,7 @@ def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wi
     cfg = v.index["model_config"]
     fields = None if has_source else vindex_fields(v.index, (v.path / "tokenizer.json").read_text())
     # llama.cpp's llama rotates adjacent q/k pairs; a vindex from an HF checkpoint keeps rotate-half rows
-    permute = cfg["arch"] == "llama" and not cfg["rope_interleaved"]
+    permute = gguf_arch(cfg) == "llama" and not cfg["rope_interleaved"]
     edited = edited_layers(v)
     source = VindexWeightSource(v.path)
     manifest = json.loads((v.path / layout.MANIFEST_FILE).read_text())
@@ -224,7 +224,7 @@ def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wi
                 sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
                 writer.add_key_value(field.name, field.contents(), vtype, sub)
         else:
-            writer = gguf.GGUFWriter(tmp, cfg["arch"])
+            writer = gguf.GGUFWriter(tmp, gguf_arch(cfg))
             write_fields(writer, fields)
         factors = cfg.get("rope_freq_factors")
         if factors:  # Llama 3.1's rope scaling, which llama.cpp reads from this tensor
@@ -244,7 +244,7 @@ def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wi
                 q = source.matrix(e["name"])
                 tensors.append(OutTensor(e["name"], q.dequantize().reshape(e["shape"]) if q.qtype == GGMLType.F32
                                          else q))
-        for t in fuse(cfg["arch"], tensors):  # Phi-3's and GPT-2's fused tensors, as llama.cpp names them
+        for t in fuse(gguf_arch(cfg), tensors):  # Phi-3's and GPT-2's fused tensors, as llama.cpp names them
             if isinstance(t.data, np.ndarray):
                 writer.add_tensor(t.name, np.ascontiguousarray(t.data, dtype=np.float32))
             else:

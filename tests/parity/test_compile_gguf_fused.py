@@ -73,3 +73,32 @@ def test_an_edited_phi3_compiles_to_the_same_model(tmp_path: Path) -> None:
     ids = m.tokenize("The x of B is")
     assert rel_err(m.forward(ids), larql.load(baked).forward(ids)) <= 1e-6
     assert rel_err(m.forward(ids), larql.load(src).forward(ids)) > 1e-3
+
+
+@pytest.mark.parametrize("arch", ["gemma2_gguf", "mistral", "mixtral", "phi3", "phi3_longrope", "gpt2", "qwen2"])
+def test_an_hf_vindex_compiles_to_gguf_without_a_source(arch: str, tmp_path: Path) -> None:
+    """A vindex extracted from an HF directory has no source GGUF: its metadata is rebuilt (Mistral
+    and Mixtral as llama.cpp's llamas, q/k rows interleaved; Gemma 2's soft-caps; Phi-3's longrope
+    keys and factor tensors; GPT-2's LayerNorm epsilon) and the file gives transformers' logits."""
+    vx = extract(REFS / arch, tmp_path / "v.vindex", level="inference", dtype="f32")
+    out = tmp_path / "out.gguf"
+    execute(f'USE "{vx}"; COMPILE CURRENT INTO MODEL "{out}" FORMAT GGUF')
+    m, hf = larql.load(out), larql.load(REFS / arch)
+    want = {"mistral": "llama", "mixtral": "llama"}.get(hf.config.arch, hf.config.arch)
+    assert GGUFFile(out).metadata["general.architecture"] == want
+    assert (m.config.n_experts, m.config.sliding_window, m.config.final_softcap, m.config.rope_scaling) == (
+        hf.config.n_experts, hf.config.sliding_window, hf.config.final_softcap, hf.config.rope_scaling)
+    ref = np.load(REFS / f"{arch}.npz")
+    for p in ("p0", "p1"):
+        logits = m.forward(ref[f"{p}.ids"])
+        assert rel_err(logits, ref[f"{p}.logits"]) <= 1e-4
+        assert np.array_equal(logits.argmax(-1), ref[f"{p}.logits"].argmax(-1))
+
+
+def test_a_gemma2_query_scale_gguf_cannot_state_is_refused(tmp_path: Path) -> None:
+    from larql.errors import LqlSemanticError
+
+    vx = extract(REFS / "gemma2", tmp_path / "v.vindex", level="inference", dtype="f32")
+    with pytest.raises(LqlSemanticError, match=r"this Gemma 2 scales queries by 0\.288675, which a GGUF cannot state "
+                                               r"\(llama\.cpp derives 0\.353553\)"):
+        execute(f'USE "{vx}"; COMPILE CURRENT INTO MODEL "{tmp_path / "o.gguf"}" FORMAT GGUF')
