@@ -4,6 +4,7 @@
 
     python benchmarks/check_safetensors_export.py [--models gemma3-270m,smollm2-135m] [--dtype bf16]
     python benchmarks/check_safetensors_export.py --vindex g.vindex [--patch facts.vlp]
+    python benchmarks/check_safetensors_export.py --dirs tests/golden/architectures/gemma2,tests/golden/architectures/mixtral --dtype f32
 
 transformers and torch are peers for this check only (not larql dependencies, not in CI). Prints,
 per prompt, larql's top-5 on the source beside transformers' top-5 on the export (computed in
@@ -70,6 +71,8 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["bf16", "f16", "f32"], default="bf16")
     parser.add_argument("--vindex", help="compile this vindex (its patches applied) instead of the models")
     parser.add_argument("--patch", action="append", default=[])
+    parser.add_argument("--dirs", help="export these model paths (HF directories or GGUF files, comma-separated), "
+                                       "e.g. the tiny references of tests/golden/architectures, instead of the models")
     args = parser.parse_args()
 
     import larql
@@ -84,12 +87,18 @@ def main() -> None:
                 v.patches.apply(p)
             out = compile_safetensors(v, Path(tmp) / "export", dtype=args.dtype).path
             rows += check(Path(args.vindex).name, v.model(), out, args.dtype)
+        elif args.dirs:
+            for path in args.dirs.split(","):
+                model = larql.load(path)
+                out = export_model(model, Path(tmp) / Path(path).name, dtype=args.dtype)
+                rows += check(Path(path).name, model, out, args.dtype)
         else:
             for alias in args.models.split(","):
                 model = larql.load(alias)
                 out = export_model(model, Path(tmp) / alias, dtype=args.dtype)
                 rows += check(alias, model, out, args.dtype)
-    print(f"\nwrote {save_results(f'safetensors_export_{args.dtype}', {'dtype': args.dtype, 'rows': rows})}")
+    label = f"safetensors_export_tiny_{args.dtype}" if args.dirs else f"safetensors_export_{args.dtype}"
+    print(f"\nwrote {save_results(label, {'dtype': args.dtype, 'rows': rows})}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ For each architecture: a seeded random model built by HF transformers itself (fl
 attention, 3 layers, hidden 32, the 257-token byte-level tokenizer of tests/synthetic.py), saved
 as an HF directory (config.json + model.safetensors + tokenizer.json) by `save_pretrained`, with
 what transformers computes for two prompts: token ids, logits at every position, the residual
-entering layer 0 and after every layer, and layer 0's q projection before RoPE. The parity tests
+entering layer 0 and after every layer, and layer 0's q projection before RoPE (and, for the
+references in GENERATIONS, a greedy generation with its per-step logits; for Mixtral, each expert's
+output, the chosen experts and their weights per layer). The parity tests
 (tests/parity/test_architectures.py) compare larql against these files and need no torch.
 
 Needs torch and transformers; neither is a runtime or CI dependency of larql. Run from the
@@ -40,6 +42,11 @@ _COMMON: dict[str, Any] = {
 }
 _LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+# Phi-3's long-context scaling: per-frequency short / long factors (the long ones once a pass reaches
+# past original_max_position_embeddings: prompt 0 does, prompt 1 does not), cos and sin scaled by
+# sqrt(1 + ln(128 / 32) / ln 32) derived from the context ratio
+_LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.3, 2.1, 3.7],
+             "long_factor": [1.1, 2.9, 7.5, 19.0]}
 _GEMMA3_ROPE = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}
 
@@ -63,6 +70,8 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any], str]] = {
                                "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]},
                "q/k norms, sandwich norms, linear rope scaling on the global layer"),
     "phi3": ("phi3", {"sliding_window": 6}, "fused qkv_proj and gate_up_proj, sliding window of 6"),
+    "phi3_longrope": ("phi3", {"rope_parameters": _LONGROPE, "original_max_position_embeddings": 32},
+                      "longrope scaling: short factors below 32 positions, long ones past them, attention factor"),
     "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
                 "a router choosing 2 of 4 experts per position, weights renormalised"),
     "gpt2": ("gpt2", {"n_embd": 32, "n_layer": 3, "n_head": 4, "n_inner": 64, "n_positions": 128,
@@ -120,12 +129,45 @@ def _run(model: torch.nn.Module, ids: list[int]) -> dict[str, np.ndarray]:
     cfg = model.config
     q_out = cfg.num_attention_heads * (getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
     handles.append(proj.register_forward_hook(lambda m, a, out: keep("q0", out[..., :q_out])))
+    experts: dict[str, list[np.ndarray]] = {}
+    if cfg.model_type == "mixtral":
+        handles += [layer.mlp.experts.register_forward_hook(lambda m, a, out: _each_expert(m, a, experts))
+                    for layer in layers]
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0].numpy().astype(np.float32)
     for h in handles:
         h.remove()
-    return {"ids": np.array(ids, dtype=np.int64), "logits": logits, "embed": seen["embed"], "q0": seen["q0"],
-            "resid_post": np.stack([seen[f"resid_post.{i}"] for i in range(len(layers))])}
+    out = {"ids": np.array(ids, dtype=np.int64), "logits": logits, "embed": seen["embed"], "q0": seen["q0"],
+           "resid_post": np.stack([seen[f"resid_post.{i}"] for i in range(len(layers))])}
+    return out | {key: np.stack(values) for key, values in experts.items()}
+
+
+def _each_expert(module: torch.nn.Module, args: tuple[Any, ...], into: dict[str, list[np.ndarray]]) -> None:
+    """Mixtral's experts module, run again by its own forward once per expert with weight 1 on the
+    slots routed to that expert and 0 elsewhere: each expert's output before the router's weight,
+    as transformers computes it, `(E, T, hidden)` (zero where the expert is not chosen); also the
+    chosen experts `(T, k)` and their weights."""
+    hidden, index, weights = args
+    outs = [type(module).forward(module, hidden, index, (index == e).to(weights.dtype))
+            for e in range(module.num_experts)]
+    into.setdefault("expert_out", []).append(torch.stack(outs).numpy().astype(np.float32))
+    into.setdefault("expert_index", []).append(index.numpy().astype(np.int64))
+    into.setdefault("expert_weight", []).append(weights.numpy().astype(np.float32))
+
+
+# references that also record a greedy generation through transformers' KV cache: (prompt 0's first
+# n tokens, new tokens). phi3_longrope's crosses its original context of 32 at the 5th new token,
+# where transformers' Phi-3 drops its cache and runs everything again with the long factors.
+GENERATIONS = {"phi3_longrope": (28, 12)}
+
+
+def _generate(model: torch.nn.Module, ids: list[int], new: int) -> dict[str, np.ndarray]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, output_scores=True,
+                             return_dict_in_generate=True, pad_token_id=EOS, eos_token_id=None)
+    return {"gen.prompt": np.array(ids, dtype=np.int64),
+            "gen.ids": out.sequences[0, len(ids):].numpy().astype(np.int64),
+            "gen.scores": torch.stack(out.scores)[:, 0].numpy().astype(np.float32)}  # (new, vocab)
 
 
 def build(name: str, seed: int = 0) -> Path:
@@ -145,6 +187,9 @@ def build(name: str, seed: int = 0) -> Path:
     for p, text in enumerate(PROMPTS):
         for key, value in _run(model, tok.encode(text).ids).items():
             arrays[f"p{p}.{key}"] = value
+    if name in GENERATIONS:
+        n, new = GENERATIONS[name]
+        arrays |= _generate(model, tok.encode(PROMPTS[0]).ids[:n], new)
     np.savez_compressed(OUT / f"{name}.npz", **arrays)
     (OUT / f"{name}.json").write_text(json.dumps({
         "architecture": name, "model_type": model_type, "exercises": what, "seed": seed, "prompts": PROMPTS,

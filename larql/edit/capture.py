@@ -29,7 +29,7 @@ class _Enough(Exception):
 def capture(model: Model, ids: Sequence[int], names: Sequence[str]) -> dict[str, F32]:
     """{name: activation `(T, ...)`} at `names` for the prompt `ids`, computing no further than the
     last of them (hook points fire in `all_hook_names` order)."""
-    order = {n: i for i, n in enumerate(all_hook_names(model.config.n_layers))}
+    order = {n: i for i, n in enumerate(all_hook_names(model.config.n_layers, (), model.config.n_experts))}
     unknown = [n for n in names if n not in order]
     if unknown:
         raise KeyError(f"unknown hook point {unknown[0]!r}")

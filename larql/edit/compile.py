@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from larql.edit.gguf_meta import vindex_fields, write_fields
+from larql.edit.gguf_fuse import OutTensor, fuse
+from larql.edit.gguf_meta import gguf_arch, vindex_fields, write_fields
 from larql.edit.overlay import FeatureOverride
 from larql.edit.view import EditableVindex
 from larql.errors import VindexError
@@ -207,7 +208,7 @@ def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wi
     cfg = v.index["model_config"]
     fields = None if has_source else vindex_fields(v.index, (v.path / "tokenizer.json").read_text())
     # llama.cpp's llama rotates adjacent q/k pairs; a vindex from an HF checkpoint keeps rotate-half rows
-    permute = cfg["arch"] == "llama" and not cfg["rope_interleaved"]
+    permute = gguf_arch(cfg) == "llama" and not cfg["rope_interleaved"]
     edited = edited_layers(v)
     source = VindexWeightSource(v.path)
     manifest = json.loads((v.path / layout.MANIFEST_FILE).read_text())
@@ -223,25 +224,32 @@ def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wi
                 sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
                 writer.add_key_value(field.name, field.contents(), vtype, sub)
         else:
-            writer = gguf.GGUFWriter(tmp, cfg["arch"])
+            writer = gguf.GGUFWriter(tmp, gguf_arch(cfg))
             write_fields(writer, fields)
         factors = cfg.get("rope_freq_factors")
         if factors:  # Llama 3.1's rope scaling, which llama.cpp reads from this tensor
             writer.add_tensor("rope_freqs.weight", np.asarray(factors, dtype=np.float32))
+        if cfg.get("rope_scaling") == "longrope":  # Phi-3's, which llama.cpp reads from these two tensors
+            for kind in ("short", "long"):
+                writer.add_tensor(f"rope_factors_{kind}.weight", np.asarray(cfg[f"rope_{kind}_factors"], np.float32))
+        tensors = []
         for e in manifest:
             m = edited_matrix(source, e["name"], edited)
             if permute and e["name"].endswith((".attn_q.weight", ".attn_k.weight")):
                 heads = cfg["n_heads"] if e["name"].endswith("q.weight") else cfg["n_kv_heads"]
                 m = interleave_rope_rows(m if m is not None else source.matrix(e["name"]).dequantize(), heads)
             if m is not None:
-                writer.add_tensor(e["name"], m)
+                tensors.append(OutTensor(e["name"], m))
             else:
                 q = source.matrix(e["name"])
-                data = np.ascontiguousarray(q.raw)
-                if q.qtype == GGMLType.F32:
-                    writer.add_tensor(e["name"], data.view(np.float32).reshape(e["shape"]))
-                else:
-                    writer.add_tensor(e["name"], data, raw_dtype=gguf.GGMLQuantizationType(int(q.qtype)))
+                tensors.append(OutTensor(e["name"], q.dequantize().reshape(e["shape"]) if q.qtype == GGMLType.F32
+                                         else q))
+        for t in fuse(gguf_arch(cfg), tensors):  # Phi-3's and GPT-2's fused tensors, as llama.cpp names them
+            if isinstance(t.data, np.ndarray):
+                writer.add_tensor(t.name, np.ascontiguousarray(t.data, dtype=np.float32))
+            else:
+                writer.add_tensor(t.name, np.ascontiguousarray(t.data.raw),
+                                  raw_dtype=gguf.GGMLQuantizationType(int(t.data.qtype)))
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()

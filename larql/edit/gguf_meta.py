@@ -23,20 +23,39 @@ from larql.errors import VindexError
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
 
 
+# larql's architecture -> llama.cpp's: it converts Mistral and Mixtral as llamas
+GGUF_ARCH = {"mistral": "llama", "mixtral": "llama"}
+
+
+def gguf_arch(cfg: dict[str, Any]) -> str:
+    """general.architecture of a GGUF for this model_config."""
+    return GGUF_ARCH.get(cfg["arch"], cfg["arch"])
+
+
 def architecture_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     """The `{arch}.*` keys model/config.py reads, from a vindex's model_config."""
-    arch = cfg["arch"]
-    if arch not in ("gemma3", "llama", "qwen2", "qwen3"):
-        raise VindexError(f"COMPILE ... FORMAT GGUF without the source GGUF writes gemma3, llama, qwen2 and qwen3 "
-                          f"metadata; this vindex is {arch}: keep its source GGUF, or write FORMAT SAFETENSORS")
+    arch = gguf_arch(cfg)
+    if arch not in ("gemma3", "gemma2", "llama", "qwen2", "qwen3", "phi3", "gpt2"):
+        raise VindexError(f"COMPILE ... FORMAT GGUF without the source GGUF writes gemma2, gemma3, gpt2, llama "
+                          f"(mistral, mixtral), phi3, qwen2 and qwen3 metadata; this vindex is {arch}: keep its "
+                          f"source GGUF, or write FORMAT SAFETENSORS")
     p = arch + "."
     out: dict[str, Any] = {
         p + "context_length": int(cfg["context_length"]), p + "embedding_length": int(cfg["hidden"]),
         p + "block_count": int(cfg["n_layers"]), p + "feed_forward_length": int(cfg["ffn"]),
-        p + "attention.head_count": int(cfg["n_heads"]), p + "attention.head_count_kv": int(cfg["n_kv_heads"]),
+        p + "attention.head_count": int(cfg["n_heads"]),
+    }
+    if arch == "gpt2":  # LayerNorm, learned positions, no rope; the query scale is llama.cpp's 1/sqrt(head_dim)
+        if abs(float(cfg["attn_scale"]) - int(cfg["head_dim"]) ** -0.5) > 1e-9:
+            raise VindexError("a GPT-2 GGUF cannot state a query scale other than 1/sqrt(head_dim)")
+        return out | {p + "attention.layer_norm_epsilon": float(cfg["norm_eps"]), p + "vocab_size": int(cfg["vocab"])}
+    out |= {
+        p + "attention.head_count_kv": int(cfg["n_kv_heads"]),
         p + "attention.key_length": int(cfg["head_dim"]), p + "attention.value_length": int(cfg["head_dim"]),
         p + "attention.layer_norm_rms_epsilon": float(cfg["norm_eps"]), p + "rope.freq_base": float(cfg["rope_base"]),
     }
+    if arch == "gemma2":
+        return out | _gemma2_fields(cfg, p)
     if arch == "gemma3":
         out[p + "attention.sliding_window"] = int(cfg["sliding_window"])
         pattern = _global_pattern(cfg["global_layers"])
@@ -54,10 +73,35 @@ def architecture_fields(cfg: dict[str, Any]) -> dict[str, Any]:
         out[p + "rope.dimension_count"] = int(cfg["head_dim"])
         if int(cfg["sliding_window"]):
             out[p + "attention.sliding_window"] = int(cfg["sliding_window"])
-        if cfg.get("rope_scaling"):
+        if cfg.get("n_experts"):
+            out[p + "expert_count"] = int(cfg["n_experts"])
+            out[p + "expert_used_count"] = int(cfg["n_experts_used"])
+        if cfg.get("rope_scaling") == "longrope":  # the factors themselves are tensors (compile.py writes them)
+            out[p + "rope.scaling.original_context_length"] = int(cfg["rope_original_context"])
+            out[p + "rope.scaling.attn_factor"] = float(cfg["rope_attn_factor"])
+        elif cfg.get("rope_scaling"):
             out[p + "rope.scaling.type"] = str(cfg["rope_scaling"])
             out[p + "rope.scaling.factor"] = float(cfg["rope_factor"])
     return out
+
+
+def _gemma2_fields(cfg: dict[str, Any], p: str) -> dict[str, Any]:
+    """Gemma 2's keys: its GGUF states no query scale (llama.cpp derives it from the size, as
+    model/config.py does), so a model scaled otherwise cannot be written; the soft-caps are always
+    written (absent, llama.cpp and larql would take 50 and 30)."""
+    hidden, heads, head_dim = int(cfg["hidden"]), int(cfg["n_heads"]), int(cfg["head_dim"])
+    from larql.model.config import GEMMA2_27B_LAYERS
+
+    derived = (hidden // heads if int(cfg["n_layers"]) == GEMMA2_27B_LAYERS else head_dim) ** -0.5
+    if abs(float(cfg["attn_scale"]) - derived) > 1e-9:
+        raise VindexError(f"this Gemma 2 scales queries by {float(cfg['attn_scale']):.6g}, which a GGUF cannot "
+                          f"state (llama.cpp derives {derived:.6g}); keep its source GGUF, or write FORMAT SAFETENSORS")
+    if float(cfg["rope_base_local"]) != float(cfg["rope_base"]):
+        raise VindexError("a Gemma 2 GGUF has one rope base; this model's sliding layers use another")
+    pattern = _global_pattern(cfg["global_layers"])
+    return {p + "attention.sliding_window": int(cfg["sliding_window"]), p + "attention.sliding_window_pattern": pattern,
+            p + "attn_logit_softcapping": float(cfg["attn_softcap"]),
+            p + "final_logit_softcapping": float(cfg["final_softcap"])}
 
 
 def _global_pattern(global_layers: list[bool]) -> int:
@@ -175,4 +219,4 @@ def vindex_fields(index: dict[str, Any], tokenizer_json: str) -> dict[str, Any]:
     cfg = index["model_config"]
     tok = index.get("tokenizer", {})
     return {"general.name": str(index["model"]), "general.quantization_version": 2, **architecture_fields(cfg),
-            **tokenizer_fields(tokenizer_json, tok.get("bos_id"), list(tok.get("eos_ids", [])), cfg["arch"])}
+            **tokenizer_fields(tokenizer_json, tok.get("bos_id"), list(tok.get("eos_ids", [])), gguf_arch(cfg))}

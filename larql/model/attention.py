@@ -15,11 +15,13 @@ F32 = NDArray[np.float32]
 class RopeTable:
     """cos/sin of position x frequency for one set of `(d/2,)` frequencies, grown on demand.
 
-    Built as HF does, in float32: angle = position * inv_freq (see ModelConfig.rope_inv_freq).
+    Built as HF does, in float32: angle = position * inv_freq (see ModelConfig.rope_inv_freq);
+    cos and sin times `scale` (longrope's attention factor, 1 otherwise).
     """
 
-    def __init__(self, inv_freq: F32) -> None:
+    def __init__(self, inv_freq: F32, scale: float = 1.0) -> None:
         self.inv_freq = np.asarray(inv_freq, dtype=np.float32)  # (d/2,)
+        self.scale = np.float32(scale)
         self.cos = np.empty((0, len(self.inv_freq)), dtype=np.float32)
         self.sin = np.empty((0, len(self.inv_freq)), dtype=np.float32)
 
@@ -28,6 +30,8 @@ class RopeTable:
             n = max(stop, 2 * len(self.cos), 256)
             angles = np.arange(n, dtype=np.float32)[:, None] * self.inv_freq[None, :]  # (n, d/2)
             self.cos, self.sin = np.cos(angles), np.sin(angles)
+            if self.scale != 1.0:
+                self.cos, self.sin = self.cos * self.scale, self.sin * self.scale
         return self.cos[start:stop], self.sin[start:stop]
 
 
@@ -58,6 +62,10 @@ class KVCache:
         self.k = [np.zeros((n_kv_heads, capacity, head_dim), dtype=np.float32) for _ in range(n_layers)]
         self.v = [np.zeros((n_kv_heads, capacity, head_dim), dtype=np.float32) for _ in range(n_layers)]
         self.length = 0
+        # longrope models only: the token ids behind the cached positions, and whether their keys
+        # were rotated with the long factors; a pass needing the other factors re-runs those ids
+        self.ids = np.empty(0, dtype=np.int64)
+        self.rope_long = False
 
     def reserve(self, total: int) -> None:
         """Make room for `total` positions (doubling, so appends stay amortised O(1))."""

@@ -63,8 +63,10 @@ class ModelConfig:
     positions: str = "rope"  # "rope" | "learned" (an absolute position embedding added to the tokens, GPT-2)
     gated_mlp: bool = True  # act(gate) * up; False: act(fc) with no up projection (GPT-2)
     # RoPE scaling of the global layers' frequencies, as transformers computes it: "" (none),
-    # "linear" (every frequency / factor) or "llama3" (low frequencies / factor, high ones kept, a
-    # smooth blend between, set by the two wavelength factors and the original context)
+    # "linear" (every frequency / factor), "llama3" (low frequencies / factor, high ones kept, a
+    # smooth blend between, set by the two wavelength factors and the original context) or
+    # "longrope" (Phi-3: frequency i / short_factors[i], or / long_factors[i] in a pass that reaches
+    # past the original context; cos and sin times rope_attn_factor either way)
     rope_scaling: str = ""
     rope_factor: float = 1.0
     rope_low_freq_factor: float = 1.0
@@ -76,6 +78,9 @@ class ModelConfig:
     # llama.cpp's rope_freqs.weight (its form of Llama 3.1's scaling): one factor per frequency, each
     # global-layer frequency divided by its factor; () for none
     rope_freq_factors: tuple[float, ...] = ()
+    rope_short_factors: tuple[float, ...] = ()  # longrope's, one per frequency
+    rope_long_factors: tuple[float, ...] = ()
+    rope_attn_factor: float = 1.0  # longrope's scale of cos and sin (so of q.k by its square)
 
     def layer_rope_base(self, layer: int) -> float:
         return self.rope_base if self.global_layers[layer] else self.rope_base_local
@@ -83,12 +88,22 @@ class ModelConfig:
     def layer_window(self, layer: int) -> int:
         return 0 if self.global_layers[layer] else self.sliding_window
 
-    def rope_inv_freq(self, base: float) -> NDArray[np.float32]:
+    def long_rope(self, seq_len: int) -> bool:
+        """Whether a pass whose last position is seq_len - 1 rotates with longrope's long factors
+        (transformers: max(position_ids) + 1 > original_max_position_embeddings)."""
+        return self.rope_scaling == "longrope" and seq_len > self.rope_original_context
+
+    def rope_inv_freq(self, base: float, long: bool = False) -> NDArray[np.float32]:
         """The `(head_dim/2,)` rotation frequencies for layers with this rope base, scaled as
-        transformers scales them (only the global base is scaled; local layers keep theirs)."""
+        transformers scales them (only the global base is scaled; local layers keep theirs);
+        `long`: longrope's long factors instead of its short ones."""
         d = self.head_dim
         exponent = np.arange(0, d, 2, dtype=np.float32) / np.float32(d)
-        inv = (np.float32(1.0) / np.power(np.float32(base), exponent)).astype(np.float32)  # (d/2,)
+        power = np.power(np.float32(base), exponent).astype(np.float32)  # (d/2,)
+        if self.rope_scaling == "longrope" and base == self.rope_base:  # 1 / (factor_i * base^(2i/d))
+            ext = np.asarray(self.rope_long_factors if long else self.rope_short_factors, dtype=np.float32)
+            return (np.float32(1.0) / (ext * power)).astype(np.float32)
+        inv = (np.float32(1.0) / power).astype(np.float32)  # (d/2,)
         if base != self.rope_base:
             return inv
         if self.rope_freq_factors:  # as ggml_rope_ext's freq_factors: theta_i / factor_i

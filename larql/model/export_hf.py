@@ -27,7 +27,7 @@ from numpy.typing import NDArray
 from larql.errors import ModelError, UnsupportedError
 from larql.jsonfile import read_json
 from larql.model.config import ModelConfig
-from larql.model.hf_names import hf_tensor_name
+from larql.model.hf_names import SANDWICH_ARCHS, hf_tensor
 from larql.model.model import Model
 from larql.model.weights import named_tensors
 from larql.quant import QuantMatrix
@@ -71,9 +71,45 @@ def to_hf_values(name: str, x: F32, cfg: ModelConfig) -> F32:
         return _unpermute(x, cfg.n_heads)
     if cfg.rope_interleaved and part == "attn_k":
         return _unpermute(x, cfg.n_kv_heads)
-    if cfg.arch == "gemma3" and name.endswith("norm.weight"):
+    if cfg.arch in SANDWICH_ARCHS and name.endswith("norm.weight"):
         return (x - np.float32(1.0)).astype(np.float32)
     return x
+
+
+def hf_tensors(tensors: Sequence[ExportTensor], cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], Callable[[], F32]]]:
+    """(HF checkpoint name, shape, loader of HF-convention values) per tensor written: Mixtral's
+    experts as `block_sparse_moe.experts.{e}.w1/w2/w3`, Phi-3's q/k/v rows joined into `qkv_proj`
+    and its gate and up into `gate_up_proj`, GPT-2's Conv1D weights transposed and its q/k/v joined
+    into `c_attn` (the layout transformers saves and reads)."""
+    groups: dict[str, list[tuple[int, ExportTensor]]] = {}
+    conv1d: set[str] = set()  # GPT-2's Conv1D tensors, stored (in, out): the transpose of larql's
+    for t in tensors:
+        where = hf_tensor(t.name, cfg)
+        groups.setdefault(where.name, []).append((where.rows[0] if where.rows else 0, t))
+        if where.conv1d:
+            conv1d.add(where.name)
+
+    def values(t: ExportTensor) -> F32:
+        return to_hf_values(t.name, np.asarray(t.load(), np.float32).reshape(t.shape), cfg)
+
+    def joined(parts: list[tuple[int, ExportTensor]], transpose: bool) -> F32:
+        x = np.concatenate([values(t) for _, t in parts]) if len(parts) > 1 else values(parts[0][1])
+        return np.ascontiguousarray(x.T) if transpose else x
+
+    out: list[tuple[str, tuple[int, ...], Callable[[], F32]]] = []
+    for name, parts in groups.items():
+        parts.sort(key=lambda p: p[0])
+        first_shape = parts[0][1].shape
+        row = 0
+        for first, t in parts:  # fused parts (q, k, v; gate, up) must tile the tensor's rows
+            if first != row or t.shape[1:] != first_shape[1:]:
+                raise ModelError(f"{name}: the parts {[p.name for _, p in parts]} do not make one tensor")
+            row += t.shape[0]
+        shape = (row, *first_shape[1:])
+        transpose = name in conv1d and len(shape) == 2
+        out.append((name, shape[::-1] if transpose else shape,
+                    lambda parts=parts, transpose=transpose: joined(parts, transpose)))  # type: ignore[misc]
+    return out
 
 
 def _rope_parameters(cfg: ModelConfig, base: float, scaled: bool) -> dict[str, Any]:
@@ -84,16 +120,23 @@ def _rope_parameters(cfg: ModelConfig, base: float, scaled: bool) -> dict[str, A
     if cfg.rope_scaling == "llama3":
         out |= {"low_freq_factor": cfg.rope_low_freq_factor, "high_freq_factor": cfg.rope_high_freq_factor,
                 "original_max_position_embeddings": cfg.rope_original_context}
+    if cfg.rope_scaling == "longrope":
+        out |= {"short_factor": list(cfg.rope_short_factors), "long_factor": list(cfg.rope_long_factors),
+                "original_max_position_embeddings": cfg.rope_original_context,
+                "attention_factor": cfg.rope_attn_factor}
     return out
 
 
 def hf_config(cfg: ModelConfig, vocab: int, tok: TokenizerFiles, dtype: str) -> dict[str, Any]:
-    """config.json for Gemma3ForCausalLM or LlamaForCausalLM (legacy rope keys, which transformers
-    4.x and larql read, plus v5's rope_parameters)."""
-    if cfg.rope_freq_factors or cfg.n_experts:  # nothing below would carry them: refuse, not drop them
-        what = "per-frequency rope factors (llama.cpp's rope_freqs)" if cfg.rope_freq_factors else "experts"
-        raise UnsupportedError(f"safetensors export writes no {what}, which this {cfg.arch} model has; "
-                               f"export it as GGUF instead")
+    """config.json for Gemma3ForCausalLM, Gemma2ForCausalLM, MixtralForCausalLM or LlamaForCausalLM
+    (legacy rope keys, which transformers 4.x and larql read, plus v5's rope_parameters)."""
+    if cfg.rope_freq_factors:  # nothing below would carry them: refuse, not drop them
+        raise UnsupportedError(f"safetensors export writes no per-frequency rope factors (llama.cpp's rope_freqs), "
+                               f"which this {cfg.arch} model has; export it as GGUF instead")
+    if cfg.n_experts and cfg.arch not in ("llama", "mixtral"):
+        raise UnsupportedError(f"safetensors export writes experts only as Mixtral's; this is {cfg.arch}")
+    if cfg.arch == "gpt2":
+        return _gpt2(cfg, vocab, tok, dtype)
     common: dict[str, Any] = {
         "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn, "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
@@ -116,14 +159,74 @@ def hf_config(cfg: ModelConfig, vocab: int, tok: TokenizerFiles, dtype: str) -> 
                                     "sliding_attention": _rope_parameters(cfg, cfg.rope_base_local, False)},
                 "final_logit_softcapping": cfg.final_softcap or None,
                 "attn_logit_softcapping": cfg.attn_softcap or None, "use_bidirectional_attention": False}
-    if cfg.arch == "llama":
-        if cfg.sliding_window:
-            raise UnsupportedError(f"LlamaForCausalLM has no sliding window, and this model uses one of "
-                                   f"{cfg.sliding_window} tokens; export it as GGUF instead")
-        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common, "hidden_act": "silu",
-                "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1,
+    if cfg.arch == "gemma2":
+        return _gemma2(cfg, common)
+    if cfg.n_experts:  # Mixtral, from an HF directory (arch mixtral) or a GGUF (a llama with experts)
+        return {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", **common, "hidden_act": "silu",
+                "num_local_experts": cfg.n_experts, "num_experts_per_tok": cfg.n_experts_used,
+                "sliding_window": cfg.sliding_window or None, "output_router_logits": False,
+                "router_aux_loss_coef": 0.0, "router_jitter_noise": 0.0,
                 "rope_parameters": _rope_parameters(cfg, cfg.rope_base, True)}
-    raise UnsupportedError(f"safetensors export knows Gemma 3 and Llama, not {cfg.arch!r}; export it as GGUF instead")
+    rope = {"rope_parameters": _rope_parameters(cfg, cfg.rope_base, True)}
+    if cfg.arch in ("qwen2", "qwen3"):
+        return _qwen(cfg, common | rope)
+    if cfg.arch == "phi3":
+        return {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", **common, **rope, "hidden_act": "silu",
+                "sliding_window": cfg.sliding_window or None, "partial_rotary_factor": 1.0,
+                "original_max_position_embeddings": cfg.rope_original_context or cfg.context_length,
+                "pad_token_id": None}
+    if cfg.arch == "mistral" or (cfg.arch == "llama" and cfg.sliding_window):  # llama.cpp converts Mistral as llama
+        if not all(g == (cfg.sliding_window == 0) for g in cfg.global_layers):
+            raise UnsupportedError("MistralForCausalLM slides on every layer or none; this model mixes them")
+        return {"architectures": ["MistralForCausalLM"], "model_type": "mistral", **common, **rope,
+                "hidden_act": "silu", "sliding_window": cfg.sliding_window or None}
+    if cfg.arch == "llama":
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common, **rope, "hidden_act": "silu",
+                "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1}
+    raise UnsupportedError(f"safetensors export knows Gemma 2, Gemma 3, GPT-2, Llama, Mistral, Mixtral, Phi-3, "
+                           f"Qwen2 and Qwen3, not {cfg.arch!r}; export it as GGUF instead")
+
+
+def _gpt2(cfg: ModelConfig, vocab: int, tok: TokenizerFiles, dtype: str) -> dict[str, Any]:
+    """GPT2LMHeadModel: GPT-2's own field names; its query scale is 1/sqrt(head_dim) or none."""
+    if cfg.attn_scale not in (1.0, cfg.head_dim ** -0.5) or cfg.activation != "gelu_tanh":
+        raise UnsupportedError("GPT2LMHeadModel scales queries by 1/sqrt(head_dim) (or not) and uses gelu_new")
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": cfg.hidden, "n_layer": cfg.n_layers,
+            "n_head": cfg.n_heads, "n_inner": cfg.ffn, "n_positions": cfg.context_length, "vocab_size": vocab,
+            "layer_norm_epsilon": cfg.norm_eps, "activation_function": "gelu_new",
+            "scale_attn_weights": cfg.attn_scale != 1.0, "scale_attn_by_inverse_layer_idx": False,
+            "tie_word_embeddings": cfg.tied_embeddings, "attn_pdrop": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0,
+            "use_cache": True, "torch_dtype": DTYPES[dtype][1], "dtype": DTYPES[dtype][1],
+            "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_ids[0] if tok.eos_ids else None}
+
+
+def _qwen(cfg: ModelConfig, common: dict[str, Any]) -> dict[str, Any]:
+    """Qwen2ForCausalLM / Qwen3ForCausalLM (q/k/v biases and q/k norms are tensors, no flag): a
+    sliding window only from layer max_window_layers on, as transformers' use_sliding_window."""
+    first = next((i for i, g in enumerate(cfg.global_layers) if not g), cfg.n_layers)
+    if any(not g for g in cfg.global_layers[:first]) or any(cfg.global_layers[first:]):
+        raise UnsupportedError(f"{cfg.arch}: sliding layers must be the last ones (from max_window_layers on)")
+    sliding = first < cfg.n_layers
+    return {"architectures": [f"{cfg.arch.capitalize()}ForCausalLM"], "model_type": cfg.arch, **common,
+            "hidden_act": "silu", "use_sliding_window": sliding, "max_window_layers": first,
+            "sliding_window": cfg.sliding_window if sliding else None,
+            "layer_types": ["full_attention" if g else "sliding_attention" for g in cfg.global_layers],
+            **({"attention_bias": False} if cfg.arch == "qwen3" else {})}
+
+
+def _gemma2(cfg: ModelConfig, common: dict[str, Any]) -> dict[str, Any]:
+    """Gemma2ForCausalLM: every layer's type spelled out (so no version's default pattern is
+    assumed), the query scale as query_pre_attn_scalar, both soft-caps (null when off)."""
+    if cfg.rope_base_local != cfg.rope_base:
+        raise UnsupportedError("Gemma 2 has one rope base; this model's sliding layers use another")
+    scalar = 1.0 / cfg.attn_scale**2
+    return {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", **common,
+            "hidden_activation": "gelu_pytorch_tanh", "attention_bias": False,
+            "query_pre_attn_scalar": round(scalar) if abs(scalar - round(scalar)) < 1e-3 else scalar,
+            "sliding_window": cfg.sliding_window,
+            "layer_types": ["full_attention" if g else "sliding_attention" for g in cfg.global_layers],
+            "rope_parameters": _rope_parameters(cfg, cfg.rope_base, True),
+            "final_logit_softcapping": cfg.final_softcap or None, "attn_logit_softcapping": cfg.attn_softcap or None}
 
 
 def _tokenizer_files(tok: TokenizerFiles, cfg: ModelConfig) -> dict[str, str]:
@@ -202,9 +305,7 @@ def write_hf_dir(out: str | Path, cfg: ModelConfig, tensors: Sequence[ExportTens
         raise ModelError(f"{out}: the model has no token_embd.weight to export")
     config = hf_config(cfg, embd.shape[0], tok, dtype)
     files = _tokenizer_files(tok, cfg)
-    hf_tensors = [(hf_tensor_name(t.name, cfg.arch), t.shape,
-                   (lambda t=t: to_hf_values(t.name, np.asarray(t.load(), np.float32).reshape(t.shape), cfg)))
-                  for t in tensors]
+    written = hf_tensors(tensors, cfg)
     tmp = temp_path(out)
     try:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -212,7 +313,7 @@ def write_hf_dir(out: str | Path, cfg: ModelConfig, tensors: Sequence[ExportTens
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         for name, text in files.items():
             (tmp / name).write_text(text)
-        write_safetensors(tmp / "model.safetensors", hf_tensors, dtype)
+        write_safetensors(tmp / "model.safetensors", written, dtype)
         if out.exists():  # overwrite: move the old one aside first, so a crash loses nothing
             old = temp_path(out, "old")
             os.rename(out, old)

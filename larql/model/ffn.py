@@ -19,9 +19,9 @@ from typing import Protocol, cast
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.errors import UnsupportedError
+from larql.errors import ModelError, UnsupportedError
 from larql.model.config import ModelConfig
-from larql.model.hooks import HookFns, layer_hook_names, run_hook
+from larql.model.hooks import HookFns, expert_hook_names, layer_hook_names, run_hook
 from larql.model.weights import Weights
 
 F32 = NDArray[np.float32]
@@ -75,6 +75,7 @@ class FFN:
         self.activation, self.weights, self.edits = cfg.activation, weights, edits
         self.n_used = cfg.n_experts_used
         self.names = layer_hook_names(cfg.n_layers)
+        self.expert_names = tuple(expert_hook_names(i, cfg.n_experts) for i in range(cfg.n_layers))
         # dequantized W_down `(hidden, ffn)` of layers where a down column was overridden: the base
         # weights never change, so one copy per layer serves every later edit
         self._downs: dict[int, F32] = {}
@@ -121,7 +122,8 @@ class FFN:
     def _experts(self, i: int, h: F32, hooks: HookFns | None, start: int) -> F32:
         """A mixture of experts (Mixtral), as transformers runs it: softmax of the router logits,
         each position's top-k experts, their probabilities renormalised to sum to 1, the weighted
-        sum of those experts' gated FFNs. mlp.hook_pre / hook_post have no single FFN here.
+        sum of those experts' gated FFNs. mlp.hook_pre / hook_post have no single FFN here; each
+        expert has its own (mlp.experts.E.hook_pre / hook_post / hook_out, see `_expert_hook`).
         Edits name expert e's feature j as feature e x ffn + j (the vindex's numbering); an edited
         feature acts only where the router picks its expert."""
         lw, n, edits = self.weights.layers[i], self.names[i], self.edits
@@ -138,15 +140,25 @@ class FFN:
             logits = run_hook(hooks, n.router, logits, start)
         probs = np.exp(logits - logits.max(axis=1, keepdims=True))
         probs /= probs.sum(axis=1, keepdims=True)  # (T, n_experts)
+        if hooks:
+            probs = run_hook(hooks, n.expert_weights, probs, start)
         chosen = np.argsort(-probs, axis=1, kind="stable")[:, : self.n_used]  # (T, k) as torch.topk
+        if hooks:
+            chosen = self._chosen_hook(hooks, n.expert_indices, chosen, start, len(lw.experts))
         weight = np.take_along_axis(probs, chosen, axis=1)
         weight /= weight.sum(axis=1, keepdims=True)  # (T, k)
         out = np.zeros_like(h)  # (T, hidden)
-        for e in np.unique(chosen):
+        # a hooked expert runs even where no position is routed to it, so that its points are reached
+        hooked = {e for e, names in enumerate(self.expert_names[i]) if any(nm in hooks for nm in names)} if hooks else set()
+        for e in sorted({int(e) for e in np.unique(chosen)} | hooked):
             rows, slot = np.nonzero(chosen == e)  # positions routed to expert e, and in which of their k slots
             gate, up, down = lw.experts[e]
             x = np.ascontiguousarray(h[rows])  # (t_e, hidden)
-            g, u = gate.matmul(x), up.matmul(x)  # (t_e, ffn)
+            if len(rows):
+                g, u = gate.matmul(x), up.matmul(x)  # (t_e, ffn)
+            else:  # a hooked expert no position uses
+                g = u = np.zeros((0, gate.n_rows), dtype=np.float32)
+            names = self.expert_names[i][e] if e in hooked else None
             first = int(e) * gate.n_rows  # expert e's features in the edits' numbering
             mine = {f - first: vec for f, vec in overrides.items() if first <= f < first + gate.n_rows}
             for j, (gv, uv, _) in mine.items():
@@ -154,11 +166,15 @@ class FFN:
                     g[:, j] = x @ gv
                 if uv is not None:
                     u[:, j] = x @ uv
+            if names:
+                g = self._expert_hook(hooks, names[0], g, rows, len(h), start)
             act = gated(self.activation, g, u)
             silenced = [f - first for f in gone if first <= f < first + gate.n_rows]
             if silenced:
                 act[:, silenced] = 0.0
-            y = down.matmul(act)  # (t_e, hidden)
+            if names:
+                act = self._expert_hook(hooks, names[1], act, rows, len(h), start)
+            y = down.matmul(act) if len(rows) else np.zeros((0, down.n_rows), np.float32)  # (t_e, hidden)
             downs = [(j, dv) for j, (_, _, dv) in mine.items() if dv is not None]
             if downs:
                 if (i, int(e)) not in self._expert_downs:
@@ -166,10 +182,36 @@ class FFN:
                 stored = self._expert_downs[(i, int(e))]
                 for j, dv in downs:
                     y += np.outer(act[:, j], dv - stored[:, j])  # swap the feature's column
+            if names:
+                y = self._expert_hook(hooks, names[2], y, rows, len(h), start)
             out[rows] += y * weight[rows, slot][:, None]
         if hooks:
             out = run_hook(hooks, n.mlp_out, out, start)
         return out
+
+    @staticmethod
+    def _chosen_hook(hooks: HookFns, name: str, chosen: NDArray[np.intp], start: int, n_experts: int
+                     ) -> NDArray[np.intp]:
+        """The chosen experts `(T, k)` through the hook at `name`: what it returns (the same shape)
+        is routed to, so it must name experts 0..n_experts-1, each once per position."""
+        if name not in hooks:
+            return chosen
+        out = np.asarray(run_hook(hooks, name, chosen.astype(np.int64), start))
+        if (out.shape != chosen.shape or not np.array_equal(out, np.round(out)) or out.min() < 0
+                or out.max() >= n_experts or any(len(set(row)) != len(row) for row in out.tolist())):
+            raise ModelError(f"hook {name}: the chosen experts must be a {list(chosen.shape)} array of distinct "
+                             f"expert numbers 0..{n_experts - 1} per position")
+        return out.astype(np.intp)
+
+    @staticmethod
+    def _expert_hook(hooks: HookFns | None, name: str, part: F32, rows: NDArray[np.intp], t: int, start: int) -> F32:
+        """An expert's activation of its routed rows `(t_e, n)` through the hook at `name`, seen as
+        `(T, n)` (zero where the router did not pick the expert), so that the hook's positions are
+        the sequence's as at every other point; only the routed rows are read back."""
+        assert hooks is not None  # called only for a hooked expert
+        full = np.zeros((t, part.shape[1]), dtype=np.float32)  # (T, n)
+        full[rows] = part
+        return np.ascontiguousarray(run_hook(hooks, name, full, start)[rows])
 
     @staticmethod
     def _select(i: int, edits: FFNEdits, gate: F32, act: F32) -> F32:

@@ -22,6 +22,7 @@ from functools import partial
 import numpy as np
 from numpy.typing import NDArray
 
+from larql.errors import ModelError
 from larql.model import fused
 from larql.model.attention import KVCache, RopeTable, apply_rope, attention
 from larql.model.config import ModelConfig
@@ -77,7 +78,11 @@ class Forward:
         self.cfg, self.w = cfg, weights
         self.ffn = FFN(cfg, weights, edits)  # edits: None for the dense FFN, else e.g. the vindex's overlay
         self.names: tuple[LayerHookNames, ...] = layer_hook_names(cfg.n_layers)
-        self.ropes = {base: RopeTable(cfg.rope_inv_freq(base)) for base in {cfg.rope_base, cfg.rope_base_local}}
+        # per (base, long): longrope's long factors get a table of their own
+        self.ropes = {(base, long): RopeTable(cfg.rope_inv_freq(base, long),
+                                              cfg.rope_attn_factor if base == cfg.rope_base else 1.0)
+                      for base in {cfg.rope_base, cfg.rope_base_local}
+                      for long in {False, cfg.rope_scaling == "longrope"}}
 
     def embed(self, ids: NDArray[np.int64], segs: list[Segment]) -> F32:
         x = self.w.token_embd.rows(ids)  # (T, hidden)
@@ -89,10 +94,13 @@ class Forward:
 
     def rope(self, layer: int, segs: list[Segment]) -> tuple[F32, F32]:
         """cos, sin `(T, d/2)` of every row's position under layer `layer`'s rope base."""
-        table = self.ropes[self.cfg.layer_rope_base(layer)]
+        base = self.cfg.layer_rope_base(layer)
         if len(segs) == 1:
-            return table.get(segs[0].start, segs[0].start + segs[0].hi - segs[0].lo)
-        parts = [table.get(s.start, s.start + s.hi - s.lo) for s in segs]
+            s = segs[0]
+            stop = s.start + s.hi - s.lo
+            return self.ropes[base, self.cfg.long_rope(stop)].get(s.start, stop)
+        parts = [self.ropes[base, self.cfg.long_rope(stop)].get(s.start, stop)
+                 for s in segs for stop in (s.start + s.hi - s.lo,)]
         return np.concatenate([c for c, _ in parts]), np.concatenate([sn for _, sn in parts])
 
     def attention_block(self, i: int, lw: LayerWeights, x: F32, segs: list[Segment], hooks: Hooks | None) -> F32:
@@ -204,6 +212,9 @@ class Forward:
     def run(self, segs: list[Segment], ids: NDArray[np.int64], hooks: Hooks | None) -> F32:
         """The final residual `(T, hidden)` of the packed rows `ids`; each segment's cache grows by its rows."""
         assert not hooks or len(segs) == 1  # hooks address one sequence's positions
+        keep: NDArray[np.int64] | None = None
+        if self.cfg.rope_scaling == "longrope":
+            segs, ids, keep = self.rewind_longrope(segs, ids)
         for s in segs:
             s.cache.reserve(s.start + s.hi - s.lo)
         x = self.embed(ids, segs)  # (T, hidden)
@@ -213,7 +224,38 @@ class Forward:
             x = self.layer(i, x, segs, hooks)
         for s in segs:
             s.cache.length = s.start + s.hi - s.lo
-        return x
+            if self.cfg.rope_scaling == "longrope":
+                s.cache.ids = np.concatenate([s.cache.ids[:s.start], ids[s.lo:s.hi]])
+                s.cache.rope_long = self.cfg.long_rope(s.cache.length)
+        return x if keep is None else x[keep]
+
+    def rewind_longrope(self, segs: list[Segment], ids: NDArray[np.int64]
+                        ) -> tuple[list[Segment], NDArray[np.int64], NDArray[np.int64] | None]:
+        """Segments whose cached keys were rotated with the other longrope factors than this pass
+        needs (short ones, and the pass now reaches past the original context; or long ones in a
+        cache forked back to a short prefix) start again from position 0, their cached ids first,
+        so that every position uses one set of factors (what transformers' Phi-3 generation does:
+        it drops the cache at the crossing). Returns the segments, the packed ids and which rows
+        are the caller's (None: all, nothing rewound)."""
+        def stale(s: Segment) -> bool:
+            return s.start > 0 and s.cache.rope_long != self.cfg.long_rope(s.start + s.hi - s.lo)
+
+        if not any(stale(s) for s in segs):
+            return segs, ids, None
+        new_segs, parts, keep, row = [], [], [], 0
+        for s in segs:
+            own = ids[s.lo:s.hi]
+            start = s.start
+            if stale(s):
+                if len(s.cache.ids) < start:
+                    raise ModelError(f"longrope: this KV cache holds {start} positions but not their token ids; "
+                                     f"run the whole sequence again")
+                own, start = np.concatenate([s.cache.ids[:start], own]), 0
+            new_segs.append(Segment(row, row + len(own), s.cache, start))
+            parts.append(own)
+            keep.append(np.arange(row + len(own) - (s.hi - s.lo), row + len(own)))
+            row += len(own)
+        return new_segs, np.concatenate(parts), np.concatenate(keep)
 
     def logits(self, x: F32, hooks: Hooks | None, start: int) -> F32:
         """The final norm and lm_head (and soft-cap) of residual rows x `(T|, hidden)`: `(T|, vocab)`."""

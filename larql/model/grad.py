@@ -200,7 +200,11 @@ class Tail:
             q, saved["qn"], saved["qinv"] = _rms(q, dl.q_norm, cfg.norm_eps)
             k, saved["kn"], saved["kinv"] = _rms(k, dl.k_norm, cfg.norm_eps)
         base = cfg.layer_rope_base(i)
-        table = self._ropes.setdefault(base, RopeTable(cfg.rope_inv_freq(base)))
+        if cfg.long_rope(int(positions.max()) + 1):  # contexts are packed: one table must fit them all
+            raise UnsupportedError(f"weight edits on {cfg.arch}: contexts past longrope's original context "
+                                   f"({cfg.rope_original_context} tokens) are not supported")
+        table = self._ropes.setdefault(base, RopeTable(cfg.rope_inv_freq(base),
+                                                       cfg.rope_attn_factor if base == cfg.rope_base else 1.0))
         table.get(0, int(positions.max()) + 1)  # grown to cover every position (the forward's own table)
         cos, sin = table.cos[positions], table.sin[positions]  # (T, d/2)
         saved["cos"], saved["sin"] = cos, sin

@@ -4,7 +4,7 @@ arithmetic either read or refused.
 A field larql does not understand must never be ignored silently (a tiny Llama 3 with `rope_type:
 llama3` used to load and answer 1e-2 off). So each builder reads what it needs through `Fields`,
 which names the file and the field in every error; fields that change the forward pass and are
-not implemented (yarn / longrope rope scaling, partial rotary, GPT-2's inverse-layer scaling...)
+not implemented (yarn / dynamic rope scaling, partial rotary, GPT-2's inverse-layer scaling...)
 are refused with what is supported. Both config generations are read: transformers 4
 (`rope_theta` + `rope_scaling`) and 5 (`rope_parameters`, per layer type for Gemma 3).
 """
@@ -18,7 +18,8 @@ from typing import Any
 from larql.errors import ModelFormatError, UnsupportedError
 from larql.model.config import ModelConfig
 
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "longrope")
+ROPE_ALIASES = {"su": "longrope"}  # Phi-3's first configs named longrope "su"
 # hidden_act / hidden_activation / activation_function -> the forward pass's activation
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
                "gelu_fast": "gelu_tanh"}
@@ -80,6 +81,7 @@ def _rope(f: Fields, layer_type: str | None = None, default_theta: float = 10_00
         params.setdefault("rope_theta", f.hf.get("rope_theta", default_theta))
     field = "rope_parameters" if "rope_parameters" in f.hf else "rope_scaling"
     kind = params.get("rope_type", params.get("type", "default"))
+    kind = ROPE_ALIASES.get(kind, kind) if isinstance(kind, str) else kind
     if kind not in ROPE_TYPES:
         raise f.refuse(f"{field}.rope_type", kind, ", ".join(ROPE_TYPES))
     partial = params.get("partial_rotary_factor", f.hf.get("partial_rotary_factor", 1.0))
@@ -98,6 +100,8 @@ def _rope(f: Fields, layer_type: str | None = None, default_theta: float = 10_00
             raise ModelFormatError(f"{f.file}: {field}.{key} is {value!r}; rope_type {kind} needs a number")
         return float(value)
 
+    if kind == "longrope":
+        return out | _longrope(f, field, params, param)
     out |= {"rope_scaling": kind, "rope_factor": param("factor")}
     if kind == "llama3":
         low, high = param("low_freq_factor"), param("high_freq_factor")
@@ -107,6 +111,35 @@ def _rope(f: Fields, layer_type: str | None = None, default_theta: float = 10_00
                 "rope_original_context": int(param("original_max_position_embeddings",
                                                    f.hf.get("max_position_embeddings")))}
     return out
+
+
+def _longrope(f: Fields, field: str, params: dict[str, Any], param: Callable[..., float]) -> dict[str, Any]:
+    """Phi-3's longrope, as transformers' _compute_longrope_parameters: the factor defaults to
+    max_position_embeddings / original_max_position_embeddings, the attention factor (cos and sin
+    scale) to sqrt(1 + ln(factor) / ln(original)) when the factor exceeds 1."""
+    half = f.int("head_dim", 0) or f.int("hidden_size") // f.int("num_attention_heads")
+    half //= 2
+    factors: dict[str, tuple[float, ...]] = {}
+    for key in ("short_factor", "long_factor"):
+        value = params.get(key)
+        if (not isinstance(value, list) or len(value) != half
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in value)):
+            raise ModelFormatError(f"{f.file}: {field}.{key} must list {half} positive numbers (one per rope "
+                                   f"frequency), not {str(value)[:60]}")
+        factors[key] = tuple(float(v) for v in value)
+    original = int(param("original_max_position_embeddings", f.hf.get("original_max_position_embeddings")))
+    if original <= 0:
+        raise ModelFormatError(f"{f.file}: original_max_position_embeddings must be positive, not {original}")
+    factor = params.get("factor")
+    factor = f.int("max_position_embeddings") / original if factor is None else param("factor")
+    attn = params.get("attention_factor")
+    if attn is None:
+        attn = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1.0 else 1.0
+    else:
+        attn = param("attention_factor")
+    return {"rope_scaling": "longrope", "rope_factor": float(factor), "rope_original_context": original,
+            "rope_short_factors": factors["short_factor"], "rope_long_factors": factors["long_factor"],
+            "rope_attn_factor": float(attn)}
 
 
 def _global_layers(f: Fields, n_layers: int, default: Callable[[int], bool]) -> tuple[bool, ...]:

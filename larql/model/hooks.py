@@ -12,6 +12,12 @@ Per layer L, in forward order:
     blocks.L.hook_attn_out       (T, hidden)       after o_proj, before Gemma's post-attention norm
     blocks.L.hook_resid_mid      (T, hidden)
     blocks.L.mlp.hook_router     (T, experts)      a mixture of experts' router logits (Mixtral only)
+    blocks.L.mlp.hook_expert_weights  (T, experts) their softmax, before the top-k (TransformerLens's)
+    blocks.L.mlp.hook_expert_indices  (T, k)       the experts chosen, int64, largest weight first
+    blocks.L.mlp.experts.E.hook_pre   (T, ffn)     expert E's gate projection   } TransformerLens's MoE
+    blocks.L.mlp.experts.E.hook_post  (T, ffn)     act(gate) * up of expert E   } names; rows the router
+    blocks.L.mlp.experts.E.hook_out   (T, hidden)  expert E's down projection,  } did not send to E are
+                                                   before the router's weight   } zero and ignored
     blocks.L.mlp.hook_pre        (T, ffn)          gate projection (+ bias); GPT-2: the fc projection
     blocks.L.mlp.hook_post       (T, ffn)          activation(gate) * up; GPT-2: activation(fc)
     blocks.L.hook_mlp_out        (T, hidden)       after down_proj, before Gemma's post-FFN norm
@@ -37,8 +43,10 @@ F32 = NDArray[np.float32]
 
 LAYER_KINDS = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_rot_q", "attn.hook_rot_k",
                "attn.hook_scores", "attn.hook_pattern", "hook_attn_out", "hook_resid_mid", "mlp.hook_router",
+               "mlp.hook_expert_weights", "mlp.hook_expert_indices",
                "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post")
 GLOBAL_HOOKS = ("hook_embed", "hook_final_norm")
+EXPERT_KINDS = ("hook_pre", "hook_post", "hook_out")  # per expert: blocks.L.mlp.experts.E.<kind>
 
 
 class LayerHookNames(NamedTuple):
@@ -53,6 +61,8 @@ class LayerHookNames(NamedTuple):
     attn_out: str
     resid_mid: str
     router: str
+    expert_weights: str
+    expert_indices: str
     mlp_pre: str
     mlp_post: str
     mlp_out: str
@@ -64,10 +74,23 @@ def layer_hook_names(n_layers: int) -> tuple[LayerHookNames, ...]:
     return tuple(LayerHookNames(*(f"blocks.{i}.{k}" for k in LAYER_KINDS)) for i in range(n_layers))
 
 
-def all_hook_names(n_layers: int, unreached: tuple[str, ...] = ()) -> list[str]:
-    """Every hook point in forward order, less the kinds in `unreached` (see Model.hook_names)."""
-    return [GLOBAL_HOOKS[0], *(f"blocks.{i}.{kind}" for i in range(n_layers) for kind in LAYER_KINDS
-                               if kind not in unreached), GLOBAL_HOOKS[1]]
+def expert_hook_names(layer: int, n_experts: int) -> tuple[tuple[str, str, str], ...]:
+    """Per expert of one layer: the names of its hook_pre, hook_post and hook_out."""
+    return tuple(tuple(f"blocks.{layer}.mlp.experts.{e}.{k}" for k in EXPERT_KINDS)  # type: ignore[misc]
+                 for e in range(n_experts))
+
+
+def all_hook_names(n_layers: int, unreached: tuple[str, ...] = (), n_experts: int = 0) -> list[str]:
+    """Every hook point in forward order, less the kinds in `unreached` (see Model.hook_names); with
+    experts, each one's points follow the routing's, expert by expert."""
+    names = [GLOBAL_HOOKS[0]]
+    for i in range(n_layers):
+        for kind in LAYER_KINDS:
+            if kind not in unreached:
+                names.append(f"blocks.{i}.{kind}")
+            if kind == "mlp.hook_expert_indices" and n_experts:
+                names += [n for per in expert_hook_names(i, n_experts) for n in per]
+    return [*names, GLOBAL_HOOKS[1]]
 
 
 @dataclass(frozen=True)
@@ -81,21 +104,33 @@ class HookName:
         return self.kind if self.layer is None else f"blocks.{self.layer}.{self.kind}"
 
 
-def hook_name(name: str | HookName, n_layers: int) -> HookName:
+def hook_name(name: str | HookName, n_layers: int, n_experts: int = 0) -> HookName:
     """Parse and check a hook name; an unknown one is an error naming the nearest valid names."""
     if isinstance(name, HookName):
         name = str(name)
     if name in GLOBAL_HOOKS:
         return HookName(None, name)
     parts = name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit() and parts[2] in LAYER_KINDS:
+    if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit() and (
+            parts[2] in LAYER_KINDS or _expert_kind(name, parts[2], n_experts)):
         layer = int(parts[1])
         if layer >= n_layers:
             raise ModelError(f"hook {name!r}: layer {layer} is out of range (this model has layers 0-{n_layers - 1})")
         return HookName(layer, parts[2])
-    near = difflib.get_close_matches(name, all_hook_names(n_layers), n=3, cutoff=0.5)
+    near = difflib.get_close_matches(name, all_hook_names(n_layers, (), n_experts), n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(near)}?" if near else "; valid names look like blocks.0.hook_resid_post"
     raise ModelError(f"unknown hook point {name!r}{hint}")
+
+
+def _expert_kind(name: str, kind: str, n_experts: int) -> bool:
+    """Whether `kind` is mlp.experts.E.hook_* (an error if E is not one of this model's experts)."""
+    parts = kind.split(".")
+    if len(parts) != 4 or parts[:2] != ["mlp", "experts"] or not parts[2].isdigit() or parts[3] not in EXPERT_KINDS:
+        return False
+    if int(parts[2]) >= n_experts:
+        have = f"experts 0-{n_experts - 1}" if n_experts else "no experts"
+        raise ModelError(f"hook {name!r}: expert {parts[2]} is out of range (this model has {have})")
+    return True
 
 
 # ---- interventions ------------------------------------------------------------------------------
@@ -219,13 +254,14 @@ def _apply(iv: Intervention, x: F32, name: str, start: int) -> F32 | None:
     return out
 
 
-def compile_spec(spec: HookSpec | None, n_layers: int) -> dict[str, Callable[[F32, str, int], F32 | None]] | None:
+def compile_spec(spec: HookSpec | None, n_layers: int,
+                 n_experts: int = 0) -> dict[str, Callable[[F32, str, int], F32 | None]] | None:
     """A user HookSpec (names -> interventions, lists of them, or callbacks) -> forward-pass hook fns."""
     if not spec:
         return None
     fns: dict[str, Callable[[F32, str, int], F32 | None]] = {}
     for key, value in spec.items():
-        name = str(hook_name(key, n_layers))
+        name = str(hook_name(key, n_layers, n_experts))
         chain = list(value) if isinstance(value, list) else [value]
 
         def fn(x: F32, hook: str, start: int, chain: list[Any] = chain) -> F32:

@@ -172,7 +172,7 @@ def embedding_neighbours(m: Model, vector: F32, k: int = 10) -> list[tuple[int, 
 def patch_activation(m: Model, donor: list[int], recipient: list[int], layer: int, position: int,
                      hook: str = "hook_resid_post") -> F32:
     """Recipient logits `(seq, vocab)` with the donor's activation at (layer, position) patched in."""
-    name = str(hook_name(f"blocks.{layer}.{hook}", m.config.n_layers))
+    name = str(hook_name(f"blocks.{layer}.{hook}", m.config.n_layers, m.config.n_experts))
     _, cache = m.run_with_cache(donor, names=[name])
     if not 0 <= position < min(len(donor), len(recipient)):
         raise ModelError(f"position {position} is outside both prompts (donor {len(donor)}, recipient {len(recipient)} tokens)")

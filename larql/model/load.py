@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
 import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from larql.errors import LarqlError, ModelFormatError, UnknownModelError, UnsupportedError
+from larql.errors import LarqlError, ModelFormatError, UnknownModelError
 from larql.model.config import ModelConfig, check_config, check_hf_values, config_from_gguf, read_hf_config
 from larql.model.gguf_file import GGUFFile
 from larql.model.gguf_fused import FusedGGUF, is_fused
@@ -93,7 +95,7 @@ def _load_gguf(name: str, path: Path) -> Model:
     if gguf.has("rope_freqs.weight"):  # llama.cpp's form of Llama 3.1 rope scaling
         cfg = replace(cfg, rope_freq_factors=rope_freq_factors(gguf, cfg))
     if any(name.startswith("rope_factors") for name in gguf.tensors):  # Phi-3's long-context "longrope"
-        raise UnsupportedError(f"{path}: rope_factors tensors (longrope scaling) are not supported")
+        cfg = replace(cfg, **longrope_from_gguf(gguf, cfg))
     weights = load_weights(FusedGGUF(gguf, cfg) if is_fused(gguf, cfg) else gguf, cfg)
     if cfg.vocab == 0:
         cfg = replace(cfg, vocab=weights.output.n_rows)
@@ -108,6 +110,34 @@ def rope_freq_factors(gguf: GGUFFile, cfg: ModelConfig) -> tuple[float, ...]:
                                f"factors (one per rope frequency of a {cfg.head_dim}-wide head), not "
                                f"{factors.size} values like {factors[:3].tolist()}")
     return tuple(float(f) for f in factors)
+
+
+def longrope_from_gguf(gguf: GGUFFile, cfg: ModelConfig) -> dict[str, Any]:
+    """Longrope as llama.cpp's converter writes it: the factors as `rope_factors_short.weight` /
+    `rope_factors_long.weight`, the original context and the cos/sin scale as metadata (the scale
+    from the context ratio when absent, as transformers derives it). Which factors a pass uses
+    follows transformers (the pass's length), not llama.cpp (its configured context size)."""
+    p = f"{cfg.arch}.rope.scaling."
+    original = int(gguf.metadata.get(p + "original_context_length", 0))
+    if original <= 0:
+        raise ModelFormatError(f"{gguf.path}: rope_factors tensors (longrope) need metadata "
+                               f"{p}original_context_length, which is missing")
+    factors = {}
+    for kind in ("short", "long"):
+        name = f"rope_factors_{kind}.weight"
+        if not gguf.has(name):
+            raise ModelFormatError(f"{gguf.path}: longrope needs both rope_factors_short.weight and "
+                                   f"rope_factors_long.weight; {name} is missing")
+        vec = gguf.vector(name)
+        if vec.shape != (cfg.head_dim // 2,) or not np.all(np.isfinite(vec)) or not np.all(vec > 0):
+            raise ModelFormatError(f"{gguf.path}: tensor {name} must hold {cfg.head_dim // 2} positive factors "
+                                   f"(one per rope frequency), not {vec.size} values like {vec[:3].tolist()}")
+        factors[kind] = tuple(float(f) for f in vec)
+    factor = cfg.context_length / original
+    derived = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1.0 else 1.0
+    return {"rope_scaling": "longrope", "rope_factor": factor, "rope_original_context": original,
+            "rope_short_factors": factors["short"], "rope_long_factors": factors["long"],
+            "rope_attn_factor": float(gguf.metadata.get(p + "attn_factor", derived))}
 
 
 def _load_hf_dir(name: str, path: Path) -> Model:

@@ -80,11 +80,12 @@ class Model:
 
     def hook_names(self) -> list[str]:
         """The hook points a forward pass of this model reaches, in order: not `hook_rot_q/k` without
-        RoPE (GPT-2), `mlp.hook_router` only in a mixture of experts, which has no `mlp.hook_pre/post`."""
+        RoPE (GPT-2), the routing points only in a mixture of experts, which has no `mlp.hook_pre/post`."""
         c = self.config
         unreached: tuple[str, ...] = ("attn.hook_rot_q", "attn.hook_rot_k") if c.positions != "rope" else ()
-        unreached += ("mlp.hook_pre", "mlp.hook_post") if c.n_experts else ("mlp.hook_router",)
-        return all_hook_names(c.n_layers, unreached)
+        unreached += (("mlp.hook_pre", "mlp.hook_post") if c.n_experts
+                      else ("mlp.hook_router", "mlp.hook_expert_weights", "mlp.hook_expert_indices"))
+        return all_hook_names(c.n_layers, unreached, c.n_experts)
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of `text`, with BOS when the model's tokenizer adds one."""
@@ -118,17 +119,18 @@ class Model:
     def forward(self, ids: list[int] | NDArray[np.int64], hooks: HookSpec | None = None) -> NDArray[np.float32]:
         """Logits `[seq, vocab]` float32 for every position of `ids` (a fresh cache each call)."""
         arr = self._check_ids(ids)
-        return self._forward(arr, self.new_cache(len(arr)), compile_spec(hooks, self.config.n_layers), all_logits=True)
+        fns = compile_spec(hooks, self.config.n_layers, self.config.n_experts)
+        return self._forward(arr, self.new_cache(len(arr)), fns, all_logits=True)
 
     def run_with_cache(self, ids: list[int] | NDArray[np.int64], names: list[str] | None = None,
                        hooks: HookSpec | None = None) -> tuple[NDArray[np.float32], dict[str, NDArray[np.float32]]]:
         """Logits `[seq, vocab]` and the activations at `names` (default: every hook point),
         each `[seq, ...]`, captured after any intervention in `hooks` at the same point."""
         arr = self._check_ids(ids)
-        n_layers = self.config.n_layers
-        wanted = self.hook_names() if names is None else [str(hook_name(n, n_layers)) for n in names]
+        n_layers, n_experts = self.config.n_layers, self.config.n_experts
+        wanted = self.hook_names() if names is None else [str(hook_name(n, n_layers, n_experts)) for n in names]
         pieces: dict[str, list[NDArray[np.float32]]] = {}
-        fns = capture_into(pieces, wanted, compile_spec(hooks, n_layers))
+        fns = capture_into(pieces, wanted, compile_spec(hooks, n_layers, n_experts))
         logits = self._forward(arr, self.new_cache(len(arr)), fns, all_logits=True)
         return logits, {name: np.concatenate(parts, axis=0) for name, parts in pieces.items()}
 
@@ -136,7 +138,7 @@ class Model:
                     hooks: HookSpec | None = None) -> NDArray[np.float32]:
         """Logits `[vocab]` after `ids`, appending them to `cache` (a fresh one if None)."""
         arr = self._check_ids(ids, 0 if cache is None else cache.length)
-        fns = compile_spec(hooks, self.config.n_layers)
+        fns = compile_spec(hooks, self.config.n_layers, self.config.n_experts)
         return self._forward(arr, cache if cache is not None else self.new_cache(len(arr)), fns)
 
     def _check_batch(self, batch: Sequence[list[int] | NDArray[np.int64]],
@@ -220,7 +222,7 @@ class Model:
         params = SamplingParams(temperature, top_k, top_p, seed)
         rng = np.random.default_rng(seed)
         cache = self.new_cache(len(arr) + max_new_tokens)
-        fns = compile_spec(hooks, self.config.n_layers)  # active at every step, through the KV cache
+        fns = compile_spec(hooks, self.config.n_layers, self.config.n_experts)  # active at every step, through the KV cache
         logits = self._forward(arr, cache, fns)
         new: list[int] = []
         emitted = ""

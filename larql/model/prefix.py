@@ -33,6 +33,7 @@ def fork(cache: KVCache, length: int, capacity: int) -> KVCache:
         for layer in range(cache.n_layers):
             dst[layer][:, :length] = src[layer][:, :length]
     new.length = length
+    new.ids, new.rope_long = cache.ids[:length].copy(), cache.rope_long
     return new
 
 

@@ -138,12 +138,18 @@ def _sha256_path(path: Path) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
+# model_config fields written only when not at their default (added after version 1)
+OPTIONAL_FIELDS: dict[str, Any] = {"rope_freq_factors": [], "rope_short_factors": [], "rope_long_factors": [],
+                                   "rope_attn_factor": 1.0}
+
+
 def model_config(cfg: ModelConfig) -> dict[str, Any]:
-    """index.json's model_config: the config's fields, tuples as lists; rope_freq_factors only when
-    there are some (so that a vindex without them is written as before that field existed)."""
+    """index.json's model_config: the config's fields, tuples as lists; the rope factor fields only
+    when they hold something (so that a vindex without them is written as before they existed)."""
     mc = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()}
-    if not mc["rope_freq_factors"]:
-        del mc["rope_freq_factors"]
+    for key, default in OPTIONAL_FIELDS.items():
+        if mc[key] == default:
+            del mc[key]
     return mc
 
 

@@ -30,8 +30,9 @@ def index_config(v: Vindex) -> ModelConfig:
                           f"re-extract with --level inference to run the model from it")
     mc = dict(v.index["model_config"])
     mc["global_layers"] = tuple(mc["global_layers"])
-    if "rope_freq_factors" in mc:  # a JSON list, a tuple in the (frozen, hashable) config
-        mc["rope_freq_factors"] = tuple(mc["rope_freq_factors"])
+    for key in ("rope_freq_factors", "rope_short_factors", "rope_long_factors"):
+        if key in mc:  # a JSON list, a tuple in the (frozen, hashable) config
+            mc[key] = tuple(mc[key])
     try:
         cfg = ModelConfig(**mc)
     except TypeError as e:

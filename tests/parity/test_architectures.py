@@ -59,7 +59,8 @@ def test_architecture_matches_transformers(arch: str) -> None:
 
 
 def test_every_reference_architecture_is_covered() -> None:
-    expected = {"llama3", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "gpt2", "mixtral"}
+    expected = {"llama3", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "phi3_longrope", "gpt2",
+                "mixtral"}
     assert expected <= set(ARCHITECTURES), f"missing references: {sorted(expected - set(ARCHITECTURES))}"
 
 
@@ -74,6 +75,51 @@ def test_decode_through_the_kv_cache_matches_the_full_forward() -> None:
         for t in range(1, len(ids)):
             step = m.next_logits(ids[t:t + 1], cache)
             assert rel_err(step, full[t]) <= TOL, f"{arch}: decode step {t}"
+
+
+def test_longrope_generation_across_the_original_context_matches_transformers() -> None:
+    """transformers' greedy generate from 28 tokens of prompt 0, 12 new ones, crossing the original
+    context (32) at the 5th: larql's decode through its KV cache gives the same tokens and, at every
+    step, transformers' logits."""
+    m = larql.load(REFS / "phi3_longrope")
+    ref = np.load(REFS / "phi3_longrope.npz")
+    assert len(ref["gen.prompt"]) < 32 < len(ref["gen.prompt"]) + len(ref["gen.ids"])
+    assert m.generate(ref["gen.prompt"].tolist(), max_new_tokens=len(ref["gen.ids"])).ids == ref["gen.ids"].tolist()
+    cache = m.new_cache(64)
+    logits = m.next_logits(ref["gen.prompt"], cache)
+    for t, tok in enumerate(ref["gen.ids"]):
+        assert rel_err(logits, ref["gen.scores"][t]) <= TOL, f"step {t}"
+        logits = m.next_logits([int(tok)], cache)
+
+
+def test_longrope_decode_across_the_original_context_reruns_with_the_long_factors() -> None:
+    """Phi-3's longrope (original context 32): a pass ending at or before position 31 rotates with the
+    short factors, one reaching past it with the long ones at every position. transformers' Phi-3
+    generation drops its cache at the crossing and runs the whole sequence again; each decode step
+    here equals the full forward of the sequence so far, before, at and after the crossing, one by
+    one and in a packed batch beside a sequence that does not cross."""
+    m = larql.load(REFS / "phi3_longrope")
+    ref = np.load(REFS / "phi3_longrope.npz")
+    ids = ref["p0.ids"][:40]
+    assert rel_err(m.forward(ref["p0.ids"])[:32], m.forward(ids[:32])) > 1e-3  # the two regimes differ
+    cache = m.new_cache(len(ids))
+    m.next_logits(ids[:28], cache)
+    for t in range(28, len(ids)):
+        step = m.next_logits(ids[t:t + 1], cache)
+        assert rel_err(step, m.forward(ids[:t + 1])[t]) <= TOL, f"decode step {t}"
+    short = ref["p1.ids"]
+    caches = [m.new_cache(40), m.new_cache(40)]
+    m.next_logits_batch([ids[:32], short[:8]], caches)
+    both = m.next_logits_batch([ids[32:34], short[8:10]], caches)
+    assert rel_err(both[0], m.forward(ids[:34])[33]) <= TOL
+    assert rel_err(both[1], m.forward(short[:10])[9]) <= TOL
+    assert caches[0].length == 34 and np.array_equal(caches[0].ids, ids[:34])
+    # a cache forked back to a short prefix (DESCRIBE's prefix reuse) holds long-rotated keys: a
+    # short pass after it runs the prefix again with the short factors
+    from larql.model.prefix import fork
+
+    short_again = fork(caches[0], 20, 40)
+    assert rel_err(m.next_logits(ids[20:25], short_again), m.forward(ids[:25])[24]) <= TOL
 
 
 if __name__ == "__main__":  # the figures of the README's architecture table

@@ -105,6 +105,12 @@ def write_gguf(ref: str, path: Path, stacked: bool = True) -> Path:
                     [tensors.pop(f"{b}{part}.{e}.weight") for e in range(c.n_experts)])
     if c.rope_scaling == "llama3":  # as llama.cpp's converter writes Llama 3.1's scaling: no metadata, a tensor
         tensors["rope_freqs.weight"] = llama3_rope_factors(c)
+    if c.rope_scaling == "longrope":  # as llama.cpp's Phi-3 converter: two factor tensors, the scale as metadata
+        w.add_uint32(f"{arch}.rope.scaling.original_context_length", c.rope_original_context)
+        scale = c.context_length / c.rope_original_context
+        w.add_float32(f"{arch}.rope.scaling.attn_factor", math.sqrt(1 + math.log(scale) / math.log(c.rope_original_context)))
+        tensors["rope_factors_long.weight"] = np.array(c.rope_long_factors, dtype=np.float32)
+        tensors["rope_factors_short.weight"] = np.array(c.rope_short_factors, dtype=np.float32)
     for name, data in tensors.items():
         w.add_tensor(name, np.ascontiguousarray(data))
     w.write_header_to_file()
@@ -127,6 +133,55 @@ def test_gguf_matches_transformers(ref: str, tmp_path: Path) -> None:
         assert rel_err(logits, want[f"p{p}.logits"]) <= 1e-4
         assert np.array_equal(logits.argmax(-1), want[f"p{p}.logits"].argmax(-1))
     assert m.tokenize("Bees make honey") == want["p1.ids"].tolist()
+
+
+def test_phi3_longrope_gguf_matches_transformers(tmp_path: Path) -> None:
+    """Phi-3's longrope as llama.cpp stores it (rope_factors_short/long tensors, original context
+    and attention factor as metadata) gives transformers' logits in both regimes (prompt 0 is past the
+    original context of 32, prompt 1 is not); an inference vindex carries the factors and COMPILE ...
+    FORMAT GGUF writes the two tensors back."""
+    m = larql.load(write_gguf("phi3_longrope", tmp_path / "l.gguf"))
+    hf = larql.load(REFS / "phi3_longrope").config
+    # the same config, but for what GGUF stores as float32: eps, the attention factor and the factors
+    f32 = ("norm_eps", "rope_attn_factor", "rope_short_factors", "rope_long_factors")
+    assert replace(m.config, **{k: getattr(hf, k) for k in f32}) == hf
+    for k in f32:
+        assert np.array_equal(np.float32(getattr(m.config, k)), np.float32(getattr(hf, k))), k
+    want = np.load(REFS / "phi3_longrope.npz")
+    for p in (0, 1):
+        logits = m.forward(want[f"p{p}.ids"])
+        assert rel_err(logits, want[f"p{p}.logits"]) <= 1e-4
+        assert np.array_equal(logits.argmax(-1), want[f"p{p}.logits"].argmax(-1))
+    from larql.lql.executor import execute
+    from larql.vindex.extract import extract
+
+    vx = extract(tmp_path / "l.gguf", tmp_path / "l.vindex", level="inference", dtype="f32")
+    assert rel_err(larql.load(vx).dense().forward(want["p0.ids"]), want["p0.logits"]) <= 1e-4
+    execute(f'USE "{vx}"; COMPILE CURRENT INTO MODEL "{tmp_path / "back.gguf"}" FORMAT GGUF')
+    back = larql.load(tmp_path / "back.gguf")
+    assert back.config == m.config
+    assert rel_err(back.forward(want["p0.ids"]), want["p0.logits"]) <= 1e-4
+
+
+def test_longrope_gguf_without_its_metadata_is_refused(tmp_path: Path) -> None:
+    path = write_gguf("phi3_longrope", tmp_path / "l.gguf")
+    reader = gguf.GGUFReader(path)
+    w = gguf.GGUFWriter(str(tmp_path / "bad.gguf"), "phi3")
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name in ("general.architecture",
+                                                             "phi3.rope.scaling.original_context_length"):
+            continue
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(field.name, field.contents(), field.types[0], sub)
+    for t in reader.tensors:
+        w.add_tensor(t.name, np.array(t.data).reshape([int(d) for d in reversed(t.shape)]))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelFormatError, match=r"bad\.gguf: rope_factors tensors \(longrope\) need metadata "
+                                               r"phi3\.rope\.scaling\.original_context_length, which is missing"):
+        larql.load(tmp_path / "bad.gguf")
 
 
 def test_gemma2_gguf_query_scale_is_llama_cpps(tmp_path: Path) -> None:

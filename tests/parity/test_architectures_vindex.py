@@ -18,7 +18,7 @@ from tests.conftest import rel_err
 REFS = Path(__file__).resolve().parents[1] / "golden" / "architectures"
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "phi3", "gemma2", "llama3", "qwen3"])
+@pytest.mark.parametrize("arch", ["gpt2", "phi3", "phi3_longrope", "gemma2", "llama3", "qwen3"])
 def test_describe_and_infer_on_an_extracted_vindex(arch: str, tmp_path: Path) -> None:
     browse = extract(REFS / arch, tmp_path / "b.vindex", level="browse", dtype="f32")
     (card,) = execute(f'USE "{browse}"; DESCRIBE "a" VERBOSE')[1:]

@@ -41,12 +41,46 @@ def test_unknown_model_type(tmp_path: Path) -> None:
         larql.load(d)
 
 
-@pytest.mark.parametrize("kind", ["yarn", "dynamic", "longrope"])
+@pytest.mark.parametrize("kind", ["yarn", "dynamic"])
 def test_unsupported_rope_type(tmp_path: Path, kind: str) -> None:
     d = _copy(tmp_path, "llama3", lambda c: c["rope_parameters"].update(rope_type=kind))
     with pytest.raises(UnsupportedError, match=rf"config\.json: rope_parameters\.rope_type = '{kind}' is not "
-                                               r"supported; larql runs default, linear, llama3"):
+                                               r"supported; larql runs default, linear, llama3, longrope"):
         larql.load(d)
+
+
+def test_longrope_legacy_su_config_is_the_same_model(tmp_path: Path) -> None:
+    """transformers 4's Phi-3 form: rope_scaling {type: "su", ...} and original_max_position_embeddings
+    at the top level; the same config and logits as the reference's rope_parameters."""
+    def legacy(c: dict[str, Any]) -> None:
+        params = c.pop("rope_parameters")
+        c["rope_theta"] = params.pop("rope_theta")
+        del params["rope_type"], params["original_max_position_embeddings"]
+        c["rope_scaling"] = {**params, "type": "su"}
+
+    new, old = larql.load(REFS / "phi3_longrope"), larql.load(_copy(tmp_path, "phi3_longrope", legacy))
+    assert old.config == new.config and old.config.rope_scaling == "longrope"
+    assert new.config.rope_factor == 4.0 and new.config.rope_original_context == 32
+    assert abs(new.config.rope_attn_factor - (1 + np.log(4.0) / np.log(32.0)) ** 0.5) < 1e-12
+    ids = np.load(REFS / "phi3_longrope.npz")["p0.ids"]
+    assert np.array_equal(old.forward(ids), new.forward(ids))
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda p: p.update(short_factor=[1.0, 2.0]), r"rope_parameters\.short_factor must list 4 positive numbers"),
+    (lambda p: p.pop("long_factor"), r"rope_parameters\.long_factor must list 4 positive numbers"),
+    (lambda p: p.update(long_factor=[1.0, 0.0, 1.0, 1.0]), r"rope_parameters\.long_factor must list 4 positive numbers"),
+])
+def test_longrope_bad_factors(tmp_path: Path, change: Callable[[dict[str, Any]], None], message: str) -> None:
+    d = _copy(tmp_path, "phi3_longrope", lambda c: change(c["rope_parameters"]))
+    with pytest.raises(ModelFormatError, match=rf"phi3_longrope/config\.json: {message}"):
+        larql.load(d)
+
+
+def test_longrope_explicit_factors_are_read(tmp_path: Path) -> None:
+    d = _copy(tmp_path, "phi3_longrope", lambda c: c["rope_parameters"].update(factor=2.0, attention_factor=1.5))
+    cfg = larql.load(d).config
+    assert (cfg.rope_factor, cfg.rope_attn_factor) == (2.0, 1.5)
 
 
 def test_legacy_rope_scaling_is_read_too(tmp_path: Path) -> None:

@@ -35,7 +35,8 @@ def test_run_with_cache_shapes_and_consistency(m: larql.Model) -> None:
     logits, cache = m.run_with_cache(IDS)
     c = m.config
     assert set(cache) == set(m.hook_names()) == set(all_hook_names(c.n_layers)) - {
-        f"blocks.{i}.mlp.hook_router" for i in range(c.n_layers)}
+        f"blocks.{i}.mlp.{kind}" for i in range(c.n_layers)
+        for kind in ("hook_router", "hook_expert_weights", "hook_expert_indices")}
     t = len(IDS)
     assert cache["blocks.0.attn.hook_q"].shape == (t, c.n_heads, c.head_dim)
     assert cache["blocks.1.attn.hook_pattern"].shape == (t, c.n_heads, t)
