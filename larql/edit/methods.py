@@ -31,9 +31,12 @@ def default_layer(model_name: str, n_layers: int) -> int:
 
 
 # METHOD NEURON recycles a layer's cheapest features, one per subject: a layer holds NEURONS_PER_LAYER
-# before the next of the model's NEURON_LAYERS (crown layer first) takes the overflow
+# before the next of the model's NEURON_LAYERS (crown layer first) takes the overflow. gemma3-270m,
+# 40 fictional facts in one INSERT at one layer (ES / held-out prefixed prompt / paraphrase, unrelated
+# top-1s kept of 24, KL): layer 3 92.5 / 86.7 / 52.5, 20, 0.09; 4 95.0 / 99.2 / 55.0, 19, 0.14;
+# 6 97.5 / 86.7 / 50.0, 17, 0.49; 2 65.0 / 56.7 / 35.0, 16, 0.85 (not used). SmolLM2: its crown layer only.
 NEURONS_PER_LAYER = 64
-NEURON_LAYERS: dict[str, tuple[int, ...]] = {"gemma3-270m": (3, 4, 2, 5, 6, 1, 7, 8), "smollm2-135m": (4, 5, 3, 6, 7, 2)}
+NEURON_LAYERS: dict[str, tuple[int, ...]] = {"gemma3-270m": (3, 4, 6), "smollm2-135m": (4,)}
 
 
 def neuron_layers(model_name: str, n_layers: int) -> tuple[int, ...]:

@@ -40,7 +40,7 @@ from numpy.typing import NDArray
 from larql.edit.capture import capture_batch
 from larql.edit.facts import Fact, model_prefixes, subject_position
 from larql.edit.feature_insert import target_direction
-from larql.edit.methods import N_NEIGHBOURS, N_PREFIXES
+from larql.edit.methods import N_PREFIXES
 from larql.edit.overlay import MetaOverride
 from larql.edit.patch import NEURON_REASON, PatchOp
 from larql.edit.rome import CONSTRAINT_RIDGE, KeyMetric
@@ -54,7 +54,6 @@ from larql.model.interp import first_target_token
 from larql.model.model import Model
 
 F32 = NDArray[np.float32]
-PER_SUBJECT_NEIGHBOURS = N_NEIGHBOURS  # nearest subjects held per neuron (each holds only its own)
 PRE_ACTIVATION = 12.0  # a: the gate's pre-activation at the subject, deep in GELU's / SiLU's linear part
 
 
@@ -186,7 +185,7 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, key_metric
     values: list[ValueResult] = []
     for i in range(0, len(groups), VALUE_BATCH):
         values += optimise_values(model, groups[i: i + VALUE_BATCH], [layer], prefixes, ffn_layers)
-    prompts = held_prompts(facts, decoys, neighbours=neighbours, objects=objects, per_fact=PER_SUBJECT_NEIGHBOURS)
+    prompts = held_prompts(facts, decoys, neighbours=neighbours, objects=objects)
     held, owner_names = held_keys(model, prompts, [layer], point="input")
     templates = list(dict.fromkeys(f.prompt.replace(f.subject, "{}", 1) for f in facts))[:2]
     before = [HeldPrompt(t.format(e), e) for e in earlier for t in ("{}", *templates)]

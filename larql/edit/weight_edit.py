@@ -47,7 +47,12 @@ DECOY_SUBJECTS = ("Sweden", "Peru", "Greece", "Vietnam", "Argentina", "Austria",
                   "the river", "my neighbour", "the company", "the city", "the island", "the moon", "music",
                   "football")
 MAX_DECOY_PROMPTS = 64
-NEIGHBOUR_BUDGET = 512  # neighbour prompts held per solve, shared by its facts (ffn has 2048 dims)
+# neighbour prompts held per solve, shared by its facts (ffn has 2048 dims). METHOD NEURON, which holds
+# each subject's own: every near input held at 0 beside one at 1 makes g longer, and the neuron fires
+# more on ordinary text (40 CounterFact subjects at gemma3-270m's layer 3, held-out corpus tokens:
+# mean |g·x| 0.083 / 0.114 / 0.176 with 6 / 12 / 32 neighbours each; 40 in one INSERT with 32 each
+# kept 54.2% of unrelated top-1s against 66.7% with this budget's 12)
+NEIGHBOUR_BUDGET = 512
 VALUE_BATCH = 32  # subjects optimised side by side
 OLD_OBJECT_TEMPLATES = ("{} is a", "{} is the", "I live in {}")
 

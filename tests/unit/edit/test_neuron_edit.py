@@ -143,3 +143,4 @@ def test_free_slots_skip_taken_features_and_say_when_none_are_left() -> None:
     assert free_slots(costs, {3}, 2) == [1, 2]
     with pytest.raises(EditError, match="features left"):
         free_slots(costs, {0, 1, 2}, 2)
+
