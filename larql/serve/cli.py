@@ -32,7 +32,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise ServeError("--ffn-only needs --layers A-B (the layers whose FFN this server computes)")
         ffn_layers = parse_layers(args.layers)
     config = ServeConfig(allow_edits=args.allow_edits, token=token, root=Path.cwd(), limits=limits,
-                         workers=args.workers, ffn_layers=ffn_layers)
+                         workers=args.workers, batch=args.batch, batch_window_ms=args.batch_window_ms,
+                         ffn_layers=ffn_layers)
     return serve(args.src, host=args.host, port=args.port, config=config, log_level=args.log_level)
 
 
@@ -53,6 +54,11 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--max-tokens", type=int, default=d.max_tokens, help="tokens one completion may generate")
     sv.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds one request may take")
     sv.add_argument("--workers", type=int, default=4, help="threads running statements and generation")
+    sv.add_argument("--batch", type=int, default=16, metavar="N",
+                    help="run up to N clients' next-token passes (INFER, completion steps) as one batched forward "
+                         "pass (default 16; 0: one by one)")
+    sv.add_argument("--batch-window-ms", type=float, default=3.0, metavar="MS",
+                    help="how long a batch waits for more passes before it runs (default 3 ms)")
     sv.add_argument("--ffn-only", action="store_true",
                     help="serve only the FFN of --layers A-B (POST /v1/ffn), for clients run with --ffn URL")
     sv.add_argument("--layers", default=None, metavar="A-B", help="with --ffn-only: the layers whose FFN to serve")

@@ -24,4 +24,6 @@ class ServeConfig:
     root: Path = field(default_factory=Path.cwd)  # statements' paths must stay under it
     limits: Limits = field(default_factory=Limits)
     workers: int = 4  # threads running statements and generation (numba releases the GIL in its kernels)
+    batch: int = 16  # at most this many next-token passes (INFER, generation steps) in one batched pass; 0: none
+    batch_window_ms: float = 3.0  # how long a batch gathers before it runs (at once when full)
     ffn_layers: tuple[int, int] | None = None  # --ffn-only --layers A-B: serve only these layers' FFN
