@@ -125,13 +125,9 @@ class FFN:
         Edits name expert e's feature j as feature e x ffn + j (the vindex's numbering); an edited
         feature acts only where the router picks its expert."""
         lw, n, edits = self.weights.layers[i], self.names[i], self.edits
-        overrides: Mapping[int, FeatureVectors] = {}
-        gone: AbstractSet[int] = frozenset()
-        if edits is not None:
-            if edits.top_k is not None or edits.down_delta(i) is not None:
-                raise UnsupportedError(f"layer {i}: a walk top-k and weight edits (ROME/MEMIT) address one dense "
-                                       f"FFN; this layer is a mixture of experts (feature edits and deletions work)")
-            overrides, gone = edits.feature_overrides(i), edits.deleted(i)
+        if edits is not None and (edits.top_k is not None or edits.down_delta(i) is not None):
+            raise UnsupportedError(f"layer {i}: a walk top-k and weight edits (ROME/MEMIT) address one dense "
+                                   f"FFN; this layer is a mixture of experts (feature edits and deletions work)")
         assert lw.router is not None  # called only for a layer with a router
         logits = lw.router.matmul(h)  # (T, n_experts)
         if hooks:
@@ -142,10 +138,27 @@ class FFN:
         weight = np.take_along_axis(probs, chosen, axis=1)
         weight /= weight.sum(axis=1, keepdims=True)  # (T, k)
         out = np.zeros_like(h)  # (T, hidden)
-        for e in np.unique(chosen):
-            rows, slot = np.nonzero(chosen == e)  # positions routed to expert e, and in which of their k slots
+        experts = [int(e) for e in np.unique(chosen)]
+        picks = [np.nonzero(chosen == e) for e in experts]  # positions routed to each expert, and in which slot
+        ys = self.expert_outputs(i, experts, [np.ascontiguousarray(h[rows]) for rows, _ in picks])
+        for (rows, slot), y in zip(picks, ys):
+            out[rows] += y * weight[rows, slot][:, None]
+        if hooks:
+            out = run_hook(hooks, n.mlp_out, out, start)
+        return out
+
+    def expert_outputs(self, i: int, experts: list[int], xs: list[F32]) -> list[F32]:
+        """Each expert's gated FFN `(t_e, hidden)` on the rows routed to it `xs[e]` `(t_e, hidden)`,
+        before the router's weighting, with the feature edits and deletions: the part of a layer
+        of experts an expert shard computes (larql/serve/expert_remote.py)."""
+        lw, edits = self.weights.layers[i], self.edits
+        overrides: Mapping[int, FeatureVectors] = {}
+        gone: AbstractSet[int] = frozenset()
+        if edits is not None:
+            overrides, gone = edits.feature_overrides(i), edits.deleted(i)
+        ys = []
+        for e, x in zip(experts, xs):
             gate, up, down = lw.experts[e]
-            x = np.ascontiguousarray(h[rows])  # (t_e, hidden)
             g, u = gate.matmul(x), up.matmul(x)  # (t_e, ffn)
             first = int(e) * gate.n_rows  # expert e's features in the edits' numbering
             mine = {f - first: vec for f, vec in overrides.items() if first <= f < first + gate.n_rows}
@@ -166,10 +179,8 @@ class FFN:
                 stored = self._expert_downs[(i, int(e))]
                 for j, dv in downs:
                     y += np.outer(act[:, j], dv - stored[:, j])  # swap the feature's column
-            out[rows] += y * weight[rows, slot][:, None]
-        if hooks:
-            out = run_hook(hooks, n.mlp_out, out, start)
-        return out
+            ys.append(y)
+        return ys
 
     @staticmethod
     def _select(i: int, edits: FFNEdits, gate: F32, act: F32) -> F32:

@@ -54,7 +54,7 @@ class ServerState:
         self.queued = 0  # touched on the event loop only: no lock
         self.chat: Any = None  # the served model's ChatTemplate, found at the first chat request
         self.batcher: Batcher | None = None  # next-token passes of the shared model, batched
-        if config.batch > 0 and served.model is not None and config.ffn_layers is None:
+        if config.batch > 0 and served.model is not None and not config.ffn_only:
             self.batcher = Batcher(config.batch_window_ms / 1000, config.batch, max_waiting=4 * config.limits.max_queued)
 
     async def run(self, fn: Callable[..., T], *args: Any, deadline: float | None = None) -> T:
@@ -167,7 +167,7 @@ def create_app(served: Served, config: ServeConfig | None = None) -> Starlette:
         if server.batcher is not None:
             server.batcher.close()
 
-    if server.config.ffn_layers is not None:  # --ffn-only: the FFN of a layer range and nothing else
+    if server.config.ffn_only:  # --ffn-only: the FFN of a layer range and nothing else
         from larql.serve import ffn_remote
 
         ffn_remote.check_range(server)

@@ -27,3 +27,8 @@ class ServeConfig:
     batch: int = 16  # at most this many next-token passes (INFER, generation steps) in one batched pass; 0: none
     batch_window_ms: float = 3.0  # how long a batch gathers before it runs (at once when full)
     ffn_layers: tuple[int, int] | None = None  # --ffn-only --layers A-B: serve only these layers' FFN
+    ffn_experts: tuple[int, int] | None = None  # --ffn-only --experts E1-E2: only these experts (of --layers or all)
+
+    @property
+    def ffn_only(self) -> bool:
+        return self.ffn_layers is not None or self.ffn_experts is not None
