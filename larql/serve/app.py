@@ -55,7 +55,8 @@ class ServerState:
         self.chat: Any = None  # the served model's ChatTemplate, found at the first chat request
         self.batcher: Batcher | None = None  # next-token passes of the shared model, batched
         if config.batch > 0 and served.model is not None and not config.ffn_only:
-            self.batcher = Batcher(config.batch_window_ms / 1000, config.batch, max_waiting=4 * config.limits.max_queued)
+            self.batcher = Batcher(config.batch_window_ms / 1000, config.batch, config.batch_rows, config.solo_rows,
+                                   max_waiting=4 * config.limits.max_queued, solo_pool=self.pool)
 
     async def run(self, fn: Callable[..., T], *args: Any, deadline: float | None = None) -> T:
         """Run blocking work (numba, numpy, the tokenizer) in the pool, not on the event loop.

@@ -1,13 +1,20 @@
-"""Server-side batching: next-token passes that arrive together run as one batched forward pass.
+"""Server-side batching: next-token passes of few rows that arrive together run as one forward pass.
 
 Every generation step (a completion's prefill, then each decode step) and every INFER of the shared
-served model asks the batcher for "the logits after these ids, appended to this cache". The batcher
-collects what arrives within a short window (`window_s`, a few ms; at once when `max_batch` are
-waiting), runs them as one `Model.next_logits_batch` in its own thread (sequences packed end to end,
-each attending only to itself: the answers equal one-by-one within float rounding), and hands each
-caller its own row, after the caller's `after` (sampling, decoding) ran on it in that same thread.
-While one batch runs, the next one gathers: a continuous batch, requests joining and leaving at any
-step. Clients with a session run their own overlay and stay on the one-by-one path.
+served model asks the batcher for "the logits after these ids, appended to this cache". Short passes
+(fewer than `solo_rows` tokens: every decode step) are gathered for a short window (`window_s`, a
+few ms; at once when full: `max_batch` passes or `max_rows` rows) and run as one
+`Model.next_logits_batch` in the batcher's thread (sequences packed end to end, each attending only
+to itself: the answers equal one-by-one within float rounding); each caller gets its own row, after
+its `after` (sampling, decoding) ran on it in that thread. While one batch runs the next gathers: a
+continuous batch, sequences joining and leaving at any step.
+
+Why only short passes: the quantized matmuls' cost is widening each weight to float32, and a
+small-batch kernel widens a weight once for four rows, of one sequence or of several; a prompt of
+several tokens already fills those four rows alone, so packing prompts together saves nothing and
+would only queue them behind one another (and past 16 rows the matmuls take the dequantize + BLAS
+path, slower on a decode-sized batch). Long passes run at once, in parallel, as before. Clients with
+a session run their own overlay and stay on the one-by-one path.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ class Job:
     ids: list[int]
     cache: KVCache | None
     after: After | None
-    future: asyncio.Future[Any] = field(repr=False)
+    future: asyncio.Future[Any] | None = field(repr=False)  # None: run at once, not batched
 
 
 @dataclass
@@ -55,8 +62,11 @@ class BatchStats:
 class Batcher:
     """Gathers next-token passes for `max_batch`-sized batched forward passes (see the module doc)."""
 
-    def __init__(self, window_s: float = 0.003, max_batch: int = 16, max_waiting: int = 256) -> None:
-        self.window_s, self.max_batch, self.max_waiting = window_s, max_batch, max_waiting
+    def __init__(self, window_s: float = 0.003, max_batch: int = 16, max_rows: int = 16, solo_rows: int = 4,
+                 max_waiting: int = 256, solo_pool: ThreadPoolExecutor | None = None) -> None:
+        self.window_s, self.max_batch, self.max_rows, self.solo_rows = window_s, max_batch, max_rows, solo_rows
+        self.max_waiting, self.solo_pool = max_waiting, solo_pool
+        self.rows = 0  # rows waiting
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="larql-batch")
         self.waiting: list[Job] = []
         self.running = False
@@ -68,15 +78,20 @@ class Batcher:
                           after: After | None = None) -> Any:
         """`after(logits)` (the logits `[vocab]` themselves if None), the pass run with others'."""
         self.loop = loop = asyncio.get_running_loop()
+        if len(ids) >= self.solo_rows:  # a prompt: its own pass, at once (see the module doc)
+            return solo(await loop.run_in_executor(self.solo_pool, _one, Job(model, ids, cache, after, None)))
         if len(self.waiting) >= self.max_waiting:
             raise LimitError(f"the server is busy ({len(self.waiting)} passes waiting); try again", status=503)
-        job = Job(model, ids, cache, after, loop.create_future())
-        self.waiting.append(job)
+        future = loop.create_future()
+        self.waiting.append(Job(model, ids, cache, after, future))
+        self.rows += len(ids)
         self._kick()
-        return await job.future
+        return await future
 
     def next_logits_from_thread(self, model: Model, ids: list[int], timeout: float | None = None) -> Any:
         """`next_logits` for a worker thread (an LQL INFER): blocks that thread, not the event loop."""
+        if len(ids) >= self.solo_rows:  # a prompt: in this thread, at once
+            return solo(_one(Job(model, ids, None, None, None)))
         assert self.loop is not None, "the batcher has not run on the server's event loop yet"
         fut = asyncio.run_coroutine_threadsafe(self.next_logits(model, ids), self.loop)
         try:
@@ -89,7 +104,7 @@ class Batcher:
         """Start a batch when one can start: at once if full, else when the window closes."""
         if self.running or not self.waiting:
             return
-        if len(self.waiting) >= self.max_batch:
+        if len(self.waiting) >= self.max_batch or self.rows >= self.max_rows:
             self._start()
         elif self.timer is None:
             assert self.loop is not None
@@ -99,8 +114,14 @@ class Batcher:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        jobs = [j for j in self.waiting[:self.max_batch] if not j.future.done()]  # done: its caller gave up
-        del self.waiting[:self.max_batch]
+        taken, rows = 0, 0
+        while taken < min(len(self.waiting), self.max_batch) and (
+                taken == 0 or rows + len(self.waiting[taken].ids) <= self.max_rows):
+            rows += len(self.waiting[taken].ids)
+            taken += 1
+        jobs = [j for j in self.waiting[:taken] if j.future is not None and not j.future.done()]  # done: gave up
+        del self.waiting[:taken]
+        self.rows -= rows
         if not jobs:
             self._kick()
             return
@@ -117,7 +138,7 @@ class Batcher:
         self.stats.jobs += len(jobs)
         self.stats.largest = max(self.stats.largest, len(jobs))
         for job, (ok, value) in zip(jobs, outcomes):
-            if not job.future.done():
+            if job.future is not None and not job.future.done():
                 if ok:
                     job.future.set_result(value)
                 else:
@@ -159,6 +180,13 @@ def _after(job: Job, row: NDArray[np.float32]) -> tuple[bool, Any]:
         return True, row if job.after is None else job.after(row)
     except Exception as e:
         return False, e
+
+
+def solo(outcome: tuple[bool, Any]) -> Any:
+    ok, value = outcome
+    if not ok:
+        raise value
+    return value
 
 
 def _one(job: Job) -> tuple[bool, Any]:

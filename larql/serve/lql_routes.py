@@ -58,7 +58,8 @@ async def info(request: Request) -> Response:
         out.update(kind="model", layers=c.n_layers, hidden=c.hidden, vocab=c.vocab, level="model", model_weights=True)
     out.update(describe_view(sess.view if sess else served.base))
     out["batching"] = None if server.batcher is None else {
-        "max_batch": server.batcher.max_batch, "window_ms": server.batcher.window_s * 1e3,
+        "max_batch": server.batcher.max_batch, "max_rows": server.batcher.max_rows,
+        "solo_rows": server.batcher.solo_rows, "window_ms": server.batcher.window_s * 1e3,
         **server.batcher.stats.to_json()}
     if served.model is not None:
         from larql.serve.generation import template

@@ -24,8 +24,9 @@ PROMPTS = ["hello", "hi there", "a b c d e", "x", "hello world, this is a longer
 
 @pytest.fixture(scope="module")
 def batched(serve: Serve, infer_vx: Path) -> Iterator[str]:
-    # a wide window so that requests sent together surely meet in one batch
-    with serve(infer_vx, limits=Limits(max_tokens=40), batch=8, batch_window_ms=60.0) as url:
+    # a wide window so that requests sent together surely meet in one batch, and prompts batched too
+    with serve(infer_vx, limits=Limits(max_tokens=40), batch=8, batch_window_ms=60.0, batch_rows=512,
+               solo_rows=512) as url:
         yield url
 
 
@@ -102,6 +103,22 @@ def test_concurrent_infers_are_batched_and_equal_one_by_one(batched: str, unbatc
     for g, a in zip(got, alone):
         assert [row[:2] for row in g] == [row[:2] for row in a]  # rank, token
         np.testing.assert_allclose([row[2:] for row in g], [row[2:] for row in a], rtol=1e-4, atol=1e-6)
+
+
+def test_by_default_prompts_run_alone_and_decode_steps_together(infer: str, unbatched: str, infer_vx: Path) -> None:
+    """The default server: a prompt of 4 tokens or more is its own pass; the one-token decode steps
+    of concurrent completions share passes, and every answer is still the one-by-one answer."""
+    model = larql.load(infer_vx)
+    long = [i for i, p in enumerate(PROMPTS) if len(model.tokenize(p)) >= 4]
+    assert long  # some prompts run alone
+    before = stats(infer)
+    got = together(lambda i: completion(infer, i), 8)
+    after = stats(infer)
+    assert got == [completion(unbatched, i) for i in range(8)]
+    steps = sum(g["usage"]["completion_tokens"] for g in got)  # a pass per token
+    assert after["jobs"] - before["jobs"] == steps - len(long)  # the long prompts' prefills went alone
+    assert after["batches"] - before["batches"] < after["jobs"] - before["jobs"]  # steps shared passes
+    assert (after["max_rows"], after["solo_rows"]) == (16, 4)
 
 
 def test_one_bad_pass_fails_alone(infer_vx: Path) -> None:
