@@ -63,13 +63,14 @@ class Batcher:
     """Gathers next-token passes for `max_batch`-sized batched forward passes (see the module doc)."""
 
     def __init__(self, window_s: float = 0.003, max_batch: int = 16, max_rows: int = 16, solo_rows: int = 4,
-                 max_waiting: int = 256, solo_pool: ThreadPoolExecutor | None = None) -> None:
+                 max_waiting: int = 256, solo_pool: ThreadPoolExecutor | None = None, runners: int = 1) -> None:
         self.window_s, self.max_batch, self.max_rows, self.solo_rows = window_s, max_batch, max_rows, solo_rows
         self.max_waiting, self.solo_pool = max_waiting, solo_pool
         self.rows = 0  # rows waiting
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="larql-batch")
+        self.runners = runners  # batches that may run at once
+        self.pool = ThreadPoolExecutor(max_workers=runners, thread_name_prefix="larql-batch")
         self.waiting: list[Job] = []
-        self.running = False
+        self.running = 0
         self.timer: asyncio.TimerHandle | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stats = BatchStats()
@@ -79,7 +80,7 @@ class Batcher:
         """`after(logits)` (the logits `[vocab]` themselves if None), the pass run with others'."""
         self.loop = loop = asyncio.get_running_loop()
         if len(ids) >= self.solo_rows:  # a prompt: its own pass, at once (see the module doc)
-            return solo(await loop.run_in_executor(self.solo_pool, _one, Job(model, ids, cache, after, None)))
+            return solo(await loop.run_in_executor(self.solo_pool, _alone, Job(model, ids, cache, after, None)))
         if len(self.waiting) >= self.max_waiting:
             raise LimitError(f"the server is busy ({len(self.waiting)} passes waiting); try again", status=503)
         future = loop.create_future()
@@ -91,7 +92,7 @@ class Batcher:
     def next_logits_from_thread(self, model: Model, ids: list[int], timeout: float | None = None) -> Any:
         """`next_logits` for a worker thread (an LQL INFER): blocks that thread, not the event loop."""
         if len(ids) >= self.solo_rows:  # a prompt: in this thread, at once
-            return solo(_one(Job(model, ids, None, None, None)))
+            return solo(_alone(Job(model, ids, None, None, None)))
         assert self.loop is not None, "the batcher has not run on the server's event loop yet"
         fut = asyncio.run_coroutine_threadsafe(self.next_logits(model, ids), self.loop)
         try:
@@ -102,7 +103,7 @@ class Batcher:
 
     def _kick(self) -> None:
         """Start a batch when one can start: at once if full, else when the window closes."""
-        if self.running or not self.waiting:
+        if self.running >= self.runners or not self.waiting:
             return
         if len(self.waiting) >= self.max_batch or self.rows >= self.max_rows:
             self._start()
@@ -125,13 +126,13 @@ class Batcher:
         if not jobs:
             self._kick()
             return
-        self.running = True
+        self.running += 1
         assert self.loop is not None
         self.loop.run_in_executor(self.pool, run_jobs, jobs).add_done_callback(
             lambda fut: self._finish(jobs, fut))
 
     def _finish(self, jobs: list[Job], fut: asyncio.Future[list[tuple[bool, Any]]]) -> None:
-        self.running = False
+        self.running -= 1
         exc = fut.exception()
         outcomes = [(False, exc)] * len(jobs) if exc is not None else fut.result()
         self.stats.batches += 1
@@ -187,6 +188,14 @@ def solo(outcome: tuple[bool, Any]) -> Any:
     if not ok:
         raise value
     return value
+
+
+def _alone(job: Job) -> tuple[bool, Any]:
+    """A pass not batched: `next_logits`, as the server ran every pass before it batched."""
+    try:
+        return _after(job, job.model.next_logits(job.ids, job.cache))
+    except Exception as e:
+        return False, e
 
 
 def _one(job: Job) -> tuple[bool, Any]:
