@@ -36,6 +36,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ffn_experts = parse_layers(args.experts, "--experts") if args.experts else None
     config = ServeConfig(allow_edits=args.allow_edits, token=token, root=Path.cwd(), limits=limits,
                          workers=args.workers, batch=args.batch, batch_window_ms=args.batch_window_ms,
+                         batch_rows=args.batch_rows, solo_rows=args.solo_rows,
                          ffn_layers=ffn_layers, ffn_experts=ffn_experts)
     return serve(args.src, host=args.host, port=args.port, config=config, log_level=args.log_level)
 
@@ -62,6 +63,11 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                          "pass (default 16; 0: one by one)")
     sv.add_argument("--batch-window-ms", type=float, default=3.0, metavar="MS",
                     help="how long a batch waits for more passes before it runs (default 3 ms)")
+    sv.add_argument("--batch-rows", type=int, default=16, metavar="N",
+                    help="at most N token rows in one batched pass (default 16)")
+    sv.add_argument("--solo-rows", type=int, default=4, metavar="N",
+                    help="a pass of N tokens or more (a prompt) runs alone, not batched (default 4; a large N "
+                         "batches prompts and INFER too)")
     sv.add_argument("--ffn-only", action="store_true",
                     help="serve only the FFN of --layers A-B (POST /v1/ffn), for clients run with --ffn URL")
     sv.add_argument("--layers", default=None, metavar="A-B", help="with --ffn-only: the layers whose FFN to serve")
