@@ -53,7 +53,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             from larql.serve.ffn_remote import use_remote_ffn
         except ImportError as e:
             raise LarqlError(f"--ffn needs {e.name}: pip install 'larql[serve]'") from e
-        model = use_remote_ffn(model, args.ffn)
+        for url in args.ffn:  # shards compose: each takes its layers (or experts) from the model before it
+            model = use_remote_ffn(model, url)
     out = sys.stdout
     if args.prompt is None:
         from larql.cli_chat import run_chat
@@ -235,8 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--top-p", type=float, default=1.0)
     run.add_argument("--seed", type=int, default=None)
     run.add_argument("--stats", action="store_true", help="print token count and speed to stderr")
-    run.add_argument("--ffn", default=None, metavar="URL",
-                     help="compute the FFN of the layers an FFN server serves there (larql serve --ffn-only)")
+    run.add_argument("--ffn", action="append", default=None, metavar="URL",
+                     help="compute the FFN of the layers (or experts) an FFN server serves there (larql serve "
+                          "--ffn-only); repeat it for several servers")
     run.set_defaults(func=cmd_run)
 
     ex = sub.add_parser("extract", help="decompile a model into a vindex directory")

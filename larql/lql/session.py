@@ -17,6 +17,7 @@ class Session:
     source: str = ""  # the LQL text being run (for error carets)
     progress: Any = None  # callable(stage, done, total) for long statements, or None
     remote: Any = None  # a lql.remote.Remote set by USE REMOTE: statements run on that server
+    next_logits: Any = None  # callable(model, ids) -> logits run for INFER (a server's batcher), or None
 
     def describe_backend(self) -> str:
         if self.remote is not None:

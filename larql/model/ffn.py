@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 from typing import Protocol, cast
 
 import numpy as np
@@ -66,6 +67,18 @@ class FFNEdits(Protocol):
     def down_delta(self, layer: int) -> tuple[F32, F32] | None:
         """(U `(hidden, r)`, V `(ffn, r)`) float32: W_down' = W_down + U @ V.T; None for no delta."""
         ...
+
+
+@dataclass(frozen=True)
+class ExpertHooks:
+    """What the per-expert hook points of one MoE layer call need: the hooks, the hooked experts,
+    each called expert's routed positions (in `expert_outputs`' order), the positions T, the start."""
+
+    hooks: HookFns
+    experts: AbstractSet[int]
+    rows: list[NDArray[np.intp]]
+    t: int
+    start: int
 
 
 class FFN:
@@ -127,13 +140,9 @@ class FFN:
         Edits name expert e's feature j as feature e x ffn + j (the vindex's numbering); an edited
         feature acts only where the router picks its expert."""
         lw, n, edits = self.weights.layers[i], self.names[i], self.edits
-        overrides: Mapping[int, FeatureVectors] = {}
-        gone: AbstractSet[int] = frozenset()
-        if edits is not None:
-            if edits.top_k is not None or edits.down_delta(i) is not None:
-                raise UnsupportedError(f"layer {i}: a walk top-k and weight edits (ROME/MEMIT) address one dense "
-                                       f"FFN; this layer is a mixture of experts (feature edits and deletions work)")
-            overrides, gone = edits.feature_overrides(i), edits.deleted(i)
+        if edits is not None and (edits.top_k is not None or edits.down_delta(i) is not None):
+            raise UnsupportedError(f"layer {i}: a walk top-k and weight edits (ROME/MEMIT) address one dense "
+                                   f"FFN; this layer is a mixture of experts (feature edits and deletions work)")
         assert lw.router is not None  # called only for a layer with a router
         logits = lw.router.matmul(h)  # (T, n_experts)
         if hooks:
@@ -150,15 +159,35 @@ class FFN:
         out = np.zeros_like(h)  # (T, hidden)
         # a hooked expert runs even where no position is routed to it, so that its points are reached
         hooked = {e for e, names in enumerate(self.expert_names[i]) if any(nm in hooks for nm in names)} if hooks else set()
-        for e in sorted({int(e) for e in np.unique(chosen)} | hooked):
-            rows, slot = np.nonzero(chosen == e)  # positions routed to expert e, and in which of their k slots
+        experts = sorted({int(e) for e in np.unique(chosen)} | hooked)
+        picks = [np.nonzero(chosen == e) for e in experts]  # positions routed to each expert, and in which slot
+        ys = self.expert_outputs(i, experts, [np.ascontiguousarray(h[rows]) for rows, _ in picks],
+                                 ExpertHooks(hooks, hooked, [rows for rows, _ in picks], len(h), start) if hooks and hooked else None)
+        for (rows, slot), y in zip(picks, ys):
+            out[rows] += y * weight[rows, slot][:, None]
+        if hooks:
+            out = run_hook(hooks, n.mlp_out, out, start)
+        return out
+
+    def expert_outputs(self, i: int, experts: list[int], xs: list[F32],
+                       hooked: ExpertHooks | None = None) -> list[F32]:
+        """Each expert's gated FFN `(t_e, hidden)` on the rows routed to it `xs[e]` `(t_e, hidden)`,
+        before the router's weighting, with the feature edits and deletions (and the per-expert hook
+        points of the experts in `hooked`): the part of a layer of experts an expert shard computes
+        (larql/serve/expert_remote.py)."""
+        lw, edits = self.weights.layers[i], self.edits
+        overrides: Mapping[int, FeatureVectors] = {}
+        gone: AbstractSet[int] = frozenset()
+        if edits is not None:
+            overrides, gone = edits.feature_overrides(i), edits.deleted(i)
+        ys = []
+        for k, (e, x) in enumerate(zip(experts, xs)):
             gate, up, down = lw.experts[e]
-            x = np.ascontiguousarray(h[rows])  # (t_e, hidden)
-            if len(rows):
+            if len(x):
                 g, u = gate.matmul(x), up.matmul(x)  # (t_e, ffn)
             else:  # a hooked expert no position uses
                 g = u = np.zeros((0, gate.n_rows), dtype=np.float32)
-            names = self.expert_names[i][e] if e in hooked else None
+            names = self.expert_names[i][e] if hooked is not None and e in hooked.experts else None
             first = int(e) * gate.n_rows  # expert e's features in the edits' numbering
             mine = {f - first: vec for f, vec in overrides.items() if first <= f < first + gate.n_rows}
             for j, (gv, uv, _) in mine.items():
@@ -167,14 +196,14 @@ class FFN:
                 if uv is not None:
                     u[:, j] = x @ uv
             if names:
-                g = self._expert_hook(hooks, names[0], g, rows, len(h), start)
+                g = self._expert_hook(hooked, names[0], g, k)
             act = gated(self.activation, g, u)
             silenced = [f - first for f in gone if first <= f < first + gate.n_rows]
             if silenced:
                 act[:, silenced] = 0.0
             if names:
-                act = self._expert_hook(hooks, names[1], act, rows, len(h), start)
-            y = down.matmul(act) if len(rows) else np.zeros((0, down.n_rows), np.float32)  # (t_e, hidden)
+                act = self._expert_hook(hooked, names[1], act, k)
+            y = down.matmul(act) if len(x) else np.zeros((0, down.n_rows), np.float32)  # (t_e, hidden)
             downs = [(j, dv) for j, (_, _, dv) in mine.items() if dv is not None]
             if downs:
                 if (i, int(e)) not in self._expert_downs:
@@ -183,11 +212,9 @@ class FFN:
                 for j, dv in downs:
                     y += np.outer(act[:, j], dv - stored[:, j])  # swap the feature's column
             if names:
-                y = self._expert_hook(hooks, names[2], y, rows, len(h), start)
-            out[rows] += y * weight[rows, slot][:, None]
-        if hooks:
-            out = run_hook(hooks, n.mlp_out, out, start)
-        return out
+                y = self._expert_hook(hooked, names[2], y, k)
+            ys.append(y)
+        return ys
 
     @staticmethod
     def _chosen_hook(hooks: HookFns, name: str, chosen: NDArray[np.intp], start: int, n_experts: int
@@ -204,14 +231,15 @@ class FFN:
         return out.astype(np.intp)
 
     @staticmethod
-    def _expert_hook(hooks: HookFns | None, name: str, part: F32, rows: NDArray[np.intp], t: int, start: int) -> F32:
-        """An expert's activation of its routed rows `(t_e, n)` through the hook at `name`, seen as
-        `(T, n)` (zero where the router did not pick the expert), so that the hook's positions are
+    def _expert_hook(hooked: ExpertHooks | None, name: str, part: F32, k: int) -> F32:
+        """The k-th expert's activation of its routed rows `(t_e, n)` through the hook at `name`, seen
+        as `(T, n)` (zero where the router did not pick the expert), so that the hook's positions are
         the sequence's as at every other point; only the routed rows are read back."""
-        assert hooks is not None  # called only for a hooked expert
-        full = np.zeros((t, part.shape[1]), dtype=np.float32)  # (T, n)
+        assert hooked is not None  # called only for a hooked expert
+        rows = hooked.rows[k]
+        full = np.zeros((hooked.t, part.shape[1]), dtype=np.float32)  # (T, n)
         full[rows] = part
-        return np.ascontiguousarray(run_hook(hooks, name, full, start)[rows])
+        return np.ascontiguousarray(run_hook(hooked.hooks, name, full, hooked.start)[rows])
 
     @staticmethod
     def _select(i: int, edits: FFNEdits, gate: F32, act: F32) -> F32:

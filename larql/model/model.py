@@ -63,8 +63,13 @@ class Model:
         """This model (same weights, tokenizer, edits) with its FFN block replaced by `wrap(ffn)`: a
         seam for an FFN computed elsewhere (larql/serve/ffn_remote.py serves a layer range over HTTP)."""
         m = self.with_edits(self.edits)
-        m._forward.ffn = wrap(m._forward.ffn)
+        m._forward.ffn = wrap(self._forward.ffn)  # this model's FFN, so that wrappers compose (several shards)
         return m
+
+    def expert_outputs(self, layer: int, experts: list[int], xs: list[NDArray[np.float32]]) -> list[NDArray[np.float32]]:
+        """A mixture-of-experts layer's experts, each on its rows `(t_e, hidden)` (normed FFN input),
+        before the router's weighting (FFN.expert_outputs), no hooks: what an expert shard serves."""
+        return self._forward.ffn.expert_outputs(layer, experts, [np.ascontiguousarray(x, dtype=np.float32) for x in xs])
 
     def dense(self) -> Model:
         """This model with the plain dense FFN (same weights, no vindex walk, no patch overlay)."""

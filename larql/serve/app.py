@@ -22,6 +22,7 @@ from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
 
 from larql.errors import LarqlError, LimitError, LqlError, ServeError
+from larql.serve.batcher import Batcher
 from larql.serve.config import ServeConfig
 from larql.serve.sessions import (
     SESSION_COOKIE,
@@ -52,6 +53,10 @@ class ServerState:
         self.started = time.time()
         self.queued = 0  # touched on the event loop only: no lock
         self.chat: Any = None  # the served model's ChatTemplate, found at the first chat request
+        self.batcher: Batcher | None = None  # next-token passes of the shared model, batched
+        if config.batch > 0 and served.model is not None and not config.ffn_only:
+            self.batcher = Batcher(config.batch_window_ms / 1000, config.batch, config.batch_rows, config.solo_rows,
+                                   max_waiting=4 * config.limits.max_queued, solo_pool=self.pool)
 
     async def run(self, fn: Callable[..., T], *args: Any, deadline: float | None = None) -> T:
         """Run blocking work (numba, numpy, the tokenizer) in the pool, not on the event loop.
@@ -69,8 +74,11 @@ class ServerState:
         try:
             return await asyncio.wait_for(fut, max(0.0, deadline - time.monotonic()))
         except TimeoutError:
-            raise LimitError(f"the request took longer than this server's limit of "
-                             f"{self.config.limits.timeout_s:g} s", status=504) from None
+            raise self.too_slow() from None
+
+    def too_slow(self) -> LimitError:
+        return LimitError(f"the request took longer than this server's limit of {self.config.limits.timeout_s:g} s",
+                          status=504)
 
     def _done(self, fut: asyncio.Future[Any]) -> None:
         self.queued -= 1  # done, or cancelled at the deadline while still waiting for a thread
@@ -152,11 +160,15 @@ def create_app(served: Served, config: ServeConfig | None = None) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if server.batcher is not None:
+            server.batcher.loop = asyncio.get_running_loop()  # worker threads' INFERs reach it through the loop
         yield
         # uvicorn has already let in-flight requests finish (its graceful-shutdown wait)
         server.pool.shutdown(wait=False, cancel_futures=True)
+        if server.batcher is not None:
+            server.batcher.close()
 
-    if server.config.ffn_layers is not None:  # --ffn-only: the FFN of a layer range and nothing else
+    if server.config.ffn_only:  # --ffn-only: the FFN of a layer range and nothing else
         from larql.serve import ffn_remote
 
         ffn_remote.check_range(server)

@@ -24,4 +24,13 @@ class ServeConfig:
     root: Path = field(default_factory=Path.cwd)  # statements' paths must stay under it
     limits: Limits = field(default_factory=Limits)
     workers: int = 4  # threads running statements and generation (numba releases the GIL in its kernels)
+    batch: int = 16  # at most this many next-token passes (INFER, generation steps) in one batched pass; 0: none
+    batch_window_ms: float = 3.0  # how long a batch gathers before it runs (at once when full)
+    batch_rows: int = 16  # at most this many token rows in one batched pass (the small-batch matmuls' range)
+    solo_rows: int = 4  # a pass of this many tokens or more (a prompt) runs at once on its own, not batched
     ffn_layers: tuple[int, int] | None = None  # --ffn-only --layers A-B: serve only these layers' FFN
+    ffn_experts: tuple[int, int] | None = None  # --ffn-only --experts E1-E2: only these experts (of --layers or all)
+
+    @property
+    def ffn_only(self) -> bool:
+        return self.ffn_layers is not None or self.ffn_experts is not None

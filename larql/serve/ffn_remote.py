@@ -1,7 +1,8 @@
 """The scale-out seam (vindex_spec/SCALE_OUT.md): a layer range's FFN served over HTTP, and a model
 that uses it.
 
-Server: `larql serve VINDEX|MODEL --ffn-only --layers A-B` answers only
+Server: `larql serve VINDEX|MODEL --ffn-only --layers A-B` answers only (with `--experts E1-E2`, a
+mixture of experts' expert range: larql/serve/expert_remote.py)
 
     GET  /v1/health
     GET  /v1/info                  {"kind": "ffn", "model", "layers", "hidden", "ffn_layers": [A, B]}
@@ -38,41 +39,54 @@ F32 = NDArray[np.float32]
 OCTETS = "application/octet-stream"
 
 
-def parse_layers(text: str) -> tuple[int, int]:
+def parse_layers(text: str, flag: str = "--layers") -> tuple[int, int]:
     """'4-11' -> (4, 11); '7' -> (7, 7)."""
+    what = "layer" if flag == "--layers" else "expert"
     lo, _, hi = text.partition("-")
     try:
         a, b = int(lo), int(hi or lo)
     except ValueError:
-        raise ServeError(f"--layers must be a layer range such as 4-11, got {text!r}") from None
+        raise ServeError(f"{flag} must be a{'n' if what == 'expert' else ''} {what} range such as 4-11, "
+                         f"got {text!r}") from None
     if not 0 <= a <= b:
-        raise ServeError(f"--layers {text}: the range must run upwards from layer 0 or later")
+        raise ServeError(f"{flag} {text}: the range must run upwards from {what} 0 or later")
     return a, b
 
 
 # ---- server ---------------------------------------------------------------------------------------
 
-def _model(server: ServerState) -> Model:
+def served_model(server: ServerState) -> Model:
     model = server.served.model
     if model is None:
         raise ServeError("this vindex is browse-level: an FFN server needs model weights (extract it WITH INFERENCE)")
     return model
 
 
+def served_range(server: ServerState, model: Model) -> tuple[int, int]:
+    """The layers this server computes: --layers, or every layer when it serves --experts alone."""
+    return server.config.ffn_layers or (0, model.config.n_layers - 1)
+
+
 def check_range(server: ServerState) -> None:
-    """Refuse, at start, a layer range the served model does not have."""
-    assert server.config.ffn_layers is not None
-    a, b = server.config.ffn_layers
-    n = _model(server).config.n_layers
+    """Refuse, at start, a layer (or expert) range the served model does not have."""
+    model = served_model(server)
+    a, b = served_range(server, model)
+    n = model.config.n_layers
     if b >= n:
         raise ServeError(f"--layers {a}-{b}: {server.served.name} has layers 0..{n - 1}")
+    if server.config.ffn_experts is not None:
+        from larql.serve.expert_remote import check_experts
+
+        check_experts(server, model)
 
 
 async def info(request: Request) -> Response:
     server = state(request)
-    c = _model(server).config
+    model = served_model(server)
+    c, experts = model.config, server.config.ffn_experts
     return LarqlJSON({"kind": "ffn", "model": server.served.name, "version": __version__, "layers": c.n_layers,
-                      "hidden": c.hidden, "ffn_layers": list(server.config.ffn_layers or ())})
+                      "hidden": c.hidden, "ffn_layers": list(served_range(server, model)),
+                      "n_experts": c.n_experts, "experts": list(experts) if experts else None})
 
 
 async def health(request: Request) -> Response:
@@ -85,8 +99,11 @@ def _run_ffn(model: Model, layer: int, h: F32) -> bytes:
 
 async def ffn(request: Request) -> Response:
     server = state(request)
-    model = _model(server)
-    a, b = server.config.ffn_layers or (0, -1)
+    model = served_model(server)
+    if server.config.ffn_experts is not None:
+        e, f = server.config.ffn_experts
+        raise ServeError(f"this server computes experts {e}-{f} only: POST /v1/experts")
+    a, b = served_range(server, model)
     try:
         layer = int(request.query_params.get("layer", ""))
     except ValueError:
@@ -107,7 +124,10 @@ async def ffn(request: Request) -> Response:
 
 
 def routes() -> list[BaseRoute]:
-    return [Route("/v1/health", health), Route("/v1/info", info), Route("/v1/ffn", ffn, methods=["POST"])]
+    from larql.serve import expert_remote
+
+    return [Route("/v1/health", health), Route("/v1/info", info), Route("/v1/ffn", ffn, methods=["POST"]),
+            *expert_remote.routes()]
 
 
 # ---- client ---------------------------------------------------------------------------------------
@@ -158,4 +178,12 @@ def use_remote_ffn(model: Model, url: str, timeout: float = 120.0) -> Model:
         raise ServeError(f"{url} serves {got.get('model')} ({got.get('layers')} layers, width {got.get('hidden')}), "
                          f"not a model shaped like {model.name} ({c.n_layers} layers, width {c.hidden})")
     a, b = got["ffn_layers"]
+    if got.get("experts"):  # an expert shard: the router stays here (larql/serve/expert_remote.py)
+        from larql.serve.expert_remote import RemoteExperts
+
+        if got.get("n_experts") != c.n_experts:
+            raise ServeError(f"{url} serves a model with {got.get('n_experts')} experts, {model.name} has "
+                             f"{c.n_experts}")
+        e_lo, e_hi = got["experts"]
+        return model.with_ffn(lambda local: RemoteExperts(local, url, (a, b), (e_lo, e_hi), c.hidden, client))
     return model.with_ffn(lambda local: RemoteFFN(local, url, (a, b), c.hidden, client))

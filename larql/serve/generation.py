@@ -15,17 +15,23 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
+from numpy.typing import NDArray
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from larql.errors import LarqlError, LimitError, ServeError
+from larql.model.generate import SamplingParams, sample
 from larql.serve.app import LarqlJSON, ServerState, error_body, read_json, state
 from larql.serve.chat_template import ChatTemplate, find_template
 from larql.serve.sessions import ClientSession
+
+if TYPE_CHECKING:
+    from larql.model.model import Model
 
 
 @dataclass
@@ -129,18 +135,58 @@ def _step(it: Iterator[tuple[int, str]], sess: ClientSession | None) -> tuple[in
         return next(it, None)
 
 
+class Decode:
+    """One generation stepped by the server's batcher: what `Model.stream` keeps between tokens."""
+
+    def __init__(self, model: Model, ask: Ask) -> None:
+        self.model, self.feed, self.new, self.emitted = model, list(ask.ids), list[int](), ""
+        self.params = SamplingParams(ask.temperature, ask.top_k, ask.top_p, ask.seed)
+        self.rng = np.random.default_rng(ask.seed)
+        self.cache = model.new_cache(len(ask.ids) + ask.max_tokens)
+
+    def after(self, logits: NDArray[np.float32]) -> tuple[int, str]:
+        """The next (token id, newly decodable text) from the logits after `feed` (in the batch's thread)."""
+        tok = sample(logits, self.params, self.rng)
+        self.new.append(tok)
+        self.feed = [tok]
+        text = self.model.detokenize(self.new)
+        if text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
+            return tok, ""
+        piece, self.emitted = text[len(self.emitted):], text
+        return tok, piece
+
+
+async def _batched(server: ServerState, model: Model, ask: Ask) -> AsyncIterator[tuple[int, str]]:
+    assert server.batcher is not None
+    d, deadline, eos = Decode(model, ask), server.deadline(), set(model.tokenizer.eos_ids)
+    for _ in range(ask.max_tokens):
+        try:
+            item = await asyncio.wait_for(server.batcher.next_logits(model, d.feed, d.cache, d.after),
+                                          max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise server.too_slow() from None
+        if item[0] in eos:
+            return
+        yield item
+
+
 async def tokens(server: ServerState, sess: ClientSession | None, ask: Ask) -> AsyncIterator[tuple[int, str]]:
-    """(token id, text) as generated, stopping before the model's stop token; each step in the pool."""
+    """(token id, text) as generated, stopping before the model's stop token: each step batched with
+    other clients' (the shared model), or one by one in the pool (a session's own overlay)."""
     model = sess.view.model() if sess is not None else server.served.model
     assert model is not None
+    if sess is None and server.batcher is not None:
+        async for item in _batched(server, model, ask):
+            yield item
+        return
     it = model.stream(ask.ids, max_new_tokens=ask.max_tokens, temperature=ask.temperature, top_k=ask.top_k,
                       top_p=ask.top_p, seed=ask.seed)
     deadline = server.deadline()
     eos = set(model.tokenizer.eos_ids)
-    while (item := await server.run(_step, it, sess, deadline=deadline)) is not None:
-        if item[0] in eos:
+    while (step := await server.run(_step, it, sess, deadline=deadline)) is not None:
+        if step[0] in eos:
             return
-        yield item
+        yield step
 
 
 async def generate(server: ServerState, sess: ClientSession | None, ask: Ask) -> AsyncIterator[str]:

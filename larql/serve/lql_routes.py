@@ -57,6 +57,10 @@ async def info(request: Request) -> Response:
         c = served.model.config
         out.update(kind="model", layers=c.n_layers, hidden=c.hidden, vocab=c.vocab, level="model", model_weights=True)
     out.update(describe_view(sess.view if sess else served.base))
+    out["batching"] = None if server.batcher is None else {
+        "max_batch": server.batcher.max_batch, "max_rows": server.batcher.max_rows,
+        "solo_rows": server.batcher.solo_rows, "window_ms": server.batcher.window_s * 1e3,
+        **server.batcher.stats.to_json()}
     if served.model is not None:
         from larql.serve.generation import template
 
@@ -75,12 +79,21 @@ def _run_statements(server: ServerState, statements: list[ast.Statement], source
 
     def too_slow(*_: Any) -> None:  # called at long statements' progress points
         if time.monotonic() > deadline:
-            raise LimitError(f"the request took longer than this server's limit of "
-                             f"{server.config.limits.timeout_s:g} s", status=504)
+            raise server.too_slow()
 
     served = server.served
     view = sess.view if sess is not None else served.base
     session = Session(vindex=view, model=None if served.vindex else served.model, source=source, progress=too_slow)
+    if sess is None and server.batcher is not None:  # INFER on the shared model: batched with other clients'
+        batcher = server.batcher
+
+        def batched(m: Any, ids: list[int]) -> Any:
+            try:
+                return batcher.next_logits_from_thread(m, ids, max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise server.too_slow() from None
+
+        session.next_logits = batched
     out: list[dict[str, Any]] = []
     if sess is not None:
         sess.lock.acquire()  # one request at a time edits (or reads) a session's overlay

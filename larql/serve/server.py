@@ -65,6 +65,9 @@ def serve(src: str | Path, host: str = "127.0.0.1", port: int = 8080, config: Se
     mode = "edits allowed" + (" with a token" if config.token else "") if config.allow_edits else "read-only"
     if config.ffn_layers is not None:
         mode = f"the FFN of layers {config.ffn_layers[0]}-{config.ffn_layers[1]} only"
+    if config.ffn_experts is not None:
+        layers = "all layers" if config.ffn_layers is None else f"layers {config.ffn_layers[0]}-{config.ffn_layers[1]}"
+        mode = f"experts {config.ffn_experts[0]}-{config.ffn_experts[1]} of {layers} only"
     print(f"larql: serving {served.name} ({served.path}) at {url_of(sock)} ({mode}); Ctrl-C stops", flush=True,
           file=sys.stderr)
     # uvicorn re-raises the signal that stopped it once it has shut down; with these handlers in

@@ -3,7 +3,8 @@
 statements, sees the answers, and screenshots the TRACE chart.
 
 As a script it takes the README's picture of a running server:
-    python -m tests.serve.test_console_browser http://127.0.0.1:8080 docs/console.png 'TRACE "..." FOR "..."'
+    python -m tests.serve.test_console_browser http://127.0.0.1:8080 docs/console.png 'TRACE "..." FOR "..."' \
+        ["attention prompt" [LAYER]]
 """
 
 from __future__ import annotations
@@ -208,17 +209,22 @@ def test_no_script_or_console_errors(page: Any) -> None:
     assert page.problems == [], page.problems
 
 
-def screenshot(url: str, out: str, text: str) -> None:
-    """Open the console at `url`, run `text` and save the page as a PNG."""
+def screenshot(url: str, out: str, text: str, attn_prompt: str | None = None, attn_layer: str = "0") -> None:
+    """Open the console at `url`, run `text` (and, given a prompt, show the attention panel's heads at
+    `attn_layer`) and save the page as a PNG."""
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM)
         pg = browser.new_page(viewport={"width": 900, "height": 600})
         pg.goto(url + "/")
         pg.locator("#info", has_text="layers").wait_for()
         run(pg, text)
+        if attn_prompt:
+            pg.locator("#attn-prompt").fill(attn_prompt)
+            pg.locator("#attn-layer").select_option(attn_layer)
+            pg.locator(f"svg.attn-chart[data-layer='{attn_layer}']").first.wait_for(timeout=120_000)
         pg.screenshot(path=out, full_page=True)
         browser.close()
 
 
 if __name__ == "__main__":
-    screenshot(*sys.argv[1:4])
+    screenshot(*sys.argv[1:6])

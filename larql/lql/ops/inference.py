@@ -42,7 +42,8 @@ def infer(stmt: ast.InferStmt, session: Session, result: Result, run: PlanRun) -
     prompt = run.take("tokenize")["prompt"]
     ids = m.tokenize(prompt)
     forward = m.dense() if run.take("forward")["ffn"] == "dense" else m  # the dense FFN ignores the overlay
-    logits = forward.next_logits(ids)
+    # a server runs INFER through its batcher: one forward pass with other clients' INFERs
+    logits = forward.next_logits(ids) if session.next_logits is None else session.next_logits(forward, ids)
     top_n = run.take("top_k")["k"]
     logp = log_softmax(logits)
     top = top_tokens(logits, top_n)

@@ -57,7 +57,7 @@ def test_repacked_parts_rebuild_the_exact_weights(qtype: GGMLType) -> None:
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("n_tok", [1, 3, 40])  # matvec, matmul_small, chunked BLAS
+@pytest.mark.parametrize("n_tok", [1, 3, 11, 40])  # matvec, matmul_small (rows one by one; 4 at a time + 3), BLAS
 @pytest.mark.parametrize("repacking", [True, False], ids=["repacked", "blocks"])
 def test_matmul_matches_float_matmul(qtype: GGMLType, n_tok: int, repacking: bool,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,6 +74,17 @@ def test_matmul_matches_float_matmul(qtype: GGMLType, n_tok: int, repacking: boo
     assert err < 2e-6, f"{qtype.name} x{n_tok}: relative error {err:.2e}"
     if n_tok == 1:
         assert np.allclose(m.matmul(x[0]), got[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("qtype", [GGMLType.Q8_0, *sorted(repack.REPACKABLE)], ids=lambda t: t.name)
+def test_a_small_batch_is_each_row_alone(qtype: GGMLType) -> None:
+    """The small-batch kernels take four rows at a time (each weight widened once for the four) and
+    the rest one by one: every row is the one-row kernel's answer (a server's batched decode step
+    equals each sequence's own step)."""
+    m = random_matrix(qtype, 70, 512, seed=7 + int(qtype))
+    x = np.random.default_rng(6).standard_normal((11, 512)).astype(np.float32)
+    alone = np.stack([m.matmul(x[t:t + 1])[0] for t in range(11)])
+    np.testing.assert_allclose(m.matmul(x), alone, rtol=0, atol=2e-6 * np.abs(alone).max())
 
 
 def test_rows_gathers_embeddings() -> None:
