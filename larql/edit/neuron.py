@@ -18,9 +18,10 @@ The install, per subject (facts about one subject share a neuron):
 - direction g: the smallest g in Σ's norm (Σ = E[x xᵀ] over the statistics corpus, `stats.py`
   point "input") with g·x = 1 at the subject's mean input x* and where the subject opens the text
   (BOS + subject: "Peru's capital city is"; never at position 0, the attention sink of a model
-  that puts no BOS first), and g·x = 0 at decoys, nearest
-  subjects, BOS, the batch's other subjects and the subjects of neurons already at the layer
-  (the same constrained solve as ROME's, `rome.solve_update`, in the input space);
+  that puts no BOS first), and g·x = 0 at BOS, decoys, its subject's nearest subjects and known
+  objects, the other subjects (of the batch, of neurons already at the layer) nearest to it, and
+  wherever else it would fire (`neuron_directions`: ROME's constrained solve, in the input space,
+  each neuron with its own constraints);
 - slot: the feature that carries least on ordinary text, sqrt(E[k_f²]) |down_f| (on gemma3-270m's
   layer 3 the cheapest are ~0.014-0.02 against an MLP output norm of ~6), not already edited;
 - down = (u + k*_f down_f) / f(a): the slot's own contribution at the subject is given back, so the
