@@ -204,3 +204,26 @@ def matmul(p: Repacked, xs: NDArray[np.float32]) -> NDArray[np.float32]:
     else:
         matmul_g32_offset(p.q, p.scale, p.offset, xs, out)
     return out
+
+
+@njit(cache=True, nogil=True)
+def _dequantize_rows(q, scale, offset, group, has_offset, out):
+    # no fastmath: `q * scale + offset` must round as the exact dequantization does (no FMA)
+    for r in range(q.shape[0]):
+        for k in range(scale.shape[1]):
+            s = scale[r, k]
+            m = offset[r, k] if has_offset else np.float32(0.0)
+            if has_offset:
+                for i in range(group):
+                    out[r, group * k + i] = np.float32(q[r, group * k + i]) * s + m
+            else:
+                for i in range(group):
+                    out[r, group * k + i] = np.float32(q[r, group * k + i]) * s
+
+
+def dequantize_into(p: Repacked, rows: slice, out: NDArray[np.float32]) -> NDArray[np.float32]:
+    """Rows `rows` of the exact weights into `out` `[n, cols]`, bit-identical to dequantizing the GGUF
+    blocks (the parts are the blocks' own, test) and faster: no bits to unpack."""
+    offset = p.offset if p.offset is not None else p.scale
+    _dequantize_rows(p.q[rows], p.scale[rows], offset[rows], p.group, p.offset is not None, out)
+    return out

@@ -176,7 +176,10 @@ class QuantMatrix:
         try:
             for start in range(0, self.n_rows, CHUNK_ROWS):
                 rows = slice(start, min(start + CHUNK_ROWS, self.n_rows))
-                weights = self.dequantize(rows, out=_scratch_rows(rows.stop - start, self.n_cols))
+                scratch = _scratch_rows(rows.stop - start, self.n_cols)
+                packed = self._repacked[0] if self._repacked else None  # made by a decode step before
+                weights = (self.dequantize(rows, out=scratch) if packed is None
+                           else repack.dequantize_into(packed, rows, scratch))
                 np.matmul(x, weights.T, out=out[:, rows])
         finally:
             numba.set_num_threads(threads)
