@@ -16,7 +16,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from results_file import save_results
+import larql.threads
+
+# the thread pools as the CLI sets them, before numpy loads: on a busy machine OpenBLAS's
+# busy-waiting threads made DESCRIBE 3-4 s instead of 0.4 s (threads.py)
+larql.threads.configure()
+
+from results_file import save_results  # noqa: E402
 
 FACTS = Path(__file__).parent / "data" / "facts_gemma3_270m.json"
 

@@ -17,24 +17,9 @@ import numpy as np
 from numba import njit, prange
 from numpy.typing import NDArray
 
-from larql.quant.kernels import (
-    T_Q4_0,
-    T_Q4_1,
-    T_Q4_K,
-    T_Q5_0,
-    T_Q5_1,
-    T_Q5_K,
-    T_Q6_K,
-    _k_quant,
-    _k_scale_min,
-    _lane_sum,
-    _q6_k_quant,
-    _u16,
-    _u32,
-)
+from larql.quant.kernels import _k_scale_min, _lane_sum, _u16, _u32
 from larql.quant.types import GGMLType
 
-GROUP = 16  # the unpacking writes a (scale, offset) per 16 weights; types with 32-groups keep every other
 REPACKABLE = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
                         GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K})
 HAS_OFFSET = frozenset({GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q5_K})
@@ -59,67 +44,93 @@ class Repacked:
         return w if self.offset is None else w + np.repeat(self.offset, self.group, axis=1)
 
 
-@njit(cache=True)
-def _repack_block(qtype, w, wi8, b, tab, q, scale, offset, o):
-    """The block at byte b of row `w` -> q[o:o+bs], scale/offset[o//16 : (o+bs)//16].
-
-    The unpacking is `_dequant_block`'s (bit diagrams in reference.py); here the integer and its
-    (scale, offset) are written apart instead of multiplied.
-    """
-    f32 = np.float32
-    g = o // 16
-    if qtype == T_Q4_0 or qtype == T_Q4_1 or qtype == T_Q5_0 or qtype == T_Q5_1:
-        d = tab[_u16(w, b)]
-        has_min = qtype == T_Q4_1 or qtype == T_Q5_1
-        m = tab[_u16(w, b + 2)] if has_min else f32(0.0)
-        five = qtype == T_Q5_0 or qtype == T_Q5_1
-        qs = b + (4 if has_min else 2) + (4 if five else 0)
-        qh = _u32(w, qs - 4) if five else np.int64(0)
-        centre = 0 if has_min else (16 if five else 8)
-        for j in range(16):
-            lo = np.int64(w[qs + j] & 15) | (((qh >> j) & 1) << 4)
-            hi = np.int64(w[qs + j] >> 4) | (((qh >> (j + 16)) & 1) << 4)
-            q[o + j] = lo - centre
-            q[o + 16 + j] = hi - centre
-        scale[g] = scale[g + 1] = d
-        offset[g] = offset[g + 1] = m
-    elif qtype == T_Q4_K or qtype == T_Q5_K:
-        d, dmin = tab[_u16(w, b)], tab[_u16(w, b + 2)]
-        qs = b + 16 if qtype == T_Q4_K else b + 48
-        for s in range(8):
-            sc, mn = _k_scale_min(w, b + 4, s)
-            scale[g + 2 * s] = scale[g + 2 * s + 1] = d * f32(sc)
-            offset[g + 2 * s] = offset[g + 2 * s + 1] = -(dmin * f32(mn))
-            shift_bits = 4 * (s % 2)
-            for i in range(32):
-                q[o + 32 * s + i] = _k_quant(qtype, w, b, qs, s, shift_bits, i)
-    elif qtype == T_Q6_K:
-        d = tab[_u16(w, b + 208)]
-        for e in range(256):
-            q[o + e] = _q6_k_quant(w, b, e)
-        for k in range(16):
-            scale[g + k] = d * f32(wi8[b + 192 + k])
-            offset[g + k] = f32(0.0)
+# One kernel per family of block layouts, so that a model compiles only the families it holds, and
+# serial: the single parallel kernel with a type switch per block before took 1.75 s to compile
+# and 0.5-0.7 s of CPU to repack gemma3-270m's 117 matrices; these take 1.1 s for the three
+# families Gemma holds (3 parallel ones: 4.4 s) and 0.055 s to repack (numba's parallel setup
+# costs more than the work on matrices this size). The unpacking is `_dequant_block`'s (bit diagrams in reference.py); here the integer and its
+# (scale, offset) are written apart instead of multiplied.
 
 
-@njit(cache=True, parallel=True)
-def _repack_rows(qtype, block_size, type_size, w, wi8, tab, q, scale, offset):
+@njit(cache=True, nogil=True)
+def _repack_legacy(has_min, five, type_size, w, tab, q, scale, offset):
+    """Q4_0 / Q4_1 / Q5_0 / Q5_1: 32 weights per block, one (scale, offset) each."""
     for r in prange(w.shape[0]):
+        row = w[r]
         for k in range(w.shape[1] // type_size):
-            _repack_block(qtype, w[r], wi8[r], k * type_size, tab, q[r], scale[r], offset[r], k * block_size)
+            b, o = k * type_size, 32 * k
+            scale[r, k] = tab[_u16(row, b)]
+            offset[r, k] = tab[_u16(row, b + 2)] if has_min else np.float32(0.0)
+            qs = b + (4 if has_min else 2) + (4 if five else 0)
+            qh = _u32(row, qs - 4) if five else np.int64(0)
+            centre = 0 if has_min else (16 if five else 8)
+            for j in range(16):
+                lo = np.int64(row[qs + j] & 15) | (((qh >> j) & 1) << 4)
+                hi = np.int64(row[qs + j] >> 4) | (((qh >> (j + 16)) & 1) << 4)
+                q[r, o + j] = lo - centre
+                q[r, o + 16 + j] = hi - centre
+
+
+@njit(cache=True, nogil=True)
+def _repack_k(five, type_size, w, tab, q, scale, offset):
+    """Q4_K / Q5_K: 256 weights per block in 8 sub-blocks of 32, each its (scale, -min)."""
+    for r in prange(w.shape[0]):
+        row = w[r]
+        for k in range(w.shape[1] // type_size):
+            b, o = k * type_size, 256 * k
+            d, dmin = tab[_u16(row, b)], tab[_u16(row, b + 2)]
+            qs = b + 48 if five else b + 16
+            for s in range(8):
+                sc, mn = _k_scale_min(row, b + 4, s)
+                scale[r, 8 * k + s] = d * np.float32(sc)
+                offset[r, 8 * k + s] = -(dmin * np.float32(mn))
+                base, shift = qs + 32 * (s // 2), 4 * (s % 2)
+                for i in range(32):
+                    v = np.int64((row[base + i] >> shift) & 15)
+                    if five:
+                        v |= np.int64((row[b + 16 + i] >> s) & 1) << 4
+                    q[r, o + 32 * s + i] = v
+
+
+@njit(cache=True, nogil=True)
+def _repack_q6_k(w, wi8, tab, q, scale):
+    """Q6_K: 256 weights per block (210 bytes), a signed int8 scale per 16."""
+    for r in prange(w.shape[0]):
+        row = w[r]
+        for k in range(w.shape[1] // 210):
+            b, o = 210 * k, 256 * k
+            d = tab[_u16(row, b + 208)]
+            for j in range(16):
+                scale[r, 16 * k + j] = d * np.float32(wi8[r, b + 192 + j])
+            for h in range(2):
+                for t in range(4):
+                    lo0, lo_sh = b + 64 * h + 32 * (t % 2), 4 * (t // 2)
+                    hi0, hi_sh = b + 128 + 32 * h, 2 * t
+                    for c in range(32):
+                        lo = (row[lo0 + c] >> lo_sh) & 15
+                        hi = (row[hi0 + c] >> hi_sh) & 3
+                        q[r, o + 128 * h + 32 * t + c] = np.int64(lo | (hi << 4)) - 32
 
 
 def repack(qtype: GGMLType, block_size: int, type_size: int, raw: NDArray[np.uint8],
            table: NDArray[np.float32], n_cols: int) -> Repacked:
+    """The int8 weights and float32 (scale, offset) of a repackable type's raw rows `[rows, bytes]`."""
     rows = raw.shape[0]
     q = np.empty((rows, n_cols), dtype=np.int8)
-    scale = np.empty((rows, n_cols // GROUP), dtype=np.float32)
-    offset = np.empty((rows, n_cols // GROUP), dtype=np.float32)
-    _repack_rows(int(qtype), block_size, type_size, raw, raw.view(np.int8), table, q, scale, offset)
     if qtype == GGMLType.Q6_K:
+        scale = np.empty((rows, n_cols // 16), dtype=np.float32)
+        _repack_q6_k(raw, raw.view(np.int8), table, q, scale)
         return Repacked(q, scale, None, 16)
-    return Repacked(q, np.ascontiguousarray(scale[:, ::2]),
-                    np.ascontiguousarray(offset[:, ::2]) if qtype in HAS_OFFSET else None, 32)
+    scale = np.empty((rows, n_cols // 32), dtype=np.float32)
+    offset = np.empty((rows, n_cols // 32), dtype=np.float32)
+    if qtype in (GGMLType.Q4_K, GGMLType.Q5_K):
+        _repack_k(qtype == GGMLType.Q5_K, type_size, raw, table, q, scale, offset)
+    elif qtype in (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1):
+        _repack_legacy(qtype in (GGMLType.Q4_1, GGMLType.Q5_1), qtype in (GGMLType.Q5_0, GGMLType.Q5_1),
+                       type_size, raw, table, q, scale, offset)
+    else:
+        raise ValueError(f"{qtype.name} is not repackable")
+    return Repacked(q, scale, offset if qtype in HAS_OFFSET else None, 32)
 
 
 def nbytes_per_weight(qtype: GGMLType) -> float:
@@ -257,4 +268,27 @@ def matmul(p: Repacked, xs: NDArray[np.float32]) -> NDArray[np.float32]:
         matmul_g32(p.q, p.scale, xs, out)
     else:
         matmul_g32_offset(p.q, p.scale, p.offset, xs, out)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _dequantize_rows(q, scale, offset, group, has_offset, out):
+    # no fastmath: `q * scale + offset` must round as the exact dequantization does (no FMA)
+    for r in range(q.shape[0]):
+        for k in range(scale.shape[1]):
+            s = scale[r, k]
+            m = offset[r, k] if has_offset else np.float32(0.0)
+            if has_offset:
+                for i in range(group):
+                    out[r, group * k + i] = np.float32(q[r, group * k + i]) * s + m
+            else:
+                for i in range(group):
+                    out[r, group * k + i] = np.float32(q[r, group * k + i]) * s
+
+
+def dequantize_into(p: Repacked, rows: slice, out: NDArray[np.float32]) -> NDArray[np.float32]:
+    """Rows `rows` of the exact weights into `out` `[n, cols]`, bit-identical to dequantizing the GGUF
+    blocks (the parts are the blocks' own, test) and faster: no bits to unpack."""
+    offset = p.offset if p.offset is not None else p.scale
+    _dequantize_rows(p.q[rows], p.scale[rows], offset[rows], p.group, p.offset is not None, out)
     return out

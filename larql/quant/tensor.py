@@ -12,7 +12,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import QuantError
-from larql.quant import kernels, repack
+from larql.quant import kernels, reference, repack
 from larql.quant.types import BLOCK_LAYOUT, GGMLType, row_bytes
 
 # what every kernel takes first: (qtype, block_size, type_size, raw rows, the same bytes as int8, f16/bf16 table)
@@ -23,6 +23,10 @@ KernelArgs = tuple[int, int, int, NDArray[np.uint8], NDArray[np.int8], NDArray[n
 SMALL_BATCH = 16
 # Rows dequantized at once on the BLAS path (bounds the scratch to CHUNK_ROWS * n_cols floats).
 CHUNK_ROWS = 4096
+# Gathers of at most this many rows (a prompt's embeddings) use the numpy reference, bit-identical
+# to the kernels: a run that never takes the BLAS path then does not compile a dequantization
+# kernel (0.8 s of a first `larql run`), and numpy is as fast on a few rows.
+GATHER_NUMPY = 256
 
 
 _scratch = threading.local()
@@ -100,7 +104,7 @@ class QuantMatrix:
         """One dequantized row, e.g. a token's embedding."""
         if not 0 <= index < self.n_rows:
             raise QuantError(f"{self.name}: row {index} out of range 0..{self.n_rows - 1}")
-        return self.dequantize(slice(index, index + 1))[0]
+        return self.rows(np.array([index]))[0]
 
     def rows(self, indices: NDArray[np.int64]) -> NDArray[np.float32]:
         """Dequantized rows gathered by index (embedding lookup)."""
@@ -108,6 +112,8 @@ class QuantMatrix:
         if idx.size and (idx.min() < 0 or idx.max() >= self.n_rows):
             raise QuantError(f"{self.name}: row index out of range 0..{self.n_rows - 1}")
         raw = np.ascontiguousarray(self.raw[idx])
+        if len(idx) <= GATHER_NUMPY and self.qtype in reference.DEQUANTIZE:
+            return reference.dequantize_reference(raw, self.qtype, self.n_cols)
         return QuantMatrix(self.name, self.qtype, len(idx), self.n_cols, raw).dequantize()
 
     def repacked(self) -> repack.Repacked | None:
@@ -170,7 +176,10 @@ class QuantMatrix:
         try:
             for start in range(0, self.n_rows, CHUNK_ROWS):
                 rows = slice(start, min(start + CHUNK_ROWS, self.n_rows))
-                weights = self.dequantize(rows, out=_scratch_rows(rows.stop - start, self.n_cols))
+                scratch = _scratch_rows(rows.stop - start, self.n_cols)
+                packed = self._repacked[0] if self._repacked else None  # made by a decode step before
+                weights = (self.dequantize(rows, out=scratch) if packed is None
+                           else repack.dequantize_into(packed, rows, scratch))
                 np.matmul(x, weights.T, out=out[:, rows])
         finally:
             numba.set_num_threads(threads)

@@ -53,7 +53,12 @@ def test_repacked_parts_rebuild_the_exact_weights(qtype: GGMLType) -> None:
     packed = m.repacked()
     assert packed is not None and packed.q.dtype == np.int8
     assert (packed.offset is not None) == (qtype in repack.HAS_OFFSET)
-    assert np.array_equal(packed.dequantize().view(np.uint32), gguf_dequant(m).astype(np.float32).view(np.uint32))
+    exact = gguf_dequant(m).astype(np.float32).view(np.uint32)
+    assert np.array_equal(packed.dequantize().view(np.uint32), exact)
+    # the numba dequantization the BLAS path takes once a matrix is repacked, whole and in part
+    whole = repack.dequantize_into(packed, slice(0, 37), np.empty((37, 512), dtype=np.float32))
+    part = repack.dequantize_into(packed, slice(5, 9), np.empty((4, 512), dtype=np.float32))
+    assert np.array_equal(whole.view(np.uint32), exact) and np.array_equal(part.view(np.uint32), exact[5:9])
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
