@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from larql.errors import LimitError, ServeError, UnsupportedError
+from larql.errors import ServeError, UnsupportedError
 from larql.model.ffn import FFN, ExpertHooks
 from larql.model.hooks import HookFns
 from larql.serve.app import ServerState, state
@@ -65,7 +65,7 @@ def _run(model: Model, layer: int, experts: list[int], xs: list[F32]) -> bytes:
 
 
 async def experts(request: Request) -> Response:
-    from larql.serve.ffn_remote import served_model, served_range
+    from larql.serve.ffn_remote import read_body, served_model, served_range
 
     server = state(request)
     model = served_model(server)
@@ -82,12 +82,8 @@ async def experts(request: Request) -> Response:
         raise ServeError("experts and rows must be lists of the same length, each expert with 1 row or more")
     if not all(e_lo <= e <= e_hi for e in wanted):
         raise ServeError(f"this server computes experts {e_lo}-{e_hi}, not {sorted(set(wanted))}")
-    limit, hidden = server.config.limits.max_body_bytes, model.config.hidden
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise LimitError(f"the request body is over this server's limit of {limit:,} bytes")
+    hidden = model.config.hidden
+    body = await read_body(request, server)
     if len(body) != 4 * hidden * sum(rows):
         raise ServeError(f"the body must be {sum(rows)} x {hidden} float32 values (the rows), got {len(body)} bytes")
     h = np.frombuffer(body, dtype="<f4").astype(np.float32).reshape(-1, hidden)

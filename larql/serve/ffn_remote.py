@@ -93,6 +93,17 @@ async def health(request: Request) -> Response:
     return LarqlJSON({"status": "ok", "version": __version__})
 
 
+async def read_body(request: Request, server: ServerState) -> bytes:
+    """The request's body (float32 rows), refused once it grows past the server's body limit."""
+    limit = server.config.limits.max_body_bytes
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise LimitError(f"the request body is over this server's limit of {limit:,} bytes")
+    return body
+
+
 def _run_ffn(model: Model, layer: int, h: F32) -> bytes:
     return np.ascontiguousarray(model.ffn_block(layer, h), dtype="<f4").tobytes()
 
@@ -110,12 +121,8 @@ async def ffn(request: Request) -> Response:
         raise ServeError("give the layer: POST /v1/ffn?layer=N") from None
     if not a <= layer <= b:
         raise ServeError(f"this server computes the FFN of layers {a}-{b}, not layer {layer}")
-    limit, hidden = server.config.limits.max_body_bytes, model.config.hidden
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise LimitError(f"the request body is over this server's limit of {limit:,} bytes")
+    hidden = model.config.hidden
+    body = await read_body(request, server)
     if not body or len(body) % (4 * hidden):
         raise ServeError(f"the body must be (tokens x {hidden}) float32 values, got {len(body)} bytes")
     h = np.frombuffer(body, dtype="<f4").astype(np.float32).reshape(-1, hidden)
