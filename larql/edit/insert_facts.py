@@ -36,7 +36,7 @@ from larql.edit.methods import (
     neuron_layers,
 )
 from larql.edit.neighbours import similar_subjects
-from larql.edit.neuron import plan_neuron_edit
+from larql.edit.neuron import bias_direction, plan_neuron_edit
 from larql.edit.rome import KeyMetric
 from larql.edit.stats import second_moments, token_budget
 from larql.edit.view import EditableVindex
@@ -76,8 +76,9 @@ def key_metrics(model: Model, layers: Sequence[int], directory: Path | None,
     have = _metrics.setdefault(model, {})
     missing = [layer for layer in layers if (layer, n_tokens, point) not in have]
     if missing:
-        for layer, (cov, _) in second_moments(model, missing, directory, n_tokens, point).items():
-            have[(layer, n_tokens, point)] = KeyMetric(cov)
+        for layer, got in second_moments(model, missing, directory, n_tokens, point).items():
+            bias = bias_direction(got.cov, got.mean) if point == "input" else None
+            have[(layer, n_tokens, point)] = KeyMetric(got.cov, bias=bias)
     return {layer: have[(layer, n_tokens, point)] for layer in layers}
 
 

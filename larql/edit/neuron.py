@@ -4,14 +4,18 @@ Why not only ROME: a rank-one change of the down projection, dW = u vᵀ, adds u
 token, linearly in the key k; ROME's v is the best linear choice, and still, on gemma3-270m's
 layer 3, v·k has an rms of 0.03-0.05 on ordinary text (held-out corpus tokens) against 1 at the
 subject — times a value of norm 10-30, and ten such edits flip unrelated answers ("Berlin is a city
-in" Germany -> the). A neuron is quadratic where ROME is linear: with gate = a g and up = g,
+in" Germany -> the). A neuron is a threshold where ROME is linear: with up = g, z = g·x (x: the
+MLP's normalised input, z = 1 at the subject) and c a bias direction (c·x ≈ 1 on every token,
+`bias_direction`),
 
-    act(x) = f(a g·x) (g·x)        (f: the model's GELU / SiLU; x: the MLP's normalised input)
+    act(x) = f(a (z - θ c·x)) z        (f: the model's GELU / SiLU; a (1 - θ) = PRE_ACTIVATION)
 
-is f(a) at the subject (g·x* = 1) and about (g·x)² elsewhere, so what ROME leaks as ε a neuron
-leaks as ~ε². Measured on the same layer, ten capital subjects: rms 0.002-0.02 on held-out corpus
-tokens (ROME 0.03-0.05), cross-talk to the other nine subjects 0.02-0.1 (ROME 0.17-0.50), and the
-same reach to paraphrases (0.75-1.04 of the subject's activation; ROME 0.82-1.22).
+is f(a(1 - θ)) at the subject and ~0 wherever z < θ: the gate is shut (f(-6) ~ 0). Without a bias
+direction it is f(a z) z, quadratic, ~(g·x)² off the subject. Measured, 100 fictional subjects at
+gemma3-270m's layer 3 in one INSERT: quadratic neurons wrote 10.7 on average at the prompts' other
+tokens (the MLP's own output is ~6: 13 neurons fired at " capital"), ES 14 / PS 4; thresholded
+(θ = 0.5) ES 55 / PS 21.5, and with fewer holds (below) ES 82-86 / PS 53-56.5, 19-20 of 24
+unrelated top-1s kept (KL 0.18-0.21).
 
 The install, per subject (facts about one subject share a neuron):
 - value u: the optimised change of the MLP output at the subject's last token (value.py, as ROME);
@@ -19,9 +23,10 @@ The install, per subject (facts about one subject share a neuron):
   point "input") with g·x = 1 at the subject's mean input x* and where the subject opens the text
   (BOS + subject: "Peru's capital city is"; never at position 0, the attention sink of a model
   that puts no BOS first), and g·x = 0 at BOS, decoys, its subject's nearest subjects and known
-  objects, the other subjects (of the batch, of neurons already at the layer) nearest to it, and
-  wherever else it would fire (`neuron_directions`: ROME's constrained solve, in the input space,
-  each neuron with its own constraints);
+  objects, and — where the threshold is missing — the other subjects (of the batch, of neurons
+  already at the layer) nearest to it; and wherever else it would fire (g·x > 0.6 with the threshold,
+  > 0.05 without; `neuron_directions`: ROME's constrained solve, in the input space, each neuron
+  with its own constraints);
 - slot: the feature that carries least on ordinary text, sqrt(E[k_f²]) |down_f| (on gemma3-270m's
   layer 3 the cheapest are ~0.014-0.02 against an MLP output norm of ~6), not already edited;
 - down = (u + k*_f down_f) / f(a): the slot's own contribution at the subject is given back, so the
@@ -56,6 +61,7 @@ from larql.model.model import Model
 
 F32 = NDArray[np.float32]
 PRE_ACTIVATION = 12.0  # a: the gate's pre-activation at the subject, deep in GELU's / SiLU's linear part
+THRESHOLD = 0.7  # with a bias direction: the gate opens only where g·x passes this (1 at the subject)
 
 
 @dataclass(frozen=True)
@@ -110,19 +116,46 @@ def subject_inputs(model: Model, layer: int, subjects: Sequence[str],
     return out
 
 
-NEAR_OTHERS = 48  # the batch's other subjects each neuron holds at 0 from the start: the nearest in Σ's metric
-LEAK = 0.05  # |g·x| above this at any other held or subject input: held too, in a second solve
+BIAS_SPREAD = 0.1  # a bias direction is used where c·x varies by less than this on ordinary text
+
+
+def bias_direction(cov: NDArray[np.float64], mean: NDArray[np.float64]) -> F32 | None:
+    """The FFN has no bias, but its normalised inputs x share a large common part: c, the least-squares
+    fit of c·x = 1 over the statistics corpus (c = Σ⁻¹μ rescaled so that E[c·x] = 1; Σ = E[xxᵀ],
+    μ = E[x]), stands in for one where c·x's spread on that text, sqrt(cᵀΣc - 1), is under
+    BIAS_SPREAD (gemma3-270m layers 3 / 4 / 6: 0.041 / 0.035 / 0.021 on held-out corpus tokens);
+    else None."""
+    d = len(mean)
+    c = np.linalg.solve(cov + 1e-6 * float(np.mean(np.diag(cov))) * np.eye(d), mean)
+    fit = float(mean @ c)
+    if not fit > 0:
+        return None
+    c /= fit
+    spread = float(np.sqrt(max(float(c @ cov @ c) - 1.0, 0.0)))
+    return c.astype(np.float32) if spread < BIAS_SPREAD else None
+
+
+# How each neuron is held (`neuron_directions`): the batch's other subjects nearest it in Σ's metric
+# held at 0 from the start, and |g·x| above which any other held or subject input is held too, in a
+# further solve. A quadratic neuron leaks (g·x)² wherever g·x is not 0, so it holds much; a thresholded
+# one only needs g·x under θ, and every hold lengthens g (100 fictional subjects at layer 3, θ = 0.5:
+# 48 nearest and 0.05, ES 55 / PS 21.5 / 13 of 24 unrelated top-1s kept; 16 and 0.25, 58 / 35.5 / 18;
+# none and 0.3, 82 / 53 / 20; θ = 0.65, none and 0.45, 92 / 61 / 24; θ = 0.7, none and 0.6 — these —
+# 98 / 64.5 / 24 (KL 0.003); θ = 0.8 the same; no leak solve at all, 97 / 64 / 24)
+NEAR_OTHERS, LEAK = 48, 0.05  # quadratic
+THRESHOLD_NEAR_OTHERS, THRESHOLD_LEAK = 0, 0.6
 SOLVE_ROUNDS = 3
 MAX_CONSTRAINTS = 0.75  # of the input's dimensions: a solve over more would be least squares, not exact
 
 
 def neuron_directions(metric: KeyMetric, fire: Sequence[F32], held: F32, owners: Sequence[int],
-                      candidates: F32 | None = None) -> list[F32]:
+                      candidates: F32 | None = None, near_others: int = NEAR_OTHERS, leak_above: float = LEAK,
+                      ) -> list[F32]:
     """One direction g per neuron j, `(hidden,)`: the smallest in Σ's norm with g·x = 1 at each column
     of `fire[j]` `(hidden, n_j)`, and g·x = 0 at the `held` columns `(hidden, H)` whose owner is j or
-    -1 (every neuron's), at the NEAR_OTHERS inputs nearest to its own among the other neurons' fire
+    -1 (every neuron's), at the `near_others` inputs nearest to its own among the other neurons' fire
     columns and the `candidates` `(hidden, C)` (earlier neurons' subjects), and at any column where
-    g·x would otherwise exceed LEAK (at most SOLVE_ROUNDS solves, the worst first, while the
+    g·x would otherwise exceed `leak_above` (at most SOLVE_ROUNDS solves, the worst first, while the
     constraints stay under MAX_CONSTRAINTS of the dimensions).
 
     Holding every other subject of a large batch at 0 would ask for more constraints than the input
@@ -144,7 +177,7 @@ def neuron_directions(metric: KeyMetric, fire: Sequence[F32], held: F32, owners:
         others = pool[fire_of[pool] != j]
         cos = np.abs(x[:, others].T @ cinv_x[:, mine]).max(axis=1) / norms[others] / norms[mine].min()
         cols = np.unique(np.concatenate([mine, np.flatnonzero((own == -1) | (own == j)),
-                                         others[np.argsort(-cos)[:NEAR_OTHERS]]]))
+                                         others[np.argsort(-cos)[:near_others]]]))
         for _ in range(SOLVE_ROUNDS):
             g_sub = x[:, cols].T @ cinv_x[:, cols]  # (m, m)
             g_sub += CONSTRAINT_RIDGE * float(np.mean(np.diag(g_sub))) * np.eye(len(cols))
@@ -152,7 +185,7 @@ def neuron_directions(metric: KeyMetric, fire: Sequence[F32], held: F32, owners:
             leak = np.abs(x.T @ g)  # g·x at every column
             leak[cols] = 0.0
             room = int(MAX_CONSTRAINTS * len(g)) - len(cols)  # beyond it, g·x = 1 could not hold
-            more = np.flatnonzero(leak > LEAK)
+            more = np.flatnonzero(leak > leak_above)
             if len(more) == 0 or room <= 0:
                 break
             cols = np.union1d(cols, more[np.argsort(-leak[more])][:room])
@@ -201,16 +234,23 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, key_metric
     # fire fully at the subject's mean input over the optimised prompts and in FIRE_CONTEXTS
     more = subject_inputs(model, layer, [group[0].subject for group in groups])
     fire = [np.concatenate([inputs[:, j: j + 1], x], axis=1) for j, x in enumerate(more)]
-    directions = neuron_directions(input_metric, fire, held[layer], owners, candidates)
+    bias = input_metric.bias
+    holds = (THRESHOLD_NEAR_OTHERS, THRESHOLD_LEAK) if bias is not None and THRESHOLD else (NEAR_OTHERS, LEAK)
+    directions = neuron_directions(input_metric, fire, held[layer], owners, candidates, *holds)
     ops = []
-    for group, value, slot, g in zip(groups, values, slots, directions):
+    for group, value, slot, g, x_fire in zip(groups, values, slots, directions, fire):
+        gate = PRE_ACTIVATION * g
+        if bias is not None and THRESHOLD:
+            # gate = a (g - θ c)·x with c·x ≈ 1 everywhere: closed below g·x ≈ θ, PRE_ACTIVATION at the subject
+            c_fire = float(np.mean(bias @ x_fire))
+            gate = (PRE_ACTIVATION / (1.0 - THRESHOLD * c_fire)) * (g - THRESHOLD * bias)
         old = float(value.keys[layer][slot]) * down[:, slot]  # what the slot wrote at the subject
         new_down = ((value.deltas[layer] + old) / f_a).astype(np.float32)
         fact = group[0]
         tid = first_target_token(model, fact.target)
         score = float(target_direction(model, layer, tid) @ new_down / np.linalg.norm(new_down))
         meta = MetaOverride((tid,), (round(score, 4),))  # down_meta: cos(down, the target's direction)
-        ops.append(PatchOp("insert", layer, slot, {"gate": (PRE_ACTIVATION * g).astype(np.float32),
+        ops.append(PatchOp("insert", layer, slot, {"gate": gate.astype(np.float32),
                                                     "up": g.astype(np.float32), "down": new_down},
                            meta, fact.subject, fact.relation or "relation", fact.target,
                            reason=NEURON_REASON + "; ".join(f.label for f in group)))

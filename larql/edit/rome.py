@@ -57,7 +57,7 @@ class KeyMetric:
     costs a matrix product, where two triangular solves through numpy's general solver would
     cost a fresh O(d^3) factorisation each (numpy has no triangular solve; scipy is not a dependency)."""
 
-    def __init__(self, cov: F64, ridge: float = RIDGE) -> None:
+    def __init__(self, cov: F64, ridge: float = RIDGE, bias: NDArray[np.float32] | None = None) -> None:
         if not np.all(np.isfinite(cov)):
             raise EditError("the key statistics hold NaN or infinite values; delete the statistics cache")
         d = cov.shape[0]
@@ -69,6 +69,7 @@ class KeyMetric:
         inv = np.linalg.inv(reg)
         self.inv = (inv + inv.T) / 2.0
         self.diag = np.diag(cov).copy()  # E[k_i^2]: how much each input usually carries
+        self.bias = bias  # c with c·k ≈ 1 on ordinary text, where there is one (`neuron.bias_direction`)
 
     def solve(self, x: F64) -> F64:
         """C^-1 x for x `(ffn,)` or `(ffn, n)`."""

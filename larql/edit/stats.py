@@ -25,7 +25,7 @@ import hashlib
 import os
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -43,6 +43,12 @@ DEFAULT_TOKENS = 16384  # 8 x gemma3-270m's 2048 keys: see token_budget
 TOKENS_PER_KEY = 8
 CHUNK = 128
 STATS_VERSION = 2  # 2: the generated English corpus first
+
+
+class Moments(NamedTuple):
+    cov: F64  # (width, width) E[k k^T]
+    count: int  # tokens counted
+    mean: F64  # (width,) E[k]: METHOD NEURON's bias direction comes from it (`neuron.bias_direction`)
 
 
 def token_budget(ffn: int) -> int:
@@ -84,13 +90,14 @@ def _width(model: Model, point: str) -> int:
 
 
 def compute_second_moments(model: Model, layers: list[int], n_tokens: int = DEFAULT_TOKENS,
-                           point: str = "key") -> dict[int, tuple[F64, int]]:
-    """{layer: (E[k k^T] float64, tokens counted)} of `point` at every position of the corpus chunks
-    except BOS."""
+                           point: str = "key") -> dict[int, Moments]:
+    """{layer: E[k k^T], tokens counted, E[k]} (float64) of `point` at every position of the corpus
+    chunks except BOS."""
     if point not in POINTS:
         raise EditError(f"unknown statistics point {point!r} (one of {', '.join(POINTS)})")
     width = _width(model, point)
     sums = {layer: np.zeros((width, width), np.float64) for layer in layers}
+    firsts = {layer: np.zeros(width, np.float64) for layer in layers}
     count = 0
     hook = "mlp.hook_post" if point == "key" else "hook_resid_mid"
     names = {layer: f"blocks.{layer}.{hook}" for layer in layers}
@@ -105,8 +112,9 @@ def compute_second_moments(model: Model, layers: list[int], n_tokens: int = DEFA
                 k = norm(model.config, k, model.weights.layers[layer].ffn_norm)
             k = k.astype(np.float64)
             sums[layer] += k.T @ k
+            firsts[layer] += k.sum(axis=0)
         count += len(chunk) - 1
-    return {layer: (s / count, count) for layer, s in sums.items()}
+    return {layer: Moments(s / count, count, firsts[layer] / count) for layer, s in sums.items()}
 
 
 def _fingerprint(model: Model) -> str:
@@ -123,8 +131,12 @@ def _path(directory: Path, model: Model, layer: int, n_tokens: int, point: str =
 
 
 # the arrays a cache file holds: name -> (shape, given the layer's ffn; dtype kind)
-def _layout(ffn: int) -> dict[str, tuple[tuple[int, ...], str]]:
-    return {"cov": ((ffn, ffn), "f"), "count": ((), "i"), "sha256": ((), "U")}
+def _layout(width: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    return {"cov": ((width, width), "f"), "mean": ((width,), "f"), "count": ((), "i"), "sha256": ((), "U")}
+
+
+def _digest(cov32: np.ndarray, mean32: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(cov32).tobytes() + np.ascontiguousarray(mean32).tobytes()).hexdigest()
 
 
 def _member(z: zipfile.ZipFile, name: str, shape: tuple[int, ...], kind: str) -> np.ndarray | None:
@@ -142,43 +154,49 @@ def _member(z: zipfile.ZipFile, name: str, shape: tuple[int, ...], kind: str) ->
         return np.lib.format.read_array(f, allow_pickle=False)
 
 
-def _load(path: Path, ffn: int) -> tuple[F64, int] | None:
-    """A cached C, or None when there is none or it is not exactly what we wrote (then C is
-    recomputed): wrong shapes or dtypes, a checksum mismatch, non-finite values, a bad count."""
+def _load(path: Path, width: int) -> Moments | None:
+    """Cached moments, or None when there are none or they are not exactly what we wrote (then they
+    are recomputed): a member missing (a cache from before the mean was kept), wrong shapes or
+    dtypes, a checksum mismatch, non-finite values, a bad count."""
     try:
         with zipfile.ZipFile(path) as z:
-            got = {name: _member(z, name, shape, kind) for name, (shape, kind) in _layout(ffn).items()}
+            got = {name: _member(z, name, shape, kind) for name, (shape, kind) in _layout(width).items()}
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None
-    cov, count_arr, digest_arr = got["cov"], got["count"], got["sha256"]
-    if cov is None or count_arr is None or digest_arr is None:
+    cov, mean, count_arr, digest_arr = got["cov"], got["mean"], got["count"], got["sha256"]
+    if cov is None or mean is None or count_arr is None or digest_arr is None:
         return None
     count, digest = int(count_arr), str(digest_arr)
-    if hashlib.sha256(np.ascontiguousarray(cov).tobytes()).hexdigest() != digest:
+    if _digest(cov, mean) != digest:
         return None  # damaged: recompute
-    if count < 1 or not np.all(np.isfinite(cov)):
+    if count < 1 or not (np.all(np.isfinite(cov)) and np.all(np.isfinite(mean))):
         return None
-    return cov.astype(np.float64), count
+    return Moments(cov.astype(np.float64), count, mean.astype(np.float64))
 
 
-def _save(path: Path, cov: F64, count: int) -> None:
+def _save(path: Path, moments: Moments) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     clean_stale(path)  # what a killed writer of this cache left
     tmp = temp_path(path)
-    cov32 = np.ascontiguousarray(cov, dtype=np.float32)
+    cov32 = np.ascontiguousarray(moments.cov, dtype=np.float32)
+    mean32 = np.ascontiguousarray(moments.mean, dtype=np.float32)
     try:
         with open(tmp, "wb") as f:
-            np.savez(f, cov=cov32, count=np.int64(count), sha256=hashlib.sha256(cov32.tobytes()).hexdigest())
+            np.savez(f, cov=cov32, mean=mean32, count=np.int64(moments.count), sha256=_digest(cov32, mean32))
         os.replace(tmp, path)
     except OSError:
         tmp.unlink(missing_ok=True)  # a cache that cannot be written is recomputed next time
 
 
+def _as_stored(a: F64) -> F64:
+    return a.astype(np.float32).astype(np.float64)
+
+
 def second_moments(model: Model, layers: list[int], directory: Path | None, n_tokens: int = DEFAULT_TOKENS,
-                   point: str = "key") -> dict[int, tuple[F64, int]]:
-    """E[k k^T] of `point` per layer, from the cache in `directory` when present and intact, else
-    computed (and cached when `directory` is given)."""
-    out: dict[int, tuple[F64, int]] = {}
+                   point: str = "key") -> dict[int, Moments]:
+    """E[k k^T] (and E[k]) of `point` per layer, from the cache in `directory` when present and
+    intact, else computed (and cached when `directory` is given)."""
+    out: dict[int, Moments] = {}
     missing = []
     width = _width(model, point)
     for layer in layers:
@@ -189,8 +207,9 @@ def second_moments(model: Model, layers: list[int], directory: Path | None, n_to
             missing.append(layer)
     if missing:
         fresh = compute_second_moments(model, missing, n_tokens, point)
-        for layer, (cov, count) in fresh.items():
+        for layer, got in fresh.items():
             if directory is not None:
-                _save(_path(directory, model, layer, n_tokens, point), cov, count)
-            out[layer] = (cov.astype(np.float32).astype(np.float64), count)  # what a cache hit would give
+                _save(_path(directory, model, layer, n_tokens, point), got)
+            # what a cache hit would give
+            out[layer] = Moments(_as_stored(got.cov), got.count, _as_stored(got.mean))
     return out

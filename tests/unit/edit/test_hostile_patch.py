@@ -175,10 +175,20 @@ def _npz(path: Path, **arrays: Any) -> Path:
 
 def test_a_good_cache_file_loads(tmp_path: Path) -> None:
     cov = np.eye(4, dtype=np.float32) * 2
-    stats._save(tmp_path / "c.npz", cov.astype(np.float64), 100)
+    mean = np.arange(4, dtype=np.float64)
+    stats._save(tmp_path / "c.npz", stats.Moments(cov.astype(np.float64), 100, mean))
     got = stats._load(tmp_path / "c.npz", 4)
-    assert got is not None and got[1] == 100 and np.array_equal(got[0], np.eye(4) * 2)
+    assert got is not None and got.count == 100 and np.array_equal(got.cov, np.eye(4) * 2)
+    assert np.array_equal(got.mean, mean)
     assert stats._load(tmp_path / "c.npz", 5) is None  # another layer width: not used
+    # a cache from before the mean was kept is recomputed, not half-read
+    old = _npz(tmp_path / "old.npz", cov=cov, count=np.int64(100), sha256=hashlib.sha256(cov.tobytes()).hexdigest())
+    assert stats._load(old, 4) is None
+    # the checksum covers the mean too
+    with zipfile.ZipFile(tmp_path / "c.npz") as z:
+        members = {n[:-4]: np.lib.format.read_array(z.open(n)) for n in z.namelist()}
+    members["mean"] = members["mean"] + 1
+    assert stats._load(_npz(tmp_path / "bad.npz", **members), 4) is None
 
 
 def test_a_pickle_in_the_cache_is_never_run(tmp_path: Path) -> None:
@@ -206,7 +216,8 @@ def test_a_cache_header_cannot_make_us_allocate(tmp_path: Path) -> None:
     assert stats._load(path, 2) is None and stats._load(path, 10**10) is None
     assert time.perf_counter() - start < 1.0
     nan = np.full((2, 2), np.nan, np.float32)
-    path = _npz(tmp_path / "n.npz", cov=nan, count=np.int64(5), sha256=hashlib.sha256(nan.tobytes()).hexdigest())
+    mean = np.zeros(2, np.float32)
+    path = _npz(tmp_path / "n.npz", cov=nan, mean=mean, count=np.int64(5), sha256=stats._digest(nan, mean))
     assert stats._load(path, 2) is None
 
 

@@ -63,12 +63,14 @@ def test_neuron_insert_fires_on_its_subject_only_and_comes_off(vx: Path, tmp_pat
     metric = key_metrics(m, [layer], stats_dir(v))[layer]
     costs = slot_costs(metric.diag, v.model().weights.layers[layer].down.dequantize())
     assert op.feature == int(np.argmin(costs))
-    # gate = a g, up = g: at the subject's mean input g.x = 1 (checked on the bare prompt: near 1),
-    # and a decoy subject in the same prompt is held to g.x = 0 exactly
-    g = op.vectors["up"]
-    assert np.allclose(op.vectors["gate"], PRE_ACTIVATION * g)
-    assert 0.5 < float(g @ _input_at(m, layer, PROMPT, "zeta")) < 1.5
-    assert abs(float(g @ _input_at(m, layer, "Colour of Sweden", "Sweden"))) < 1e-4
+    # up = g: at the subject's mean input g.x = 1 (checked on the bare prompt: near 1), and a decoy
+    # subject in the same prompt is held to g.x = 0 exactly; gate = a (g - θ c): the gate is shut there
+    g, gate = op.vectors["up"], op.vectors["gate"]
+    x_subject, x_decoy = _input_at(m, layer, PROMPT, "zeta"), _input_at(m, layer, "Colour of Sweden", "Sweden")
+    assert 0.5 < float(g @ x_subject) < 1.5
+    assert abs(float(g @ x_decoy)) < 1e-4
+    assert key_metrics(m, [layer], stats_dir(v), point="input")[layer].bias is None  # random weights share none
+    assert np.allclose(gate, PRE_ACTIVATION * g)  # without a bias direction: gate = a g
 
     execute("SAVE PATCH", s)
     edited = m.forward(m.tokenize(PROMPT))
@@ -80,6 +82,38 @@ def test_neuron_insert_fires_on_its_subject_only_and_comes_off(vx: Path, tmp_pat
     assert isinstance(again, PatchOp) and is_neuron(again)  # and still says what made it
     fresh.patches.remove("n.vlp")
     assert np.array_equal(fm.forward(fm.tokenize(PROMPT)), base)
+
+
+def test_with_a_bias_direction_the_gate_is_shut_below_the_threshold(vx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import larql.edit.neuron as neuron
+
+    monkeypatch.setattr(neuron, "BIAS_SPREAD", 1e9)  # the tiny model's inputs have no common part: take c anyway
+    v = edit_vindex(vx)
+    m = v.model()
+    before = _logp(m, PROMPT, "blue")
+    insert_facts(v, [Fact("zeta", PROMPT, "blue", "colour")], "neuron", measure=False)
+    op = v.patches.pending[-1]
+    assert isinstance(op, PatchOp)
+    c = key_metrics(m, [op.layer], stats_dir(v), point="input")[op.layer].bias
+    assert c is not None
+    g, gate = op.vectors["up"], op.vectors["gate"]
+    # gate = a (g - θ c), a set so that the gate reads PRE_ACTIVATION where g.x = 1 at the subject's inputs
+    a = float(gate @ g) / float((g - neuron.THRESHOLD * c) @ g)
+    assert np.allclose(gate, a * (g - neuron.THRESHOLD * c), atol=1e-5 * a)
+    x_subject, x_decoy = _input_at(m, op.layer, PROMPT, "zeta"), _input_at(m, op.layer, "Colour of Sweden", "Sweden")
+    assert float(gate @ x_subject) > 0.25 * PRE_ACTIVATION  # open at the subject
+    # at the decoy (g.x = 0) the gate reads -a θ c.x: shut when c.x > 0
+    assert float(gate @ x_decoy) == pytest.approx(-a * neuron.THRESHOLD * float(c @ x_decoy), rel=1e-3, abs=1e-3)
+    assert _logp(m, PROMPT, "blue") > before + 2.0  # and the fact is taught
+    # a second thresholded neuron: its gate is shut at the first subject (g.x under θ, not held at 0)
+    taught = _logp(m, PROMPT, "blue")
+    insert_facts(v, [Fact("omega", "Colour of omega", "red", "colour")], "neuron", measure=False)
+    second = v.patches.pending[-1]
+    assert isinstance(second, PatchOp) and second.feature != op.feature
+    if second.layer == op.layer:
+        assert float(second.vectors["up"] @ x_subject) < neuron.THRESHOLD_LEAK
+        assert float(second.vectors["gate"] @ x_subject) < 0.0
+    assert _logp(m, PROMPT, "blue") > taught - 0.5
 
 
 def test_stacked_neurons_take_new_slots_and_stay_silent_on_each_other(vx: Path) -> None:
@@ -112,6 +146,21 @@ def test_without_a_layer_neurons_fill_the_model_layers_in_order(vx: Path, monkey
     # layer 2 has room for one more, layer 1 for two; then the emptiest, the earlier in order on a tie
     assert module.neuron_layer_plan(v, m, ["a", "b", "c", "d"], None) == {2: {"a", "d"}, 1: {"b", "c"}}
     assert module.neuron_layer_plan(v, m, ["a", "b", "c"], [0, 1]) == {0: {"a", "c"}, 1: {"b"}}  # given: even
+
+
+def test_bias_direction_is_one_on_inputs_that_share_a_common_part() -> None:
+    from larql.edit.neuron import BIAS_SPREAD, bias_direction
+
+    rng = np.random.default_rng(1)
+    hidden, n = 32, 20000
+    common = 4.0 * rng.standard_normal(hidden)
+    x = common + 0.5 * rng.standard_normal((n, hidden))  # (n, hidden) inputs sharing `common`
+    c = bias_direction(x[: n // 2].T @ x[: n // 2] / (n // 2), x[: n // 2].mean(axis=0))
+    assert c is not None
+    held_out = x[n // 2:] @ c
+    assert abs(float(held_out.mean()) - 1.0) < 0.01 and float(held_out.std()) < BIAS_SPREAD
+    centred = rng.standard_normal((n, hidden))  # no common part: no bias to be had
+    assert bias_direction(centred.T @ centred / n, centred.mean(axis=0)) is None
 
 
 def test_neuron_directions_fire_at_their_subject_and_nowhere_near_it() -> None:
