@@ -47,7 +47,7 @@ STATS_VERSION = 2  # 2: the generated English corpus first
 
 class Moments(NamedTuple):
     cov: F64  # (width, width) E[k k^T]
-    count: int  # tokens counted
+    tokens: int  # tokens counted
     mean: F64  # (width,) E[k]: METHOD NEURON's bias direction comes from it (`neuron.bias_direction`)
 
 
@@ -182,7 +182,7 @@ def _save(path: Path, moments: Moments) -> None:
     mean32 = np.ascontiguousarray(moments.mean, dtype=np.float32)
     try:
         with open(tmp, "wb") as f:
-            np.savez(f, cov=cov32, mean=mean32, count=np.int64(moments.count), sha256=_digest(cov32, mean32))
+            np.savez(f, cov=cov32, mean=mean32, count=np.int64(moments.tokens), sha256=_digest(cov32, mean32))
         os.replace(tmp, path)
     except OSError:
         tmp.unlink(missing_ok=True)  # a cache that cannot be written is recomputed next time
@@ -211,5 +211,5 @@ def second_moments(model: Model, layers: list[int], directory: Path | None, n_to
             if directory is not None:
                 _save(_path(directory, model, layer, n_tokens, point), got)
             # what a cache hit would give
-            out[layer] = Moments(_as_stored(got.cov), got.count, _as_stored(got.mean))
+            out[layer] = Moments(_as_stored(got.cov), got.tokens, _as_stored(got.mean))
     return out

@@ -178,7 +178,7 @@ def test_a_good_cache_file_loads(tmp_path: Path) -> None:
     mean = np.arange(4, dtype=np.float64)
     stats._save(tmp_path / "c.npz", stats.Moments(cov.astype(np.float64), 100, mean))
     got = stats._load(tmp_path / "c.npz", 4)
-    assert got is not None and got.count == 100 and np.array_equal(got.cov, np.eye(4) * 2)
+    assert got is not None and got.tokens == 100 and np.array_equal(got.cov, np.eye(4) * 2)
     assert np.array_equal(got.mean, mean)
     assert stats._load(tmp_path / "c.npz", 5) is None  # another layer width: not used
     # a cache from before the mean was kept is recomputed, not half-read
