@@ -257,11 +257,25 @@ class Forward:
             row += len(own)
         return new_segs, np.concatenate(parts), np.concatenate(keep)
 
-    def logits(self, x: F32, hooks: Hooks | None, start: int) -> F32:
-        """The final norm and lm_head (and soft-cap) of residual rows x `(T|, hidden)`: `(T|, vocab)`."""
+    def next_token(self, ids: NDArray[np.int64], cache: KVCache, hooks: Hooks | None = None) -> int:
+        """Greedy decoding's step: `int(np.argmax(self(ids, cache, hooks)))`, the same id always, without
+        computing every logit where the lm_head allows (QuantMatrix.argmax_matvec)."""
+        start = cache.length
+        x = self.run([Segment(0, len(ids), cache, start)], ids, hooks)  # (T, hidden)
+        if self.cfg.final_softcap:  # tanh may round distinct logits to ties: take them all
+            return int(np.argmax(self.logits(x[-1], hooks, start)))
+        return self.w.output.argmax_matvec(self.final_norm(x[-1], hooks, start))  # (hidden,) -> id
+
+    def final_norm(self, x: F32, hooks: Hooks | None, start: int) -> F32:
+        """The final norm (and its hook) of residual rows x `(T|, hidden)`."""
         x = norm(self.cfg, x, self.w.output_norm, self.w.output_norm_bias)  # (T|, hidden)
         if hooks:
             x = run_hook(hooks, "hook_final_norm", x, start)
+        return x
+
+    def logits(self, x: F32, hooks: Hooks | None, start: int) -> F32:
+        """The final norm and lm_head (and soft-cap) of residual rows x `(T|, hidden)`: `(T|, vocab)`."""
+        x = self.final_norm(x, hooks, start)  # (T|, hidden)
         logits = self.w.output.matmul(x)  # (T|, vocab)
         if self.cfg.final_softcap:
             cap = np.float32(self.cfg.final_softcap)
