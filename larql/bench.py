@@ -120,7 +120,8 @@ def run_bench(models: Sequence[str], n_prompt: int, n_decode: int, peers: bool =
               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measure every model with larql and, if installed and `peers`, llama.cpp.
 
-    Returns {"machine", "prompt", "decode", "llama_cpp" (version or None), "engines": [EngineSpeed as dicts]}.
+    Returns {"machine", "prompt", "decode", "llama_cpp" (version or None), "engines": [EngineSpeed as dicts],
+    "peer_errors": {model: why llama.cpp could not load or run it}}.
 
     Example:
         >>> r = run_bench(["smollm2-135m"], n_prompt=64, n_decode=16)
@@ -132,6 +133,7 @@ def run_bench(models: Sequence[str], n_prompt: int, n_decode: int, peers: bool =
     version = llama_cpp_version() if peers else None
     info = machine()
     engines: list[EngineSpeed] = []
+    peer_errors: dict[str, str] = {}  # model -> why llama.cpp could not run it
     for key in models:
         model = larql.load(key)
         ids = prompt_ids(model, n_prompt)
@@ -142,9 +144,12 @@ def run_bench(models: Sequence[str], n_prompt: int, n_decode: int, peers: bool =
         if version is not None and path.is_file() and path.suffix == ".gguf":
             if progress:
                 progress(f"{key}: llama.cpp")
-            engines.append(bench_llamacpp(key, str(path), ids, n_decode, info["threads"]))
+            try:
+                engines.append(bench_llamacpp(key, str(path), ids, n_decode, info["threads"]))
+            except (ValueError, RuntimeError, OSError) as e:  # e.g. an architecture llama.cpp does not know
+                peer_errors[key] = f"{type(e).__name__}: {e}"
     return {"machine": info, "prompt": n_prompt, "decode": n_decode, "llama_cpp": version,
-            "engines": [asdict(e) for e in engines]}
+            "engines": [asdict(e) for e in engines], "peer_errors": peer_errors}
 
 
 def table(engines: Sequence[dict[str, Any]]) -> str:
