@@ -63,3 +63,62 @@ def attend_one(q, keys, values, first, stop, scale, softcap, out):
             p = weights[j] * inv
             for i in range(d):
                 out[h, i] += p * values[kv, first + j, i]
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def _rms_norm_row(x, weight, eps, out):
+    """rms_norm_rows of one row, x and out `[n]` (the same operations, so the same bits)."""
+    n = x.shape[0]
+    ss = 0.0
+    for i in range(n):
+        v = np.float64(x[i])
+        ss += v * v
+    inv = np.float32(1.0) / np.sqrt(np.float32(ss / n) + eps)
+    for i in range(n):
+        out[i] = (x[i] * inv) * weight[i]
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def _rope_row(x, cos, sin, interleaved, out):
+    """apply_rope of one head `[d]` at one position (cos, sin `[d/2]`): the same products and sums."""
+    half = cos.shape[0]
+    for i in range(half):
+        if interleaved:
+            x1, x2 = x[2 * i], x[2 * i + 1]
+            out[2 * i] = x1 * cos[i] - x2 * sin[i]
+            out[2 * i + 1] = x2 * cos[i] + x1 * sin[i]
+        else:
+            x1, x2 = x[i], x[half + i]
+            out[i] = x1 * cos[i] - x2 * sin[i]
+            out[half + i] = x2 * cos[i] + x1 * sin[i]
+
+
+@njit(cache=True, fastmath=False)
+def decode_qk(q, k, v, q_norm, k_norm, qk_norm, eps, cos, sin, rope, interleaved, keys, values, pos, qr):
+    """A decode step's attention inputs in one call: q `(n_heads, d)`, k and v `(n_kv, d)` -> optional
+    per-head RMS norms (q_norm, k_norm `[d]`) and rotation at position `pos` (cos, sin `[d/2]`); the
+    query into qr `(n_heads, d)`, k and v into the cache `(n_kv, capacity, d)` at pos. The forward
+    pass's separate steps do the same operations (test: the same bits); this saves ~5 Python calls
+    a layer. `attend_one` then runs as its own call: inlined here its fastmath sums could be
+    reordered, and the results would differ in the last bits from the general path's."""
+    n_heads, d = q.shape
+    tmp = np.empty(d, dtype=np.float32)
+    for h in range(n_heads):
+        if qk_norm:
+            _rms_norm_row(q[h], q_norm, eps, tmp)
+        else:
+            tmp[:] = q[h]
+        if rope:
+            _rope_row(tmp, cos, sin, interleaved, qr[h])
+        else:
+            qr[h] = tmp
+    for h in range(k.shape[0]):
+        if qk_norm:
+            _rms_norm_row(k[h], k_norm, eps, tmp)
+        else:
+            tmp[:] = k[h]
+        if rope:
+            _rope_row(tmp, cos, sin, interleaved, keys[h, pos])
+        else:
+            keys[h, pos] = tmp
+        values[h, pos] = v[h]
