@@ -25,6 +25,7 @@ from numpy.typing import NDArray
 from larql.errors import ModelError
 from larql.model import fused
 from larql.model.attention import KVCache, RopeTable, apply_rope, attention
+from larql.model.busy import step_threads
 from larql.model.config import ModelConfig
 from larql.model.ffn import FFN, FFNEdits
 from larql.model.hooks import HookFns, LayerHookNames, layer_hook_names, run_hook
@@ -254,8 +255,9 @@ class Forward:
         x = self.embed(ids, segs)  # (T, hidden)
         if hooks:
             x = run_hook(hooks, "hook_embed", x, segs[0].start)
-        for i in range(self.cfg.n_layers):
-            x = self.layer(i, x, segs, hooks)
+        with step_threads(len(ids)):  # one thread for a decode step on a busy machine (busy.py)
+            for i in range(self.cfg.n_layers):
+                x = self.layer(i, x, segs, hooks)
         for s in segs:
             s.cache.length = s.start + s.hi - s.lo
             if self.cfg.rope_scaling == "longrope":
