@@ -41,6 +41,10 @@ def apply_rope(x: F32, cos: F32, sin: F32, interleaved: bool) -> F32:
     Rotate-half layout (HF, Gemma GGUF): pairs (x[i], x[i + d/2]).
     Interleaved layout (GGUF llama, whose q/k rows llama.cpp's converter permuted): pairs (x[2i], x[2i+1]).
     """
+    if x.dtype == np.float32 and cos.dtype == np.float32 and sin.dtype == np.float32:
+        out = np.empty(x.shape, dtype=np.float32)  # (T, heads, d)
+        fused.rope_rows(np.ascontiguousarray(x), np.ascontiguousarray(cos), np.ascontiguousarray(sin), interleaved, out)
+        return out
     c, s = cos[:, None, :], sin[:, None, :]  # (T, 1, d/2)
     if interleaved:
         x1, x2 = x[..., 0::2], x[..., 1::2]  # (T, heads, d/2) each

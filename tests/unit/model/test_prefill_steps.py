@@ -50,3 +50,28 @@ def test_causal_blocks_equal_the_masked_whole(monkeypatch: pytest.MonkeyPatch, t
     whole = att.attention(q, keys, values, start, 0.2, window, softcap)
     assert blocks.shape == whole.shape == (t, n_heads * 32)
     assert np.allclose(blocks, whole, rtol=1e-5, atol=1e-6)
+
+
+def _rope_numpy(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool) -> np.ndarray:
+    c, s = cos[:, None, :], sin[:, None, :]
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = x1 * c - x2 * s
+        out[..., 1::2] = x2 * c + x1 * s
+        return out
+    half = x.shape[-1] // 2
+    return np.concatenate([x[..., :half] * c - x[..., half:] * s, x[..., half:] * c + x[..., :half] * s], axis=-1)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("shape", [(256, 4, 256), (1, 9, 64), (7, 2, 16)])
+def test_rope_kernel_is_the_numpy_definition_bit_for_bit(shape: tuple[int, int, int], interleaved: bool) -> None:
+    rng = np.random.default_rng(sum(shape))
+    x = (rng.standard_normal(shape) * 20).astype(np.float32)
+    angles = rng.standard_normal((shape[0], shape[2] // 2)).astype(np.float32) * 50
+    cos, sin = np.cos(angles), np.sin(angles)
+    got = att.apply_rope(x, cos, sin, interleaved)
+    assert np.array_equal(got.view(np.uint32), _rope_numpy(x, cos, sin, interleaved).view(np.uint32))
+    strided = x[:, :, :]  # a view of q's projection in the forward pass is not contiguous
+    assert np.array_equal(att.apply_rope(strided.transpose(1, 0, 2).transpose(1, 0, 2), cos, sin, interleaved), got)
