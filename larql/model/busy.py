@@ -4,9 +4,10 @@ A decode step is ~130-210 small parallel regions (one per matvec, numba's worker
 between: OMP_WAIT_POLICY=PASSIVE, threads.py). With the other core taken by another process, each
 region waits until its worker is scheduled, and two threads were slower than one for every
 Gemma 3 / SmolLM2 matrix (2 cores, another job running two threads: 256 x 640 23 against 14 us,
-2048 x 640 108 against 94 us). So a pass over a few rows checks the kernel's count of runnable
-tasks (threads.machine_busy, one read of /proc/loadavg) and runs on one thread while others run,
-unless the thread count was asked for (--threads, $LARQL_THREADS). Prefill (BLAS) is unchanged.
+2048 x 640 108 against 94 us; Gemma's lm_head candidate pass 12-15 against 8.5-9.4 ms). So a pass
+over a few rows, and its lm_head, check the kernel's count of runnable tasks (threads.machine_busy,
+one read of /proc/loadavg) and run on one thread while others run, unless the thread count was
+asked for (--threads, $LARQL_THREADS). Prefill (BLAS) is unchanged.
 """
 
 from __future__ import annotations

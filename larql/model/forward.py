@@ -214,7 +214,8 @@ class Forward:
         """Run positions cache.length.. for `ids`; logits `(T, vocab)` if all_logits else `(vocab,)` of the last."""
         start = cache.length
         x = self.run([Segment(0, len(ids), cache, start)], ids, hooks)  # (T, hidden)
-        return self.logits(x if all_logits else x[-1], hooks, start)
+        with step_threads(len(x) if all_logits else 1):  # the lm_head too (busy.py)
+            return self.logits(x if all_logits else x[-1], hooks, start)
 
     def batch(self, ids: list[NDArray[np.int64]], caches: list[KVCache], rows: NDArray[np.int64] | None = None) -> F32:
         """Each sequence `ids[b]` run after what `caches[b]` holds, all in one packed pass (no hooks):
@@ -299,8 +300,10 @@ class Forward:
         start = cache.length
         x = self.run([Segment(0, len(ids), cache, start)], ids, hooks)  # (T, hidden)
         if self.cfg.final_softcap:  # tanh may round distinct logits to ties: take them all
-            return int(np.argmax(self.logits(x[-1], hooks, start)))
-        return self.w.output.argmax_matvec(self.final_norm(x[-1], hooks, start))  # (hidden,) -> id
+            with step_threads(1):
+                return int(np.argmax(self.logits(x[-1], hooks, start)))
+        with step_threads(1):  # the lm_head too (busy.py)
+            return self.w.output.argmax_matvec(self.final_norm(x[-1], hooks, start))  # (hidden,) -> id
 
     def final_norm(self, x: F32, hooks: Hooks | None, start: int) -> F32:
         """The final norm (and its hook) of residual rows x `(T|, hidden)`."""
