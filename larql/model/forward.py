@@ -76,7 +76,7 @@ def norm(cfg: ModelConfig, x: F32, weight: F32, bias: F32 | None = None) -> F32:
 class Forward:
     """Runs the layers of one model over a KV cache."""
 
-    fused_decode = True  # a decode step's attention in one numba call (decode_attention); tests compare both
+    fused_decode = True  # a decode step's attention in two numba calls (decode_attention); tests compare both
 
     def __init__(self, cfg: ModelConfig, weights: Weights, edits: FFNEdits | None = None) -> None:
         self.cfg, self.w = cfg, weights
