@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True, fastmath=False, inline="always")
+@njit(cache=True, fastmath=False)
 def _sum_squares(x):
     """sum(x*x) of a float32 row in float64, in 8 interleaved partial sums: independent additions
     that run side by side (one running sum waited ~4 cycles per element: a prefill's 256 x 640
@@ -80,7 +80,7 @@ def attend_one(q, keys, values, first, stop, scale, softcap, out):
                 out[h, i] += p * values[kv, first + j, i]
 
 
-@njit(cache=True, fastmath=False, inline="always")
+@njit(cache=True, fastmath=False)
 def _rms_norm_row(x, weight, eps, out):
     """rms_norm_rows of one row, x and out `[n]` (the same operations, so the same bits)."""
     n = x.shape[0]
@@ -89,7 +89,7 @@ def _rms_norm_row(x, weight, eps, out):
         out[i] = (x[i] * inv) * weight[i]
 
 
-@njit(cache=True, fastmath=False, inline="always")
+@njit(cache=True, fastmath=False)
 def _rope_row(x, cos, sin, interleaved, out):
     """apply_rope of one head `[d]` at one position (cos, sin `[d/2]`): the same products and sums."""
     half = cos.shape[0]
@@ -114,25 +114,22 @@ def decode_qk(q, k, v, q_norm, k_norm, qk_norm, eps, cos, sin, rope, interleaved
     reordered, and the results would differ in the last bits from the general path's."""
     n_heads, d = q.shape
     tmp = np.empty(d, dtype=np.float32)
-    for h in range(n_heads):
+    for h in range(n_heads + k.shape[0]):
+        src = q[h] if h < n_heads else k[h - n_heads]
         if qk_norm:
-            _rms_norm_row(q[h], q_norm, eps, tmp)
+            _rms_norm_row(src, q_norm if h < n_heads else k_norm, eps, tmp)
         else:
-            tmp[:] = q[h]
+            for i in range(d):
+                tmp[i] = src[i]
+        dst = qr[h] if h < n_heads else keys[h - n_heads, pos]
         if rope:
-            _rope_row(tmp, cos, sin, interleaved, qr[h])
+            _rope_row(tmp, cos, sin, interleaved, dst)
         else:
-            qr[h] = tmp
+            for i in range(d):
+                dst[i] = tmp[i]
     for h in range(k.shape[0]):
-        if qk_norm:
-            _rms_norm_row(k[h], k_norm, eps, tmp)
-        else:
-            tmp[:] = k[h]
-        if rope:
-            _rope_row(tmp, cos, sin, interleaved, keys[h, pos])
-        else:
-            keys[h, pos] = tmp
-        values[h, pos] = v[h]
+        for i in range(d):
+            values[h, pos, i] = v[h, i]
 
 
 @njit(cache=True, fastmath=False)

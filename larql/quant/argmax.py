@@ -99,7 +99,7 @@ def _q8_0_row_dot_q8(typingctx, w, r, xu, dx):
     return sig, codegen
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _quantize_activation(x, xu, dx):
     """Q8_0 of x `[n]` (n % 32 == 0): per 32 values dx = max|x|/127 and q = round(x/dx) in -127..127,
     written as xu = q + 128. Returns (|x̂ - x|, |x̂|) in float64, x̂ = q * dx (the exact products)."""
@@ -120,7 +120,7 @@ def _quantize_activation(x, xu, dx):
     return np.sqrt(err2), np.sqrt(hat2)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _select(approx, norms, slack):
     """Rows r whose A_r + E_r reaches max(A - E), E_r = norms[r] * slack, ascending."""
     best = -np.inf
