@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
-import numpy as np
+from larql.threads import configure
 
-from larql.bench import describe_run, prompt_ids, run_bench, table
+configure()  # before numpy starts OpenBLAS; main() applies --threads on top
+
+import numpy as np  # noqa: E402
+
+from larql.bench import describe_run, prompt_ids, run_bench, table  # noqa: E402
+from larql.model.forward import Segment  # noqa: E402
 
 
 def bench_transformers(key: str, n_prompt: int, n_decode: int, threads: int) -> dict[str, float] | None:
@@ -33,7 +37,11 @@ def bench_transformers(key: str, n_prompt: int, n_decode: int, threads: int) -> 
 
     torch.set_num_threads(threads)
     path = resolve(key)[1]
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    except (ImportError, ValueError) as e:  # e.g. transformers' GGUF loading wants `accelerate`
+        print(f"transformers not measured on {key}: {e}")
+        return None
     ids = torch.tensor([prompt_ids(larql.load(key), n_prompt)])
     with torch.no_grad():
         model(ids[:, :8])
@@ -85,6 +93,15 @@ def kernel_speeds(keys: list[str]) -> list[dict[str, object]]:
             dt = min(_time(lambda mat=mat, x=x: mat.matmul(x)) for _ in range(reps))
             rows.append({"model": key, "tensor": mat.name, "type": mat.qtype.name, "shape": list(mat.shape),
                          "us": dt * 1e6, "GB_s": mat.nbytes / dt / 1e9})
+        # greedy decoding's lm_head (quant/argmax.py) on a real final-norm activation: the int8 candidate
+        # pass over every row and the exact rescoring of the few candidates
+        out = m.weights.output
+        h = m._forward.final_norm(m._forward.run([Segment(0, 8, m.new_cache(8), 0)], np.asarray(
+            prompt_ids(m, 8)), None)[-1], None, 0)  # (hidden,)
+        out.argmax_matvec(h)
+        dt = min(_time(lambda out=out, h=h: out.argmax_matvec(h)) for _ in range(5))
+        rows.append({"model": key, "tensor": out.name + " argmax", "type": out.qtype.name, "shape": list(out.shape),
+                     "us": dt * 1e6, "GB_s": out.nbytes / dt / 1e9})
     return rows
 
 
@@ -96,20 +113,18 @@ def _time(fn) -> float:  # type: ignore[no-untyped-def]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="worker threads (default: as the CLI, every core, see larql/threads.py)")
     parser.add_argument("--models", nargs="+", default=["gemma3-270m", "smollm2-135m"])
     parser.add_argument("--prompt", type=int, default=256)
     parser.add_argument("--decode", type=int, default=64)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "runtime.json"))
     args = parser.parse_args()
-    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    import numba
-
-    numba.set_num_threads(args.threads)
+    threads = configure(args.threads)  # the thread pools as `larql` sets them, before numba and BLAS start
     results = run_bench(args.models, args.prompt, args.decode)
     engines = results["engines"]
     for key in args.models:
-        r = bench_transformers(key, args.prompt, args.decode, args.threads)
+        r = bench_transformers(key, args.prompt, args.decode, threads)
         if r is not None:
             engines.append({"model": key, "engine": "transformers f32", **r})
     bw = memory_bandwidth()

@@ -64,19 +64,19 @@ def _seconds(fn: Callable[[], object]) -> float:
 
 
 def bench_larql(key: str, ids: list[int], n_decode: int, model: Any) -> EngineSpeed:
-    """Prefill: best of two full forward passes over ids. Decode: n_decode greedy steps on a KV cache."""
-    import numpy as np
-
+    """Prefill: best of two full forward passes over ids. Decode: n_decode greedy steps on a KV cache
+    (`Model.next_token`, what `generate` runs: the argmax of the logits, most of which it skips)."""
     model.check_fits(ids, n_decode)
     warm = model.new_cache(10)  # prefill and decode kernels compiled (or loaded from numba's cache) untimed
     model.next_logits(ids[:8], warm)
     model.next_logits(ids[8:9], warm)
+    model.next_token(ids[9:10], warm)
     prefill = min(_seconds(lambda: model.next_logits(ids)) for _ in range(2))
     cache = model.new_cache(len(ids) + n_decode)
-    logits = model.next_logits(ids, cache)
+    tok = model.next_token(ids, cache)  # greedy: np.argmax of the logits, without computing them all
     t0 = time.perf_counter()
     for _ in range(n_decode):
-        logits = model.next_logits([int(np.argmax(logits))], cache)
+        tok = model.next_token([tok], cache)
     return EngineSpeed(key, "larql", len(ids) / prefill, n_decode / (time.perf_counter() - t0))
 
 
@@ -120,7 +120,8 @@ def run_bench(models: Sequence[str], n_prompt: int, n_decode: int, peers: bool =
               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measure every model with larql and, if installed and `peers`, llama.cpp.
 
-    Returns {"machine", "prompt", "decode", "llama_cpp" (version or None), "engines": [EngineSpeed as dicts]}.
+    Returns {"machine", "prompt", "decode", "llama_cpp" (version or None), "engines": [EngineSpeed as dicts],
+    "peer_errors": {model: why llama.cpp could not load or run it}}.
 
     Example:
         >>> r = run_bench(["smollm2-135m"], n_prompt=64, n_decode=16)
@@ -132,6 +133,7 @@ def run_bench(models: Sequence[str], n_prompt: int, n_decode: int, peers: bool =
     version = llama_cpp_version() if peers else None
     info = machine()
     engines: list[EngineSpeed] = []
+    peer_errors: dict[str, str] = {}  # model -> why llama.cpp could not run it
     for key in models:
         model = larql.load(key)
         ids = prompt_ids(model, n_prompt)
@@ -142,9 +144,12 @@ def run_bench(models: Sequence[str], n_prompt: int, n_decode: int, peers: bool =
         if version is not None and path.is_file() and path.suffix == ".gguf":
             if progress:
                 progress(f"{key}: llama.cpp")
-            engines.append(bench_llamacpp(key, str(path), ids, n_decode, info["threads"]))
+            try:
+                engines.append(bench_llamacpp(key, str(path), ids, n_decode, info["threads"]))
+            except (ValueError, RuntimeError, OSError) as e:  # e.g. an architecture llama.cpp does not know
+                peer_errors[key] = f"{type(e).__name__}: {e}"
     return {"machine": info, "prompt": n_prompt, "decode": n_decode, "llama_cpp": version,
-            "engines": [asdict(e) for e in engines]}
+            "engines": [asdict(e) for e in engines], "peer_errors": peer_errors}
 
 
 def table(engines: Sequence[dict[str, Any]]) -> str:

@@ -34,6 +34,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         print(describe_run(result))
         print(table(result["engines"]))
+    for key, why in result["peer_errors"].items():
+        sys.stderr.write(f"larql: llama.cpp not measured on {key}: {why}\n")
     if result["llama_cpp"] is None and not args.no_peers:
         sys.stderr.write(f"larql: llama.cpp not measured: llama-cpp-python is not installed ({LLAMA_CPP_INSTALL})\n")
     return 0

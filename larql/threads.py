@@ -62,6 +62,16 @@ def requested(n: int | None = None) -> int | None:
     return int(raw)
 
 
+# whether configure() was given a thread count (--threads): then decode steps keep it even on a busy
+# machine (larql/model/busy.py), as they do with $LARQL_THREADS
+_explicit = [False]
+
+
+def explicit() -> bool:
+    """Whether the thread count was asked for (--threads through configure, or $LARQL_THREADS)."""
+    return _explicit[0] or bool(os.environ.get(ENV_VAR, "").strip())
+
+
 def configure(n: int | None = None, env: MutableMapping[str, str] | None = None) -> int:
     """Set the thread-pool environment for `n` worker threads (None: $LARQL_THREADS or all cores;
     BLAS then gets one thread if the machine is busy, see machine_busy).
@@ -72,6 +82,7 @@ def configure(n: int | None = None, env: MutableMapping[str, str] | None = None)
     if env is None:
         env = os.environ
     explicit = requested(n)
+    _explicit[0] = _explicit[0] or n is not None
     cores = available_cores()
     count = max(1, explicit if explicit is not None else cores)
     blas = count if explicit is not None or not machine_busy(cores) else 1

@@ -41,6 +41,10 @@ def apply_rope(x: F32, cos: F32, sin: F32, interleaved: bool) -> F32:
     Rotate-half layout (HF, Gemma GGUF): pairs (x[i], x[i + d/2]).
     Interleaved layout (GGUF llama, whose q/k rows llama.cpp's converter permuted): pairs (x[2i], x[2i+1]).
     """
+    if x.dtype == np.float32 and cos.dtype == np.float32 and sin.dtype == np.float32:
+        out = np.empty(x.shape, dtype=np.float32)  # (T, heads, d)
+        fused.rope_rows(np.ascontiguousarray(x), np.ascontiguousarray(cos), np.ascontiguousarray(sin), interleaved, out)
+        return out
     c, s = cos[:, None, :], sin[:, None, :]  # (T, 1, d/2)
     if interleaved:
         x1, x2 = x[..., 0::2], x[..., 1::2]  # (T, heads, d/2) each
@@ -97,6 +101,12 @@ def _whole_cache(a: F32) -> F32:
     return np.ascontiguousarray(a)
 
 
+# Prefill attention runs in blocks of this many queries, each block against the keys up to its last
+# position only: the scores above the causal diagonal are then mostly not computed (nor masked, nor
+# exponentiated), rather than computed and masked.
+CAUSAL_CHUNK = 64
+
+
 def attention(q: F32, keys: F32, values: F32, start: int, scale: float, window: int, softcap: float,
               scores_hook: Callable[[F32], F32] | None = None, pattern_hook: Callable[[F32], F32] | None = None) -> F32:
     """Causal grouped-query attention.
@@ -116,6 +126,12 @@ def attention(q: F32, keys: F32, values: F32, start: int, scale: float, window: 
         fused.attend_one(np.ascontiguousarray(q[0]), _whole_cache(keys), _whole_cache(values), first, s,
                          np.float32(scale), np.float32(softcap or 0.0), out)
         return out.reshape(1, n_heads * d)
+    if t > 2 * CAUSAL_CHUNK and not hooked:  # query blocks, each against the keys it can see: ~5/8 of the work at T=256
+        out = np.empty((t, n_heads * d), dtype=np.float32)  # (T, n_heads*d)
+        for a in range(0, t, CAUSAL_CHUNK):
+            b = min(t, a + CAUSAL_CHUNK)
+            out[a:b] = attention(q[a:b], keys[:, :start + b], values[:, :start + b], start + a, scale, window, softcap)
+        return out
     if window and start + t > window and not hooked:  # keys no query can see are skipped, not masked
         first = max(0, start - window + 1)
         keys, values = keys[:, first:], values[:, first:]

@@ -32,14 +32,27 @@ FeatureVectors = tuple["F32 | None", "F32 | None", "F32 | None"]  # (gate row, u
 _GELU_C = np.float32(np.sqrt(2.0 / np.pi))
 
 
-# float32 in, float32 out: numpy's stubs widen products with float32 scalars to float64, hence the casts
+# float32 in, float32 out. In place on one or two temporaries rather than a new array per operation
+# (a prefill's (256, 2048) gate scores: 2 MB each); the same operations in the same order as
+# 0.5 * x * (1 + tanh(C * (x + 0.044715 * x * x * x))) and x / (1 + exp(-x)), so the same bits (test).
 def gelu_tanh(x: F32) -> F32:
-    inner = _GELU_C * (x + np.float32(0.044715) * x * x * x)
-    return cast(F32, np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner)))
+    t = np.multiply(np.float32(0.044715), x)
+    t *= x
+    t *= x
+    t += x
+    t *= _GELU_C
+    np.tanh(t, out=t)
+    t += np.float32(1.0)
+    out = np.multiply(np.float32(0.5), x)
+    out *= t
+    return cast(F32, out)
 
 
 def silu(x: F32) -> F32:
-    return cast(F32, x / (np.float32(1.0) + np.exp(-x)))
+    t = np.negative(x)
+    np.exp(t, out=t)
+    t += np.float32(1.0)
+    return cast(F32, np.divide(x, t, out=t))
 
 
 def gated(activation: str, gate: F32, up: F32 | None) -> F32:
@@ -47,7 +60,9 @@ def gated(activation: str, gate: F32, up: F32 | None) -> F32:
     the MLP has no up projection (GPT-2). numpy, not numba: numpy's tanh/exp are vectorized, numba's
     call libm per element (3.5x slower here)."""
     act = gelu_tanh(gate) if activation == "gelu_tanh" else silu(gate)
-    return act if up is None else act * up
+    if up is not None:
+        act *= up
+    return act
 
 
 class FFNEdits(Protocol):

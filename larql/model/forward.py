@@ -25,12 +25,14 @@ from numpy.typing import NDArray
 from larql.errors import ModelError
 from larql.model import fused
 from larql.model.attention import KVCache, RopeTable, apply_rope, attention
+from larql.model.busy import step_threads
 from larql.model.config import ModelConfig
 from larql.model.ffn import FFN, FFNEdits
 from larql.model.hooks import HookFns, LayerHookNames, layer_hook_names, run_hook
 from larql.model.weights import LayerWeights, Weights
 
 F32 = NDArray[np.float32]
+_NO_ROPE = np.zeros((1, 1), dtype=np.float32)  # cos/sin (and absent q/k norm weights) where unused
 Hooks = HookFns  # compiled hook functions: name -> fn(x, name, start), see hooks.compile_spec
 
 
@@ -74,6 +76,8 @@ def norm(cfg: ModelConfig, x: F32, weight: F32, bias: F32 | None = None) -> F32:
 class Forward:
     """Runs the layers of one model over a KV cache."""
 
+    fused_decode = True  # a decode step's attention in two numba calls (decode_attention); tests compare both
+
     def __init__(self, cfg: ModelConfig, weights: Weights, edits: FFNEdits | None = None) -> None:
         self.cfg, self.w = cfg, weights
         self.ffn = FFN(cfg, weights, edits)  # edits: None for the dense FFN, else e.g. the vindex's overlay
@@ -113,6 +117,9 @@ class Forward:
         if lw.q_bias is not None:
             assert lw.k_bias is not None and lw.v_bias is not None  # q, k and v biases come together
             q, k, v = q + lw.q_bias, k + lw.k_bias, v + lw.v_bias
+        if t == 1 and not hooks and len(segs) == 1 and self.fused_decode:  # decode: norms, RoPE, cache, attention in 2 calls
+            z = self.decode_attention(i, lw, q, k, v, segs[0])  # (1, n_heads*d)
+            return self.output_projection(i, lw, z, hooks, start)
         q = q.reshape(t, cfg.n_heads, cfg.head_dim)  # (T, n_heads, d)
         k = k.reshape(t, cfg.n_kv_heads, cfg.head_dim)  # (T, n_kv, d)
         v = v.reshape(t, cfg.n_kv_heads, cfg.head_dim)  # (T, n_kv, d)
@@ -145,12 +152,40 @@ class Forward:
                 keys, values = s.cache.write(i, s.start, k[s.lo:s.hi], v[s.lo:s.hi])  # (n_kv, S_s, d) each
                 z[s.lo:s.hi] = attention(q[s.lo:s.hi], keys, values, s.start, cfg.attn_scale, window,
                                          cfg.attn_softcap)  # (T_s, n_heads*d)
+        return self.output_projection(i, lw, z, hooks, start)
+
+    def output_projection(self, i: int, lw: LayerWeights, z: F32, hooks: Hooks | None, start: int) -> F32:
+        """Layer i's attention output `(T, hidden)` from the heads' z `(T, n_heads*d)`."""
         out = lw.o.matmul(z)  # (T, hidden)
         if lw.o_bias is not None:
             out = out + lw.o_bias
         if hooks:
-            out = run_hook(hooks, n.attn_out, out, start)
+            out = run_hook(hooks, self.names[i].attn_out, out, start)
         return out
+
+    def decode_attention(self, i: int, lw: LayerWeights, q: F32, k: F32, v: F32, seg: Segment) -> F32:
+        """The attention of one new position (no hooks): q `(1, n_heads*d)`, k, v `(1, n_kv*d)` after
+        their biases -> `(1, n_heads*d)`, with k and v appended to the cache (fused.decode_qk, then
+        fused.attend_one: the same operations as the general path below)."""
+        cfg, start = self.cfg, seg.start
+        d = cfg.head_dim
+        rope = cfg.positions == "rope"
+        cos, sin = self.rope(i, [seg]) if rope else (_NO_ROPE, _NO_ROPE)  # (1, d/2)
+        window = cfg.layer_window(i)
+        qr = np.empty((cfg.n_heads, d), dtype=np.float32)  # (n_heads, d) normed, rotated
+        none = _NO_ROPE[0]
+        keys, values = seg.cache.k[i], seg.cache.v[i]  # (n_kv, capacity, d)
+        fused.decode_qk(
+            np.ascontiguousarray(q, dtype=np.float32).reshape(cfg.n_heads, d),
+            np.ascontiguousarray(k, dtype=np.float32).reshape(cfg.n_kv_heads, d),
+            np.ascontiguousarray(v, dtype=np.float32).reshape(cfg.n_kv_heads, d),
+            _vec(lw.q_norm) if cfg.qk_norm else none, _vec(lw.k_norm) if cfg.qk_norm else none, bool(cfg.qk_norm),
+            np.float32(cfg.norm_eps), np.ascontiguousarray(cos[0]), np.ascontiguousarray(sin[0]), rope,
+            bool(cfg.rope_interleaved), keys, values, start, qr)
+        out = np.empty((cfg.n_heads, d), dtype=np.float32)  # (n_heads, d)
+        fused.attend_one(qr, keys, values, max(0, start - window + 1) if window else 0, start + 1,
+                         np.float32(cfg.attn_scale), np.float32(cfg.attn_softcap or 0.0), out)
+        return out.reshape(1, cfg.n_heads * d)
 
     def mlp_block(self, i: int, lw: LayerWeights, x: F32, hooks: Hooks | None, start: int) -> F32:
         h = norm(self.cfg, x, lw.ffn_norm, lw.ffn_norm_bias)  # (T, hidden)
@@ -179,7 +214,8 @@ class Forward:
         """Run positions cache.length.. for `ids`; logits `(T, vocab)` if all_logits else `(vocab,)` of the last."""
         start = cache.length
         x = self.run([Segment(0, len(ids), cache, start)], ids, hooks)  # (T, hidden)
-        return self.logits(x if all_logits else x[-1], hooks, start)
+        with step_threads(len(x) if all_logits else 1):  # the lm_head too (busy.py)
+            return self.logits(x if all_logits else x[-1], hooks, start)
 
     def batch(self, ids: list[NDArray[np.int64]], caches: list[KVCache], rows: NDArray[np.int64] | None = None) -> F32:
         """Each sequence `ids[b]` run after what `caches[b]` holds, all in one packed pass (no hooks):
@@ -220,8 +256,9 @@ class Forward:
         x = self.embed(ids, segs)  # (T, hidden)
         if hooks:
             x = run_hook(hooks, "hook_embed", x, segs[0].start)
-        for i in range(self.cfg.n_layers):
-            x = self.layer(i, x, segs, hooks)
+        with step_threads(len(ids)):  # one thread for a decode step on a busy machine (busy.py)
+            for i in range(self.cfg.n_layers):
+                x = self.layer(i, x, segs, hooks)
         for s in segs:
             s.cache.length = s.start + s.hi - s.lo
             if self.cfg.rope_scaling == "longrope":
@@ -257,16 +294,37 @@ class Forward:
             row += len(own)
         return new_segs, np.concatenate(parts), np.concatenate(keep)
 
-    def logits(self, x: F32, hooks: Hooks | None, start: int) -> F32:
-        """The final norm and lm_head (and soft-cap) of residual rows x `(T|, hidden)`: `(T|, vocab)`."""
+    def next_token(self, ids: NDArray[np.int64], cache: KVCache, hooks: Hooks | None = None) -> int:
+        """Greedy decoding's step: `int(np.argmax(self(ids, cache, hooks)))`, the same id always, without
+        computing every logit where the lm_head allows (QuantMatrix.argmax_matvec)."""
+        start = cache.length
+        x = self.run([Segment(0, len(ids), cache, start)], ids, hooks)  # (T, hidden)
+        if self.cfg.final_softcap:  # tanh may round distinct logits to ties: take them all
+            with step_threads(1):
+                return int(np.argmax(self.logits(x[-1], hooks, start)))
+        with step_threads(1):  # the lm_head too (busy.py)
+            return self.w.output.argmax_matvec(self.final_norm(x[-1], hooks, start))  # (hidden,) -> id
+
+    def final_norm(self, x: F32, hooks: Hooks | None, start: int) -> F32:
+        """The final norm (and its hook) of residual rows x `(T|, hidden)`."""
         x = norm(self.cfg, x, self.w.output_norm, self.w.output_norm_bias)  # (T|, hidden)
         if hooks:
             x = run_hook(hooks, "hook_final_norm", x, start)
+        return x
+
+    def logits(self, x: F32, hooks: Hooks | None, start: int) -> F32:
+        """The final norm and lm_head (and soft-cap) of residual rows x `(T|, hidden)`: `(T|, vocab)`."""
+        x = self.final_norm(x, hooks, start)  # (T|, hidden)
         logits = self.w.output.matmul(x)  # (T|, vocab)
         if self.cfg.final_softcap:
             cap = np.float32(self.cfg.final_softcap)
             logits = np.tanh(logits / cap) * cap
         return logits
+
+
+def _vec(w: F32 | None) -> F32:
+    assert w is not None  # qk_norm: the loader read both
+    return np.ascontiguousarray(w, dtype=np.float32).reshape(-1)
 
 
 def positions(segs: list[Segment]) -> NDArray[np.int64]:

@@ -146,6 +146,14 @@ class Model:
         fns = compile_spec(hooks, self.config.n_layers, self.config.n_experts)
         return self._forward(arr, cache if cache is not None else self.new_cache(len(arr)), fns)
 
+    def next_token(self, ids: list[int] | NDArray[np.int64], cache: KVCache | None = None,
+                   hooks: HookSpec | None = None) -> int:
+        """The greedy next token after `ids`: `int(np.argmax(next_logits(ids, cache, hooks)))`, the same
+        id always, faster where the lm_head lets it skip most logits (QuantMatrix.argmax_matvec)."""
+        arr = self._check_ids(ids, 0 if cache is None else cache.length)
+        fns = compile_spec(hooks, self.config.n_layers, self.config.n_experts)
+        return self._forward.next_token(arr, cache if cache is not None else self.new_cache(len(arr)), fns)
+
     def _check_batch(self, batch: Sequence[list[int] | NDArray[np.int64]],
                      caches: list[KVCache] | None) -> tuple[list[NDArray[np.int64]], list[KVCache]]:
         if len(batch) == 0:
@@ -228,11 +236,14 @@ class Model:
         rng = np.random.default_rng(seed)
         cache = self.new_cache(len(arr) + max_new_tokens)
         fns = compile_spec(hooks, self.config.n_layers, self.config.n_experts)  # active at every step, through the KV cache
-        logits = self._forward(arr, cache, fns)
+        greedy = params.temperature <= 0.0
+        logits = None if greedy else self._forward(arr, cache, fns)
+        tok = self._forward.next_token(arr, cache, fns) if greedy else -1
         new: list[int] = []
         emitted = ""
         for _ in range(max_new_tokens):
-            tok = sample(logits, params, rng)
+            if logits is not None:
+                tok = sample(logits, params, rng)
             new.append(tok)
             text = self.detokenize(new)
             if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
@@ -244,7 +255,11 @@ class Model:
                 return
             if len(new) == max_new_tokens:
                 return
-            logits = self._forward(np.array([tok], dtype=np.int64), cache, fns)
+            step = np.array([tok], dtype=np.int64)
+            if greedy:
+                tok = self._forward.next_token(step, cache, fns)
+            else:
+                logits = self._forward(step, cache, fns)
 
     def generate(self, prompt: str | list[int], max_new_tokens: int = 32, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop_at_eos: bool = True,

@@ -12,7 +12,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import QuantError
-from larql.quant import kernels, reference, repack
+from larql.quant import argmax, kernels, reference, repack
 from larql.quant.types import BLOCK_LAYOUT, GGMLType, row_bytes
 
 # what every kernel takes first: (qtype, block_size, type_size, raw rows, the same bytes as int8, f16/bf16 table)
@@ -63,6 +63,7 @@ class QuantMatrix:
     n_cols: int
     raw: NDArray[np.uint8]
     _repacked: list[repack.Repacked | None] = field(default_factory=list, compare=False, repr=False)
+    _row_norms: list[NDArray[np.float64] | None] = field(default_factory=list, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         expected = (self.n_rows, row_bytes(self.qtype, self.n_cols))
@@ -134,6 +135,19 @@ class QuantMatrix:
                     weakref.finalize(result, _release_budget, int(size))  # a freed model gives it back
             self._repacked.append(result)
             return result
+
+    def argmax_matvec(self, x: NDArray[np.float32]) -> int:
+        """`int(np.argmax(self.matmul(x)))` for one activation x `[n_cols]`, the same index always; for
+        Q8_0 by a candidate pass of int8 dot products and exact rescoring (argmax.py), else in full."""
+        x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+        if self.qtype != GGMLType.Q8_0 or not argmax.HAVE_VNNI or x.shape[0] != self.n_cols:
+            return int(np.argmax(self.matmul(x)))
+        if not self._row_norms:
+            with _repack_lock:
+                if not self._row_norms:
+                    norms = argmax.row_norms(self.raw)
+                    self._row_norms.append(norms if np.isfinite(norms).all() else None)
+        return argmax.argmax_q8_0(self.raw, self._row_norms[0], x)
 
     def matmul(self, x: NDArray[np.float32]) -> NDArray[np.float32]:
         """x `[k]` or `[t, k]` (k = n_cols) -> x @ W.T, `[n_rows]` or `[t, n_rows]` float32."""
