@@ -102,6 +102,8 @@ def test_with_a_bias_direction_the_gate_is_shut_below_the_threshold(vx: Path, mo
     assert np.allclose(gate, a * (g - neuron.THRESHOLD * c), atol=1e-5 * a)
     x_subject, x_decoy = _input_at(m, op.layer, PROMPT, "zeta"), _input_at(m, op.layer, "Colour of Sweden", "Sweden")
     assert float(gate @ x_subject) > 0.25 * PRE_ACTIVATION  # open at the subject
+    # a model measured better with quadratic neurons keeps them
+    assert neuron.neuron_threshold("smollm2-135m") == 0.0 and neuron.neuron_threshold(m.name) == neuron.THRESHOLD
     # at the decoy (g.x = 0) the gate reads -a θ c.x: shut when c.x > 0
     assert float(gate @ x_decoy) == pytest.approx(-a * neuron.THRESHOLD * float(c @ x_decoy), rel=1e-3, abs=1e-3)
     assert _logp(m, PROMPT, "blue") > before + 2.0  # and the fact is taught
