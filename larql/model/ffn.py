@@ -50,7 +50,8 @@ def gelu_tanh(x: F32) -> F32:
 
 def silu(x: F32) -> F32:
     t = np.negative(x)
-    np.exp(t, out=t)
+    with np.errstate(over="ignore"):  # exp(-x) = inf far below 0 (an inserted gate): x / inf = 0, as it should be
+        np.exp(t, out=t)
     t += np.float32(1.0)
     return cast(F32, np.divide(x, t, out=t))
 
