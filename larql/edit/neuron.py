@@ -190,9 +190,11 @@ def neuron_directions(metric: KeyMetric, fire: Sequence[F32], held: F32, owners:
     for j in range(len(fire)):
         mine = np.flatnonzero(fire_of == j)
         others = pool[fire_of[pool] != j]
-        cos = np.abs(x[:, others].T @ cinv_x[:, mine]).max(axis=1) / norms[others] / norms[mine].min()
-        cols = np.unique(np.concatenate([mine, np.flatnonzero((own == -1) | (own == j)),
-                                         others[np.argsort(-cos)[:near_others]]]))
+        nearest = others[:0]
+        if near_others:  # a thresholded neuron holds none up front: skip the (N, n_j) product
+            cos = np.abs(x[:, others].T @ cinv_x[:, mine]).max(axis=1) / norms[others] / norms[mine].min()
+            nearest = others[np.argsort(-cos)[:near_others]]
+        cols = np.unique(np.concatenate([mine, np.flatnonzero((own == -1) | (own == j)), nearest]))
         for _ in range(SOLVE_ROUNDS):
             g_sub = x[:, cols].T @ cinv_x[:, cols]  # (m, m)
             g_sub += CONSTRAINT_RIDGE * float(np.mean(np.diag(g_sub))) * np.eye(len(cols))
