@@ -13,7 +13,7 @@ Three things keep it cheap on a CPU:
 - it works on dense float32 copies of the layers it touches (`DenseLayer`), made once per model;
 - positions before the subject do not depend on delta, so their keys and values are computed once
   (`TailContext.prefix_kv`) and only the suffix runs per step — all contexts' suffix rows in one
-  matmul;
+  matmul, their attention in padded blocks (`packed_attention`);
 - the loss reads logits only over a candidate set of tokens (the targets plus every token that
   was likely at a scored position before the edit), so the 262k-row unembedding is not touched
   per step. Callers re-check the result with the real forward pass.
@@ -23,19 +23,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypedDict, cast
 
 import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import UnsupportedError
+from larql.model import packed_attention as packed
+from larql.model.activation_grad import act_and_grad
 from larql.model.attention import RopeTable, apply_rope
 from larql.model.config import ModelConfig
 from larql.model.weights import LayerWeights, Weights
 
 F32 = NDArray[np.float32]
 I64 = NDArray[np.int64]
-_GELU_C = np.float32(np.sqrt(2.0 / np.pi))
 
 # (gate, up, down) dense float32 matrices `(ffn, hidden)`, `(ffn, hidden)`, `(hidden, ffn)` of a layer's
 # FFN as the model runs it now (edits included); None: the stored weights
@@ -55,19 +55,6 @@ def _rms(x: F32, w: F32, eps: float) -> tuple[F32, F32, F32]:
 def _rms_back(dy: F32, w: F32, n: F32, inv: F32) -> F32:
     dn = dy * w
     return (dn - n * np.mean(dn * n, axis=-1, keepdims=True)) * inv
-
-
-def _act(kind: str, g: F32) -> tuple[F32, F32]:
-    """act(g) and act'(g) for "gelu_tanh" or "silu"."""
-    if kind == "gelu_tanh":
-        inner = _GELU_C * (g + np.float32(0.044715) * g * g * g)
-        t = np.tanh(inner)
-        y = np.float32(0.5) * g * (np.float32(1.0) + t)
-        dy = np.float32(0.5) * (np.float32(1.0) + t) + np.float32(0.5) * g * (np.float32(1.0) - t * t) * _GELU_C * (
-            np.float32(1.0) + np.float32(3 * 0.044715) * g * g)
-        return cast(F32, y), cast(F32, dy)  # float32 throughout; numpy's stubs widen the scalar products
-    s = np.float32(1.0) / (np.float32(1.0) + np.exp(-g))
-    return g * s, cast(F32, s * (np.float32(1.0) + g * (np.float32(1.0) - s)))
 
 
 # -- dense layers -------------------------------------------------------------------------------------
@@ -133,16 +120,6 @@ def _inject(ctxs: Sequence[TailContext], offsets: I64) -> tuple[I64, I64]:
     return rows, groups
 
 
-class _AttnSaved(TypedDict):
-    """What `_attend` keeps for `_attend_back`."""
-
-    p: F32  # (H, n, S) attention probabilities
-    kx: F32  # (S, H, d) keys and values repeated over each group's heads
-    vx: F32
-    q: F32
-    capped: F32 | None  # tanh(scores / softcap) with soft-capping
-
-
 @dataclass
 class _Saved:
     """What one layer's forward keeps for its backward (over the stacked suffix rows)."""
@@ -175,6 +152,7 @@ class Tail:
         require_backward(cfg, weights)
         self.cfg, self.w, self.first = cfg, weights, first
         self._ropes: dict[float, RopeTable] = {}
+        self._packed: tuple[tuple[tuple[int, int], ...], list[packed.Block]] = ((), [])
         self.layers = layers if layers is not None else {}
         for i in range(first, cfg.n_layers):
             if i not in self.layers:
@@ -222,99 +200,55 @@ class Tail:
         t = h.shape[0]
         return dq.reshape(t, -1) @ dl.q + dk.reshape(t, -1) @ dl.k + dv.reshape(t, -1) @ dl.v  # (T, hidden)
 
-    def _mask(self, i: int, qpos: I64, kpos: I64) -> NDArray[np.bool_]:
-        allowed = kpos[None, :] <= qpos[:, None]  # (n, S)
-        window = self.cfg.layer_window(i)
-        if window:
-            allowed &= (qpos[:, None] - kpos[None, :]) < window
-        return allowed
-
-    def _attend(self, i: int, q: F32, keys: F32, values: F32, qpos: I64) -> tuple[F32, _AttnSaved]:
-        """q `(n, H, d)` at positions qpos; keys/values `(S, n_kv, d)` at positions 0..S-1 -> z `(n, H*d)`."""
-        cfg = self.cfg
-        group = cfg.n_heads // cfg.n_kv_heads
-        kx = np.repeat(keys, group, axis=1)  # (S, H, d)
-        vx = np.repeat(values, group, axis=1)
-        scores = np.einsum("nhd,shd->hns", q, kx) * np.float32(cfg.attn_scale)  # (H, n, S)
-        capped: F32 | None = None
-        if cfg.attn_softcap:
-            capped = np.tanh(scores / np.float32(cfg.attn_softcap))
-            scores = capped * np.float32(cfg.attn_softcap)
-        allowed = self._mask(i, qpos, np.arange(keys.shape[0]))
-        scores = np.where(allowed[None], scores, np.float32(-np.inf))
-        scores = scores - scores.max(axis=-1, keepdims=True)
-        p = np.exp(scores)
-        p /= p.sum(axis=-1, keepdims=True)  # (H, n, S)
-        z = np.einsum("hns,shd->nhd", p, vx)  # (n, H, d)
-        return z.reshape(len(qpos), -1), {"p": p, "kx": kx, "vx": vx, "q": q, "capped": capped}
-
-    def _attend_back(self, dz: F32, s: _AttnSaved) -> tuple[F32, F32, F32]:
-        """-> dq `(n, H, d)`, dK and dV `(S, n_kv, d)` over all key positions."""
-        cfg = self.cfg
-        p, kx, vx, q = s["p"], s["kx"], s["vx"], s["q"]
-        n = dz.shape[0]
-        dz = dz.reshape(n, cfg.n_heads, cfg.head_dim)
-        dp = np.einsum("nhd,shd->hns", dz, vx)  # (H, n, S)
-        dvx = np.einsum("hns,nhd->shd", p, dz)  # (S, H, d)
-        ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True))
-        if s["capped"] is not None:
-            ds = ds * (np.float32(1.0) - s["capped"] ** 2)
-        ds = ds * np.float32(cfg.attn_scale)
-        dq = np.einsum("hns,shd->nhd", ds, kx)
-        dkx = np.einsum("hns,nhd->shd", ds, q)
-        group = cfg.n_heads // cfg.n_kv_heads
-        sh = dkx.shape
-        dk = dkx.reshape(sh[0], cfg.n_kv_heads, group, sh[2]).sum(axis=2)
-        dv = dvx.reshape(sh[0], cfg.n_kv_heads, group, sh[2]).sum(axis=2)
-        return dq, dk, dv
-
     # -- whole layers over the stacked suffixes ------------------------------------------------
+
+    def _blocks(self, ctxs: Sequence[TailContext]) -> list[packed.Block]:
+        """The contexts' attention blocks (they depend on the contexts' lengths and starts alone), kept
+        while the same come back (a value step's active subjects change only when one finishes)."""
+        key = tuple((c.start, len(c.ids)) for c in ctxs)
+        if self._packed[0] != key:
+            self._packed = (key, packed.pack([c.start for c in ctxs], [len(c.ids) for c in ctxs]))
+        return self._packed[1]
 
     def _attention(self, i: int, dl: DenseLayer, x: F32, ctxs: Sequence[TailContext], slot: int,
                    sv: _Saved) -> F32:
         cfg = self.cfg
         h, hn, hinv = _rms(x, dl.attn_norm, cfg.norm_eps)
         positions = np.concatenate([np.arange(c.start, len(c.ids)) for c in ctxs])
-        q, k, v, qkv_saved = self._qkv(i, dl, h, positions)
-        zs, per = [], []
-        row = 0
-        for c in ctxs:
-            pk, pv = c.prefix_kv[slot]
-            sl = slice(row, row + c.n)
-            z, s = self._attend(i, q[sl], np.concatenate([pk, k[sl]]), np.concatenate([pv, v[sl]]),
-                                np.arange(c.start, len(c.ids)))
-            zs.append(z)
+        q, k, v, qkv_saved = self._qkv(i, dl, h, positions)  # (N, H, d), (N, n_kv, d), (N, n_kv, d)
+        blocks = self._blocks(ctxs)
+        z = np.empty((len(x), cfg.n_heads * cfg.head_dim), np.float32)  # (N, H*d)
+        per = []
+        for b in blocks:
+            pk = np.concatenate([ctxs[c].prefix_kv[slot][0] for c in b.ctx])  # (P, n_kv, d)
+            pv = np.concatenate([ctxs[c].prefix_kv[slot][1] for c in b.ctx])
+            z[b.rows], s = packed.attend(b, q, k, v, pk, pv, cfg.layer_window(i) or 0, cfg.attn_scale,
+                                         cfg.attn_softcap or 0.0)
             per.append(s)
-            row += c.n
-        z = np.concatenate(zs)  # (N, H*d)
         a = z @ dl.o.T  # (N, hidden)
-        sv.attn = {"h": h, "hn": hn, "hinv": hinv, "qkv": qkv_saved, "per": per, "z": z}
+        sv.attn = {"h": h, "hn": hn, "hinv": hinv, "qkv": qkv_saved, "blocks": blocks, "per": per}
         if dl.post_attn_norm is not None:
             a, sv.attn["an"], sv.attn["ainv"] = _rms(a, dl.post_attn_norm, cfg.norm_eps)
         return a
 
-    def _attention_back(self, dl: DenseLayer, da: F32, ctxs: Sequence[TailContext], sv: _Saved) -> F32:
-        s = sv.attn
+    def _attention_back(self, dl: DenseLayer, da: F32, sv: _Saved) -> F32:
+        cfg, s = self.cfg, sv.attn
         if dl.post_attn_norm is not None:
             da = _rms_back(da, dl.post_attn_norm, s["an"], s["ainv"])  # type: ignore[arg-type]
         dz = da @ dl.o  # (N, H*d)
-        dqs, dks, dvs = [], [], []
-        row = 0
-        for c, per in zip(ctxs, s["per"]):  # type: ignore[call-overload]
-            dq, dk, dv = self._attend_back(dz[row: row + c.n], per)
-            dqs.append(dq)
-            dks.append(dk[c.start:])  # the prefix's keys and values are constants
-            dvs.append(dv[c.start:])
-            row += c.n
-        dh = self._qkv_back(dl, s["h"], s["qkv"], np.concatenate(dqs), np.concatenate(dks),  # type: ignore[arg-type]
-                            np.concatenate(dvs))
+        dq = np.empty((len(da), cfg.n_heads, cfg.head_dim), np.float32)
+        dk = np.empty((len(da), cfg.n_kv_heads, cfg.head_dim), np.float32)
+        dv = np.empty_like(dk)
+        for b, saved in zip(s["blocks"], s["per"]):  # type: ignore[call-overload]
+            dq[b.rows], dk[b.rows], dv[b.rows] = packed.attend_back(b, dz[b.rows], saved, cfg.attn_scale)
+        dh = self._qkv_back(dl, s["h"], s["qkv"], dq, dk, dv)  # type: ignore[arg-type]
         return _rms_back(dh, dl.attn_norm, s["hn"], s["hinv"])  # type: ignore[arg-type]
 
     def _mlp(self, dl: DenseLayer, x: F32, sv: _Saved) -> F32:
         h, hn, hinv = _rms(x, dl.ffn_norm, self.cfg.norm_eps)
         g = h @ dl.gate.T  # (N, ffn)
         u = h @ dl.up.T
-        a, da = _act(self.cfg.activation, g)
+        a, da = act_and_grad(self.cfg.activation, g)
         sv.mlp = {"h": h, "hn": hn, "hinv": hinv, "a": a, "da": da, "u": u}
         return (a * u) @ dl.down.T  # (N, hidden), before any post-FFN norm
 
@@ -330,32 +264,38 @@ class Tail:
 
     def prepare(self, ctxs: Sequence[TailContext], full_resid: Sequence[F32]) -> None:
         """Fill each context's prefix keys/values for the layers above `first`, from the residual
-        entering `first`'s MLP at ALL its positions (`full_resid[c]`, `(T, hidden)`), with nothing
-        injected. Runs the tail once over every whole sequence, all contexts' rows in each matmul
-        (one (sum T, hidden) GEMM per weight, not one small one per context)."""
-        if not ctxs:
-            return
+        entering `first`'s MLP at its positions (`full_resid[c]`, `(T, hidden)`), with nothing
+        injected. Positions before the subject see nothing after them (causal), so only those run,
+        each distinct prefix once (a batch's contexts share the model-written prefixes and each
+        relation's template), all of them stacked in each matmul."""
         cfg = self.cfg
         empty = np.zeros((0, cfg.n_kv_heads, cfg.head_dim), np.float32)
-        fulls = [TailContext(c.ids, 0, r, np.zeros(0, np.int64), prefix_kv=[]) for c, r in zip(ctxs, full_resid)]
-        bounds = np.cumsum([0] + [len(c.ids) for c in ctxs])
-        positions = np.concatenate([np.arange(len(c.ids)) for c in ctxs])
-        x = np.concatenate(full_resid).astype(np.float32)  # (sum T, hidden)
-        dl = self.layers[self.first]
-        x = x + self._post_ffn(dl, self._mlp(dl, x, _Saved()))
-        for c in ctxs:
-            c.prefix_kv = []
-        for slot, i in enumerate(range(self.first + 1, cfg.n_layers)):
-            dl = self.layers[i]
-            h, _, _ = _rms(x, dl.attn_norm, cfg.norm_eps)
-            _, k, v, _ = self._qkv(i, dl, h, positions)  # (sum T, n_kv, d)
-            for j, c in enumerate(ctxs):
-                own = slice(bounds[j], bounds[j] + c.start)  # this context's positions before its subject
-                c.prefix_kv.append((k[own].copy(), v[own].copy()))
-            for f in fulls:
-                f.prefix_kv.append((empty, empty))
-            x = x + self._attention(i, dl, x, fulls, slot, _Saved())
+        prefixes = [tuple(c.ids[: c.start].tolist()) for c in ctxs]
+        first_of: dict[tuple[int, ...], int] = {}
+        for j, prefix in enumerate(prefixes):
+            first_of.setdefault(prefix, j)
+        runs = [j for j in first_of.values() if ctxs[j].start]  # one context per distinct, non-empty prefix
+        kv: dict[int, list[tuple[F32, F32]]] = {j: [] for j in runs}
+        if runs:
+            fulls = [TailContext(ctxs[j].ids[: ctxs[j].start], 0, full_resid[j][: ctxs[j].start],
+                                 np.zeros(0, np.int64)) for j in runs]
+            bounds = np.cumsum([0] + [f.n for f in fulls])
+            positions = np.concatenate([np.arange(f.n) for f in fulls])
+            x = np.concatenate([f.resid for f in fulls]).astype(np.float32)  # (sum of prefixes, hidden)
+            dl = self.layers[self.first]
             x = x + self._post_ffn(dl, self._mlp(dl, x, _Saved()))
+            for slot, i in enumerate(range(self.first + 1, cfg.n_layers)):
+                dl = self.layers[i]
+                h, _, _ = _rms(x, dl.attn_norm, cfg.norm_eps)
+                _, k, v, _ = self._qkv(i, dl, h, positions)  # (sum of prefixes, n_kv, d)
+                for f, j, lo, hi in zip(fulls, runs, bounds[:-1], bounds[1:]):
+                    kv[j].append((k[lo:hi].copy(), v[lo:hi].copy()))
+                    f.prefix_kv.append((empty, empty))
+                if i < cfg.n_layers - 1:  # the last layer's output feeds nothing here
+                    x = x + self._attention(i, dl, x, fulls, slot, _Saved())
+                    x = x + self._post_ffn(dl, self._mlp(dl, x, _Saved()))
+        for c, prefix in zip(ctxs, prefixes):
+            c.prefix_kv = kv.get(first_of[prefix], [(empty, empty)] * (cfg.n_layers - self.first - 1))
 
     def _post_ffn(self, dl: DenseLayer, m: F32, sv: _Saved | None = None) -> F32:
         if dl.post_ffn_norm is None:
@@ -414,5 +354,5 @@ class Tail:
             if i == self.first:
                 break  # the residual entering the first MLP is a constant
             dx = dx + self._mlp_back(dl, dm, sv)
-            dx = dx + self._attention_back(dl, dx, ctxs, sv)
+            dx = dx + self._attention_back(dl, dx, sv)
         return grads
