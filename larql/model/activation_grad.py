@@ -1,8 +1,8 @@
 """act(g) and act'(g) in one pass over the gate scores, for the hand-written backward (grad.py).
 
 numpy spent ~45 ms on a value step's (1090, 2048) gate scores (a dozen passes, tanh in float32): half
-of each MLP block of the tail, 6 of a 38 s value step for 32 facts. One numba pass on every core
-takes ~7 ms. tanh is written with exp (tanh u = sign(u) (1 - e) / (1 + e), e = exp(-2|u|)), which
+of each MLP block of the tail. One numba pass takes ~14 ms — on one thread: on both cores it took 7 ms
+alone but numba's workers, spinning after the parallel loop, slowed the BLAS calls around it. tanh is written with exp (tanh u = sign(u) (1 - e) / (1 + e), e = exp(-2|u|)), which
 numba inlines: within ~1e-6 of numpy's (test); fast-math without the no-NaN/no-Inf assumptions, so
 a gate far below 0 (an inserted neuron's) still gives exp overflow -> 0 as it should.
 """
