@@ -13,6 +13,7 @@ import fcntl
 import os
 import pty
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -33,7 +34,10 @@ TOKENS = "10"
 
 def _controlling_terminal() -> None:
     """In the child: a session of its own whose controlling terminal is the pty (stdin), so that
-    Ctrl-C typed there sends it SIGINT as a real terminal would."""
+    Ctrl-C typed there sends it SIGINT as a real terminal would — and SIGINT handled as in a terminal:
+    a test run started in the background of a non-interactive shell has SIGINT ignored, and an ignored
+    signal stays ignored across exec (Python then installs no KeyboardInterrupt handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.setsid()
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
