@@ -20,11 +20,16 @@ _CHUNK = 4096
 
 
 @njit(cache=True, fastmath=_FAST)
-def _gelu_tanh(g, a, da):
+def _act_and_grad(g, a, da, silu):
     n = g.shape[0]
     for b in range((n + _CHUNK - 1) // _CHUNK):
         for i in range(b * _CHUNK, min(n, (b + 1) * _CHUNK)):
             x = g[i]
+            if silu:
+                s = np.float32(1.0) / (np.float32(1.0) + np.exp(-x))
+                a[i] = x * s
+                da[i] = s * (np.float32(1.0) + x * (np.float32(1.0) - s))
+                continue
             u = _C * (x + np.float32(0.044715) * x * x * x)
             e = np.exp(np.float32(-2.0) * np.abs(u))
             t = (np.float32(1.0) - e) / (np.float32(1.0) + e)
@@ -35,20 +40,9 @@ def _gelu_tanh(g, a, da):
                      * _C * (np.float32(1.0) + np.float32(3 * 0.044715) * x * x))
 
 
-@njit(cache=True, fastmath=_FAST)
-def _silu(g, a, da):
-    n = g.shape[0]
-    for b in range((n + _CHUNK - 1) // _CHUNK):
-        for i in range(b * _CHUNK, min(n, (b + 1) * _CHUNK)):
-            x = g[i]
-            s = np.float32(1.0) / (np.float32(1.0) + np.exp(-x))
-            a[i] = x * s
-            da[i] = s * (np.float32(1.0) + x * (np.float32(1.0) - s))
-
-
 def act_and_grad(kind: str, g: F32) -> tuple[F32, F32]:
     """act(g) and act'(g), float32 of g's shape, for "gelu_tanh" or "silu"."""
     flat = np.ascontiguousarray(g, dtype=np.float32).reshape(-1)
     a, da = np.empty_like(flat), np.empty_like(flat)
-    (_gelu_tanh if kind == "gelu_tanh" else _silu)(flat, a, da)
+    _act_and_grad(flat, a, da, kind != "gelu_tanh")
     return a.reshape(g.shape), da.reshape(g.shape)

@@ -59,13 +59,13 @@ def pack(starts: Sequence[int], lengths: Sequence[int]) -> list[Block]:
     n = np.asarray(lengths, np.int64) - np.asarray(starts, np.int64)
     offsets = np.concatenate([[0], np.cumsum(n)[:-1]]).astype(np.int64)
     order = np.argsort(np.asarray(lengths), kind="stable")
-    blocks, current = [], []  # type: ignore[var-annotated]
-    for c in order:
-        grown = current + [int(c)]
-        if current and len(grown) * max(n[grown]) * max(lengths[i] for i in grown) > BLOCK_CELLS:
+    blocks, current, n_max = [], [], 0  # type: ignore[var-annotated]
+    for c in order:  # by length: the context just added is the block's longest
+        if current and (len(current) + 1) * max(n_max, n[c]) * lengths[c] > BLOCK_CELLS:
             blocks.append(_block(current, starts, lengths, n, offsets))
-            grown = [int(c)]
-        current = grown
+            current, n_max = [], 0
+        current.append(int(c))
+        n_max = max(n_max, int(n[c]))
     if current:
         blocks.append(_block(current, starts, lengths, n, offsets))
     return blocks
