@@ -47,6 +47,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.prompt is None and (args.top or args.json):
         sys.stderr.write("larql: error: --top and --json need a prompt (without one, larql run opens a chat)\n")
         return 2
+    from larql.model.prewarm import start
+
+    start(args.model)  # a fresh install: a second process compiles half the kernels
     model = larql.load(args.model)
     if args.ffn:
         try:

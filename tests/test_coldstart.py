@@ -75,3 +75,41 @@ def test_cache_dir_follows_larql_cache_then_xdg() -> None:
     assert cache_dir({"XDG_CACHE_HOME": "/y", "HOME": "/h"}) == Path("/y/larql")
     assert cache_dir({"XDG_CACHE_HOME": "relative", "HOME": "/h"}) == Path("/h/.cache/larql")
     assert cache_dir({"HOME": "/h"}) == Path("/h/.cache/larql")
+
+
+def _with_numba_cache(code: str, numba_cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "NUMBA_CACHE_DIR": str(numba_cache),
+           "LARQL_CACHE": str(numba_cache.parent / "larql"), "NUMBA_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, *(["-c", code] if code else []), *args], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT, check=False, env=env)
+
+
+def test_the_second_process_compiles_every_kernel_a_run_needs(tmp_path: Path) -> None:
+    numba_cache = tmp_path / "numba"
+    check = "from larql.model.prewarm import kernels_cached\nprint(kernels_cached())"
+    assert _with_numba_cache(check, numba_cache).stdout.strip() == "False"  # a fresh install
+    child = _with_numba_cache("", numba_cache, "-m", "larql.model.prewarm", "gemma3-270m")
+    assert child.returncode == 0, child.stderr
+    assert _with_numba_cache(check, numba_cache).stdout.strip() == "True"
+    # a generation afterwards compiles nothing: every kernel it calls comes from the cache
+    run = ("import sys\nfrom larql.cli import main\nfrom numba.core.registry import CPUDispatcher\n"
+           "try:\n    main(['run', 'gemma3-270m', 'The capital of France is', '--max-tokens', '3'])\n"
+           "except SystemExit:\n    pass\n"
+           "import gc\nmisses = sorted(d.py_func.__qualname__ for d in gc.get_objects() if isinstance(d, CPUDispatcher)"
+           " and d.py_func.__module__.startswith('larql') and sum(d.stats.cache_misses.values()))\nprint(misses)")
+    got = _with_numba_cache(run, numba_cache)
+    assert got.returncode == 0 and got.stdout.strip().splitlines()[-1] == "[]", got.stdout + got.stderr
+    assert "Paris" in got.stdout or "capital" in got.stdout
+
+
+def test_no_second_process_when_turned_off() -> None:
+    import os
+
+    from larql.model import prewarm
+
+    old = os.environ.get(prewarm.ENV_VAR)
+    os.environ[prewarm.ENV_VAR] = "0"
+    try:
+        assert prewarm.start("gemma3-270m") is None
+    finally:
+        os.environ.pop(prewarm.ENV_VAR) if old is None else os.environ.__setitem__(prewarm.ENV_VAR, old)
