@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -44,6 +45,10 @@ def kernels_cached() -> bool:
 
 def start(model: str) -> subprocess.Popen[bytes] | None:
     """Start compiling `model`'s kernels from the back in a detached process (None: not needed)."""
+    from larql.model.load import ALIASES
+
+    if model not in ALIASES and not Path(model).expanduser().exists():
+        return None  # the run itself says what is wrong with the name
     if os.environ.get(ENV_VAR, "1") == "0" or kernels_cached():
         return None
     env = dict(os.environ, NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
