@@ -1,7 +1,8 @@
 """Cold start: whole-process times of `larql --help`, `larql lql --plan`, and the first
 `larql run MODEL "..."` after a fresh install (empty numba and larql caches) against a warm one;
 a first run's two compiling processes (`larql.model.prewarm`) against one; plus the LQL parser's
-tables built afresh against loaded from the cache. A first run's CPU includes its second process's.
+tables built afresh against loaded from the cache. CPU is the machine's over each run (its second
+process's included): run it on a quiet machine.
 
     python benchmarks/bench_coldstart.py [--model gemma3-270m] [--runs 3]
 
@@ -29,39 +30,31 @@ from larql.bench import machine
 PROMPT = "The capital of France is"
 
 
-def _cpu_of(pid: int) -> float:
-    """user + system CPU seconds of a running process (/proc), 0 when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def machine_cpu() -> float:
+    """CPU seconds the whole machine has spent busy since boot (/proc/stat: user, nice, system)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:4]
+    return sum(int(f) for f in fields) / os.sysconf("SC_CLK_TCK")
 
 
-def prewarm_cpu() -> float:
-    """Wait for a detached `larql.model.prewarm` process (a first run's second compiler) to end, and
-    return the CPU seconds it used: a cold run's cost includes it, and the next run must not overlap it."""
-    pids = subprocess.run(["pgrep", "-f", "larql.model.prewarm"], capture_output=True, text=True).stdout.split()
-    total = 0.0
-    for pid in map(int, pids):
-        last = _cpu_of(pid)
-        while Path(f"/proc/{pid}").exists():
-            last = max(last, _cpu_of(pid))
-            time.sleep(0.05)
-        total += last
-    return total
+def wait_for_prewarm() -> None:
+    """Wait for a detached `larql.model.prewarm` process (a first run's second compiler) to end: the
+    next run must not overlap it."""
+    while subprocess.run(["pgrep", "-f", "larql.model.prewarm"], capture_output=True).returncode == 0:
+        time.sleep(0.05)
 
 
 def wall(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """(wall seconds, user + system CPU seconds) of one process run to completion, plus any second
-    compiler process it started."""
-    t0 = time.perf_counter()
+    """(wall seconds, CPU seconds) of one process run to completion. The CPU is the whole machine's
+    over the run and any second compiling process it started (a first run's cost includes that
+    process's), so it is meaningful on a quiet machine only: the load average is printed with it."""
+    cpu0, t0 = machine_cpu(), time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    _, status, usage = os.wait4(proc.pid, 0)
+    _, status, _ = os.wait4(proc.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{' '.join(argv)} failed")
     seconds = time.perf_counter() - t0
-    return seconds, usage.ru_utime + usage.ru_stime + prewarm_cpu()
+    wait_for_prewarm()
+    return seconds, machine_cpu() - cpu0
 
 
 def parser_tables(env: dict[str, str]) -> dict[str, float]:

@@ -22,7 +22,7 @@ from larql.model.hf_config import config_from_hf
 from larql.model.hf_names import SANDWICH_ARCHS, hf_tensor
 from larql.model.model import Model
 from larql.model.tokenizer import tokenizer_from_gguf, tokenizer_from_hf
-from larql.model.weights import SafetensorsSource, load_weights
+from larql.model.weights import SafetensorsSource, Weights, load_weights
 
 
 def _gemma3_270m() -> Path:
@@ -89,6 +89,12 @@ def load_path(name: str, path: Path) -> Model:
 
 
 def _load_gguf(name: str, path: Path) -> Model:
+    gguf, cfg, weights = gguf_weights(path)
+    return Model(name, path, cfg, weights, tokenizer_from_gguf(gguf.metadata, str(path)))
+
+
+def gguf_weights(path: Path) -> tuple[GGUFFile, ModelConfig, Weights]:
+    """A GGUF file's configuration and memory-mapped weights, without its tokenizer."""
     gguf = GGUFFile(path)
     tied = "output.weight" not in gguf.tensors
     cfg = config_from_gguf(gguf.metadata, str(path), tied)
@@ -99,7 +105,7 @@ def _load_gguf(name: str, path: Path) -> Model:
     weights = load_weights(FusedGGUF(gguf, cfg) if is_fused(gguf, cfg) else gguf, cfg)
     if cfg.vocab == 0:
         cfg = replace(cfg, vocab=weights.output.n_rows)
-    return Model(name, path, cfg, weights, tokenizer_from_gguf(gguf.metadata, str(path)))
+    return gguf, cfg, weights
 
 
 def rope_freq_factors(gguf: GGUFFile, cfg: ModelConfig) -> tuple[float, ...]:

@@ -1,17 +1,18 @@
-"""The first run after install: compile half of a model's numba kernels in a second process.
+"""The first run after install: compile the kernels a generation needs last in a second process.
 
-A fresh install has no compiled kernels, and `larql run gemma3-270m ...` spent ~14 of its ~17 s
+A fresh install has no compiled kernels, and `larql run gemma3-270m ...` spent ~15 of its ~19 s
 compiling them, one after another on one core (numba compiles on the calling thread, under a
 process-wide lock, so threads cannot share the work). A second process can: it loads the same
-model (memory-mapped, ~1 s) and runs the operations the generating process needs *last* — the
-lm_head's argmax, then one weight of each quantization type from the last one met to the first,
-then a decode step — so that numba's cache holds them by the time the first process, compiling from
-the front, gets there (numba looks in its cache before compiling any signature, and writes an entry
-atomically). The two meet in the middle; at worst both compile one kernel.
+model (memory-mapped) and runs, on zeros, what the generating process reaches last — the lm_head's
+greedy argmax (its candidate pass, ~5 s to compile) and the last quantization type a forward pass
+meets — so that numba's cache holds them by the time the first process gets there (numba looks in
+its cache before compiling a signature, and writes entries atomically). No more than that: a second
+process that went on compiling from the back met the first in the middle and both compiled the same
+kernels (measured: wall 15 s, but 29 s of CPU against 19.5 s for one process alone).
 
-Started only when the decode kernels are missing from numba's cache (`kernels_cached`), never
-waited for: if the first process finishes first, the second still fills the cache for the next run.
-`LARQL_PREWARM=0` turns it off.
+Started only when numba's cache has no decode kernels (`kernels_cached`: no run has finished
+before), never waited for: if the first process ends first, the second still fills the cache for
+the next run. `LARQL_PREWARM=0` turns it off.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from larql.model.model import Model
+    from larql.model.weights import Weights
     from larql.quant.tensor import QuantMatrix
 
 ENV_VAR = "LARQL_PREWARM"
@@ -44,7 +45,7 @@ def kernels_cached() -> bool:
 
 
 def start(model: str) -> subprocess.Popen[bytes] | None:
-    """Start compiling `model`'s kernels from the back in a detached process (None: not needed)."""
+    """Start compiling what `model`'s generation needs last in a detached process (None: not needed)."""
     from larql.model.load import ALIASES
 
     if model not in ALIASES and not Path(model).expanduser().exists():
@@ -60,35 +61,37 @@ def start(model: str) -> subprocess.Popen[bytes] | None:
         return None
 
 
-def _matrices_from_the_back(model: Model) -> list[QuantMatrix]:
-    """One matrix of each quantization type, ordered last-met first in a forward pass's order."""
+def last_type_met(weights: Weights) -> QuantMatrix | None:
+    """A matrix of the quantization type a forward pass meets last (layer by layer, q to down)."""
     seen: dict[int, QuantMatrix] = {}
-    for layer in model.weights.layers:
+    for layer in weights.layers:
         for name in ("q", "k", "v", "o", "gate", "up", "down"):
             mat = getattr(layer, name)
             if mat is not None and int(mat.qtype) not in seen:
                 seen[int(mat.qtype)] = mat
-    return list(reversed(seen.values()))
+    return list(seen.values())[-1] if seen else None
 
 
-def compile_from_the_back(model: Model) -> None:
-    """Run what a generating process runs last, first: its kernels land in numba's cache."""
-    out = model.weights.output
+def compile_the_end(weights: Weights) -> None:
+    """Run on zeros what a generating process reaches last: its kernels land in numba's cache."""
+    out = weights.output
     out.argmax_matvec(np.zeros(out.n_cols, np.float32))  # the lm_head's candidate pass
-    for mat in _matrices_from_the_back(model):
+    mat = last_type_met(weights)
+    if mat is not None:
         mat.matmul(np.zeros((2, mat.n_cols), np.float32))  # a short prompt's kernel
         mat.matmul(np.zeros(mat.n_cols, np.float32))  # a decode step's
-    cache = model.new_cache(4)
-    model.next_logits(model.tokenize("a b")[-2:], cache)
-    model.next_token(model.tokenize("c")[-1:], cache)  # the decode step's attention and norms
 
 
 def main(argv: list[str] | None = None) -> int:
-    from larql.model.load import load
+    from larql.model.load import gguf_weights, resolve
 
     args = sys.argv[1:] if argv is None else argv
     try:
-        compile_from_the_back(load(args[0]))  # a vindex directory fails here: its run compiles alone
+        _, path = resolve(args[0])
+        if path.is_dir():  # an HF directory runs in float32, a vindex its own way: nothing to share
+            return 0
+        compile_the_end(gguf_weights(path)[2])  # no tokenizer: the first process builds its own
+
     except Exception:  # a cache that stays cold is the only cost; the run reports its own errors
         return 1
     return 0
