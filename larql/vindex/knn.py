@@ -35,12 +35,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Int8Gates:
-    """A layer's gate rows as int8 codes `(n, hidden)` times a per-row scale, with the bound terms."""
+    """A layer's gate rows as int8 codes `(n, hidden)` times a per-row scale, with the bound terms.
+    The codes' rows are padded with zeros to a multiple of 32 columns (the VNNI pass's blocks)."""
 
     codes: NDArray[np.int8]
     scales: NDArray[np.float32]  # (n,) a row is codes * scale
     err: NDArray[np.float64]  # (n,) ||g - codes * scale||_2, computed in float64
     absmax: NDArray[np.float64]  # (n,) max |codes * scale|, for the summation-error term
+    gnorm: NDArray[np.float64]  # (n,) ||codes * scale||_2, rounded up, for the query's rounding
 
 
 def build_index(gates: NDArray[np.floating]) -> Any:
@@ -74,23 +76,66 @@ def build_int8(gates: NDArray[np.floating]) -> Int8Gates:
     from larql.vindex import knn_kernels  # numba: loaded with the first KNN, not with the store
 
     n, h = gates.shape
-    codes = np.empty((n, h), np.int8)
-    scales, err, absmax = np.empty(n, np.float32), np.empty(n, np.float64), np.empty(n, np.float64)
+    codes = np.zeros((n, -(-h // 32) * 32), np.int8)
+    scales, err, absmax, gnorm = np.empty(n, np.float32), np.empty(n), np.empty(n), np.empty(n)
     for lo in range(0, n, 1024):
         rows = slice(lo, min(n, lo + 1024))
-        knn_kernels.quantize_rows(np.asarray(gates[rows], dtype=np.float32), codes[rows], scales[rows], err[rows], absmax[rows])
-    return Int8Gates(codes, scales, err, absmax)
+        knn_kernels.quantize_rows(np.asarray(gates[rows], dtype=np.float32), codes[rows], scales[rows], err[rows],
+                                  absmax[rows], gnorm[rows])
+    return Int8Gates(codes, scales, err, absmax, gnorm)
 
 
-def top_abs(gates: NDArray[np.floating], index: Int8Gates, q: NDArray[np.float32], k: int) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-    """(feature ids, exact float32 scores) of at least the k largest |gate . q|, unsorted."""
+def approx_bounds(index: Int8Gates, q: NDArray[np.float32], vnni: bool | None = None) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """(lo, hi) per feature: |approx| -/+ a bound on |approx - F|, F the float32 score the rescoring
+    computes from the stored row (so lo <= |F| <= hi). q: `(hidden,)` float32, finite.
+
+    int8 x int8 (`vnni`, default: the CPU has AVX-512 VNNI): with g the stored row, g^ = c * s its
+    int8 copy, q^ the query in two int8 digits per value (per 32 values a scale,
+    knn_kernels.quantize_query) and A the pass's score (every block's int32 dot exact, times the
+    query block's scale, summed in float32 over 4 x 8 lanes and n_b = hp/32 blocks, each term
+    rounded at most n_b + 14 times; times s in float64, exactly),
+      |g.q - g^.q|   <= ||g - g^|| ||q||                     (Cauchy-Schwarz; err, kept per row)
+      |g^.q - g^.q^| <= ||g^|| ||q - q^||                    (Cauchy-Schwarz; gnorm, kept per row)
+      |A - g^.q^|    <= c ||g^|| ||q^|| + s n_f 2^-150       (the float32 sum of the scaled int32
+                        dots: sum_j |c_j q^_j| <= ||c|| ||q^||, c = 1.01 (n_b + 16)
+                        2^-24; the second term for products and sums that underflow, n_f <= 16 n_b + 16)
+      |F - g.q|      <= h 2^-23 ||g|| ||q||                  (2x the worst float32 error of a sum of
+                        h products in any order, the rescoring: sum_j |g_j q_j| <= ||g|| ||q||,
+                        ||g|| <= ||g^|| + ||g - g^||)
+    and the bound is their sum, times 1 + 1e-9 for the float64 arithmetic that forms it. With q^
+    off q by ~1/512 of a block's scale per value, the second term is ~1/50 of the first and the
+    rows rescored are those of the int8 x float32 pass (below), or fewer.
+
+    int8 x float32 (no VNNI, or a query too large or not finite): A = s * sum_j c_j q_j in float32,
+    whose summation error and the rescoring's are within h 2^-21 max|g^| ||q||_1 (8x the worst of
+    one), plus the first term above."""
     from larql.vindex import knn_kernels
-    n, h = index.codes.shape
-    # |exact - approx| <= ||g - g8|| ||q|| (rounding to int8) + h * 2^-21 * max|g8| * ||q||_1 (8x the
-    # worst float32 error of a sum of h products in any order, covering this pass and the rescoring)
+
+    n, hp = index.codes.shape
+    qp = np.zeros(hp, np.float32)
+    qp[:len(q)] = q
     q_l1, q_l2 = float(np.abs(q).sum(dtype=np.float64)), float(np.linalg.norm(q.astype(np.float64)))
-    lo, hi = np.empty(n), np.empty(n)  # |approx| -/+ that bound
-    knn_kernels.int8_bounds(index.codes, index.scales, index.err, index.absmax, q, q_l2, q_l1 * h * 2.0 ** -21, lo, hi)
+    lo, hi = np.empty(n), np.empty(n)
+    if (knn_kernels.HAVE_VNNI if vnni is None else vnni) and q_l1 < 2.0 ** 100:  # finite, no float32 overflow
+        nb = hp // 32
+        q1, q2, dq = np.empty(hp, np.int8), np.empty(hp, np.int8), np.empty(nb, np.float32)
+        n1, n2 = np.empty(8 * nb, np.int32), np.empty(8 * nb, np.int32)
+        q_err, q_hat = knn_kernels.quantize_query(qp, q1, q2, dq, n1, n2)
+        q_term = q_err + 1.01 * (nb + 16) * 2.0 ** -24 * q_hat
+        knn_kernels.vnni_bounds(index.codes, index.scales, index.err, index.gnorm, q1, q2, dq, n1, n2, q_l2, q_term,
+                                q_l2 * hp * 2.0 ** -23, (16 * nb + 16) * 2.0 ** -150, lo, hi)
+    else:
+        knn_kernels.int8_bounds(index.codes, index.scales, index.err, index.absmax, qp, q_l2, q_l1 * hp * 2.0 ** -21, lo, hi)
+    return lo, hi
+
+
+def top_abs(gates: NDArray[np.floating], index: Int8Gates, q: NDArray[np.float32], k: int,
+            vnni: bool | None = None) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    """(feature ids, exact float32 scores) of at least the k largest |gate . q|, unsorted; `vnni`:
+    approx_bounds's (None: whether the CPU has AVX-512 VNNI)."""
+    from larql.vindex import knn_kernels
+    n = index.codes.shape[0]
+    lo, hi = approx_bounds(index, q, vnni)
     if k >= n:
         cand = np.arange(n)
     else:
