@@ -7,7 +7,11 @@ a and a bound e on |exact - a|: the row's rounding to int8 (||g - g8||, kept per
 Cauchy-Schwarz) plus float32 summation error. The k-th largest |a| - e is at most the k-th largest
 exact |score|, so a feature whose |a| + e is below it cannot be in the top k; the rest (a few
 percent of the rows) are rescored exactly from the stored rows: the exact top-k, proven per query.
-At Gemma-3-4B shapes (10,240 x 2,560 f16) that reads 26 MB instead of two scans of 52 MB.
+At Gemma-3-4B shapes (10,240 x 2,560 f16) that reads 26 MB instead of two scans of 52 MB. With
+AVX-512 VNNI the scores are integer dot products: the query too is quantized (per 32 values a
+scale, two int8 digits per value held as an int16, so its rounding error, a third term of e, is
+~1/50 of the row's) and vpdpwssd multiplies it by the int8 rows (approx_bounds has the bound's
+derivation); without VNNI the int8 codes are widened to float32 and multiplied by q.
 
 A process that only browses keeps faiss, so that opening a vindex and a KNN load no numba (the
 cold start, tests/test_facade.py): faiss's flat inner-product index returns the largest scores;
@@ -89,16 +93,16 @@ def approx_bounds(index: Int8Gates, q: NDArray[np.float32], vnni: bool | None = 
     """(lo, hi) per feature: |approx| -/+ a bound on |approx - F|, F the float32 score the rescoring
     computes from the stored row (so lo <= |F| <= hi). q: `(hidden,)` float32, finite.
 
-    int8 x int8 (`vnni`, default: the CPU has AVX-512 VNNI): with g the stored row, g^ = c * s its
-    int8 copy, q^ the query in two int8 digits per value (per 32 values a scale,
-    knn_kernels.quantize_query) and A the pass's score (every block's int32 dot exact, times the
+    int8 x int16 (`vnni`, default: the CPU has AVX-512 VNNI; vpdpwssd): with g the stored row, g^ =
+    c * s its int8 copy, q^ the query in two int8 digits per value held as one int16 (per 32 values
+    a scale, knn_kernels.quantize_query) and A the pass's score (every block's int32 dot exact, times the
     query block's scale, summed in float32 over 4 x 8 lanes and n_b = hp/32 blocks, each term
     rounded at most n_b + 14 times; times s in float64, exactly),
       |g.q - g^.q|   <= ||g - g^|| ||q||                     (Cauchy-Schwarz; err, kept per row)
       |g^.q - g^.q^| <= ||g^|| ||q - q^||                    (Cauchy-Schwarz; gnorm, kept per row)
       |A - g^.q^|    <= c ||g^|| ||q^|| + s n_f 2^-150       (the float32 sum of the scaled int32
                         dots: sum_j |c_j q^_j| <= ||c|| ||q^||, c = 1.01 (n_b + 16)
-                        2^-24; the second term for products and sums that underflow, n_f <= 16 n_b + 16)
+                        2^-24; the second term for products and sums that underflow, n_f <= 16 n_b + 31)
       |F - g.q|      <= h 2^-23 ||g|| ||q||                  (2x the worst float32 error of a sum of
                         h products in any order, the rescoring: sum_j |g_j q_j| <= ||g|| ||q||,
                         ||g|| <= ||g^|| + ||g - g^||)
@@ -118,12 +122,11 @@ def approx_bounds(index: Int8Gates, q: NDArray[np.float32], vnni: bool | None = 
     lo, hi = np.empty(n), np.empty(n)
     if (knn_kernels.HAVE_VNNI if vnni is None else vnni) and q_l1 < 2.0 ** 100:  # finite, no float32 overflow
         nb = hp // 32
-        q1, q2, dq = np.empty(hp, np.int8), np.empty(hp, np.int8), np.empty(nb, np.float32)
-        n1, n2 = np.empty(8 * nb, np.int32), np.empty(8 * nb, np.int32)
-        q_err, q_hat = knn_kernels.quantize_query(qp, q1, q2, dq, n1, n2)
+        q16, dq = np.empty(hp, np.int16), np.empty(nb, np.float32)
+        q_err, q_hat = knn_kernels.quantize_query(qp, q16, dq)
         q_term = q_err + 1.01 * (nb + 16) * 2.0 ** -24 * q_hat
-        knn_kernels.vnni_bounds(index.codes, index.scales, index.err, index.gnorm, q1, q2, dq, n1, n2, q_l2, q_term,
-                                q_l2 * hp * 2.0 ** -23, (16 * nb + 16) * 2.0 ** -150, lo, hi)
+        knn_kernels.vnni_bounds(index.codes, index.scales, index.err, index.gnorm, q16, dq, q_l2, q_term,
+                                q_l2 * hp * 2.0 ** -23, (16 * nb + 32) * 2.0 ** -150, lo, hi)
     else:
         knn_kernels.int8_bounds(index.codes, index.scales, index.err, index.absmax, qp, q_l2, q_l1 * hp * 2.0 ** -21, lo, hi)
     return lo, hi

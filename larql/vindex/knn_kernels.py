@@ -1,5 +1,5 @@
 """The gate KNN's numba kernels (knn.py): int8 rows with their error terms, the bounded int8 pass
-(int8 x int8 with AVX-512 VNNI, or int8 x float32 without), exact rescoring of f16 rows. A module of
+(int8 x int16 with AVX-512 VNNI, or int8 x float32 without), exact rescoring of f16 rows. A module of
 its own so that opening a vindex loads no numba."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from larql.quant.argmax import HAVE_VNNI
 __all__ = ["HAVE_VNNI", "int8_bounds", "quantize_query", "quantize_rows", "rescore_f16", "vnni_bounds"]
 
 _BLOCKS = 64  # row blocks per pass (numba's threads take them in turn)
-_I8, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
-_V32I8, _V8I32, _V8F32 = ir.VectorType(_I8, 32), ir.VectorType(_I32, 8), ir.VectorType(_F32, 8)
+_I8, _I16, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+_V32I8, _V16I16 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16)
+_V8I32, _V8F32 = ir.VectorType(_I32, 8), ir.VectorType(_F32, 8)
 
 
 @njit(cache=True, parallel=True)
@@ -64,53 +65,45 @@ def int8_bounds(codes: NDArray[np.int8], scales: NDArray[np.float32], err: NDArr
 
 
 @intrinsic
-def _i8_row_dot_q16(typingctx, codes, r, q1, q2, dq, n1, n2):  # type: ignore[no-untyped-def]
-    """sum_k dq[k] * (the int32 dot of block k (32 columns) of codes row r with the query's 256 * q1
-    + q2 in block k), float32: 4 x 8 lanes, each summing every 4th block's int32 dots times dq[k]
-    (the remainder into the first 8), then the 32 added.
+def _i8_row_dot_i16(typingctx, codes, r, q16, dq):  # type: ignore[no-untyped-def]
+    """sum_k dq[k] * (the int32 dot of block k (32 columns) of int8 codes row r with the int16
+    query q16's block k), float32: 4 x 8 lanes, each summing every 4th block's int32 dots times
+    dq[k] (the remainder into the first 8), then the 32 added.
 
-    vpdpbusd multiplies unsigned by signed bytes, 4 products per int32 lane, added to the lane: the
-    row's codes c become unsigned as c ^ 0x80 = c + 128 (one xor), the query's codes stay signed,
-    and the +128 is taken back by starting each lane at n1[8k + lane] = -128 * (the sum of the q1
-    codes that lane meets), and likewise n2 for q2, both computed once per query. A lane holds
-    D1 = sum c * q1 (|D1| <= 4 * 127^2) after the first vpdpbusd, is shifted left by 8 and gets D2
-    from the second: 256 D1 + D2, exact in int32 and in float32 (|.| <= 257 * 4 * 127^2 < 2^24).
+    A block's 32 codes are sign-extended to two 16 x int16 vectors and multiplied by the query's
+    with vpdpwssd (AVX-512 VNNI: pairs of int16 products added to an int32 lane): a lane holds 4
+    products, |.| <= 4 * 127 * 32639 < 2^24, exact in int32 and in float32.
     """
-    sig = types.float32(codes, r, q1, q2, dq, n1, n2)
+    sig = types.float32(codes, r, q16, dq)
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        c_v, r_v, q1_v, q2_v, d_v, n1_v, n2_v = args
+        c_v, r_v, q_v, d_v = args
         ca = context.make_array(signature.args[0])(context, builder, c_v)
-        q1a = context.make_array(signature.args[2])(context, builder, q1_v)
-        q2a = context.make_array(signature.args[3])(context, builder, q2_v)
-        da = context.make_array(signature.args[4])(context, builder, d_v)
-        n1a = context.make_array(signature.args[5])(context, builder, n1_v)
-        n2a = context.make_array(signature.args[6])(context, builder, n2_v)
+        qa = context.make_array(signature.args[2])(context, builder, q_v)
+        da = context.make_array(signature.args[3])(context, builder, d_v)
         stride0 = cgutils.unpack_tuple(builder, ca.strides)[0]
         n_blocks = builder.sdiv(cgutils.unpack_tuple(builder, ca.shape)[1], ir.Constant(_I64, 32))
         row = builder.gep(ca.data, [builder.mul(r_v, stride0)], source_etype=_I8)
-        fnty = ir.FunctionType(_V8I32, [_V8I32, _V32I8, _V32I8])
-        dpbusd = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpbusd.256")
+        fnty = ir.FunctionType(_V8I32, [_V8I32, _V16I16, _V16I16])
+        dpwssd = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpwssd.256")
         accs = [cgutils.alloca_once_value(builder, ir.Constant(_V8F32, None)) for _ in range(4)]
-        c80 = ir.Constant(_V32I8, [ir.Constant(_I8, 0x80)] * 32)
-        c8 = ir.Constant(_V8I32, [ir.Constant(_I32, 8)] * 8)
+        first = ir.Constant(ir.VectorType(_I32, 16), list(range(16)))
+        second = ir.Constant(ir.VectorType(_I32, 16), list(range(16, 32)))
 
         def block(k, acc):  # type: ignore[no-untyped-def]
-            off, off8 = builder.mul(k, ir.Constant(_I64, 32)), builder.mul(k, ir.Constant(_I64, 8))
-            cv = builder.xor(builder.load(builder.gep(row, [off], source_etype=_I8), typ=_V32I8, align=1), c80)
-            q1v = builder.load(builder.gep(q1a.data, [off], source_etype=_I8), typ=_V32I8, align=1)
-            q2v = builder.load(builder.gep(q2a.data, [off], source_etype=_I8), typ=_V32I8, align=1)
-            s1 = builder.call(dpbusd, [builder.load(builder.gep(n1a.data, [off8], source_etype=_I32), typ=_V8I32, align=4),
-                                       cv, q1v])
-            start = builder.add(builder.shl(s1, c8),
-                                builder.load(builder.gep(n2a.data, [off8], source_etype=_I32), typ=_V8I32, align=4))
-            s = builder.call(dpbusd, [start, cv, q2v])
+            off = builder.mul(k, ir.Constant(_I64, 32))
+            cv = builder.load(builder.gep(row, [off], source_etype=_I8), typ=_V32I8, align=1)
+            qp = builder.gep(qa.data, [off], source_etype=_I16)
+            q_lo = builder.load(qp, typ=_V16I16, align=2)
+            q_hi = builder.load(builder.gep(qp, [ir.Constant(_I64, 16)], source_etype=_I16), typ=_V16I16, align=2)
+            s = builder.call(dpwssd, [ir.Constant(_V8I32, None), builder.sext(builder.shuffle_vector(cv, cv, first), _V16I16), q_lo])
+            s = builder.call(dpwssd, [s, builder.sext(builder.shuffle_vector(cv, cv, second), _V16I16), q_hi])
             d = builder.load(builder.gep(da.data, [k], source_etype=_F32), typ=_F32)
             splat = builder.insert_element(ir.Constant(_V8F32, None), d, ir.Constant(_I32, 0))
             splat = builder.shuffle_vector(splat, splat, ir.Constant(_V8I32, None))
             builder.store(builder.fadd(builder.load(acc), builder.fmul(builder.sitofp(s, _V8F32), splat)), acc)
 
-        # four accumulators, blocks 4g + i into the i-th (independent chains), the rest into the first
+        # four accumulators, independent chains: blocks 4g + i into the i-th, the rest into the first
         groups = builder.sdiv(n_blocks, ir.Constant(_I64, 4))
         with cgutils.for_range(builder, groups) as loop:
             for i in range(4):
@@ -129,13 +122,13 @@ def _i8_row_dot_q16(typingctx, codes, r, q1, q2, dq, n1, n2):  # type: ignore[no
 
 
 @njit(cache=True)
-def quantize_query(q: NDArray[np.float32], q1: NDArray[np.int8], q2: NDArray[np.int8], dq: NDArray[np.float32],
-                   n1: NDArray[np.int32], n2: NDArray[np.int32]) -> tuple[float, float]:  # pragma: no cover - numba
-    """The query q (length a multiple of 32) in two int8 digits per value: per 32 values d =
-    max|q_block| / 127, q1 = round(q / d) and q2 = round((q - q1 d) / (d / 256)), both in -127..127,
-    dq[k] = d / 256; so q^ = (256 q1 + q2) * dq, off q by ~d/512 per value (one int8 alone: d/2).
-    n1, n2 as _i8_row_dot_q16 wants them. Returns (||q - q^||, ||q^||) in float64, from q^ as
-    stored (its products exact in float64), whatever rounding formed the codes."""
+def quantize_query(q: NDArray[np.float32], q16: NDArray[np.int16],
+                   dq: NDArray[np.float32]) -> tuple[float, float]:  # pragma: no cover - numba
+    """The query q (length a multiple of 32) in two int8 digits per value, as one int16: per 32
+    values d = max|q_block| / 127, q1 = round(q / d) and q2 = round((q - q1 d) / (d / 256)), both
+    in -127..127, q16 = 256 q1 + q2 and dq[k] = d / 256; so q^ = q16 * dq, off q by ~d/512 per value
+    (one int8 digit: d/2). Returns (||q - q^||, ||q^||) in float64, from q^ as stored (products
+    exact in float64), whatever rounding formed the codes."""
     err2, hat2 = 0.0, 0.0
     for k in range(q.shape[0] // 32):
         top = np.float32(0.0)
@@ -146,35 +139,30 @@ def quantize_query(q: NDArray[np.float32], q1: NDArray[np.int8], q2: NDArray[np.
         dq[k] = d2
         inv = 1.0 / np.float64(d) if d > 0 else 0.0
         inv2 = 1.0 / np.float64(d2) if d2 > 0 else 0.0
-        for lane in range(8):
-            t1, t2 = 0, 0
-            for i in range(32 * k + 4 * lane, 32 * k + 4 * lane + 4):
-                x = np.float64(q[i])
-                c1 = min(max(np.round(x * inv), -127.0), 127.0)
-                c2 = min(max(np.round((x - c1 * np.float64(d)) * inv2), -127.0), 127.0)
-                q1[i], q2[i] = np.int8(c1), np.int8(c2)
-                t1 += int(c1)
-                t2 += int(c2)
-                hat = (256.0 * c1 + c2) * np.float64(d2)
-                err2 += (hat - x) ** 2
-                hat2 += hat * hat
-            n1[8 * k + lane], n2[8 * k + lane] = -128 * t1, -128 * t2
+        for i in range(32 * k, 32 * k + 32):
+            x = np.float64(q[i])
+            c1 = min(max(np.round(x * inv), -127.0), 127.0)
+            c2 = min(max(np.round((x - c1 * np.float64(d)) * inv2), -127.0), 127.0)
+            q16[i] = np.int16(256.0 * c1 + c2)
+            hat = (256.0 * c1 + c2) * np.float64(d2)
+            err2 += (hat - x) ** 2
+            hat2 += hat * hat
     return np.sqrt(err2), np.sqrt(hat2)
 
 
 @njit(cache=True, parallel=True)
 def vnni_bounds(codes: NDArray[np.int8], scales: NDArray[np.float32], err: NDArray[np.float64],
-                gnorm: NDArray[np.float64], q1: NDArray[np.int8], q2: NDArray[np.int8],
-                dq: NDArray[np.float32], n1: NDArray[np.int32], n2: NDArray[np.int32], q_l2: float, q_term: float,
-                slack: float, tiny: float, lo: NDArray[np.float64], hi: NDArray[np.float64]) -> None:  # pragma: no cover - numba
-    """lo[f], hi[f]: |approx| -/+ the bound, approx = scales[f] * _i8_row_dot_q16(row f) (the
+                gnorm: NDArray[np.float64], q16: NDArray[np.int16], dq: NDArray[np.float32], q_l2: float,
+                q_term: float, slack: float, tiny: float, lo: NDArray[np.float64],
+                hi: NDArray[np.float64]) -> None:  # pragma: no cover - numba
+    """lo[f], hi[f]: |approx| -/+ the bound, approx = scales[f] * _i8_row_dot_i16(row f) (the
     product in float64, exact), bound = (err[f] * q_l2 + gnorm[f] * q_term + (gnorm[f] + err[f])
     * slack + scales[f] * tiny) * (1 + 1e-9) (knn.approx_bounds)."""
     n = codes.shape[0]
     per = (n + _BLOCKS - 1) // _BLOCKS
     for b in prange(_BLOCKS):
         for f in range(b * per, min(n, (b + 1) * per)):
-            s = _i8_row_dot_q16(codes, f, q1, q2, dq, n1, n2)  # type: ignore[call-arg, var-annotated]
+            s = _i8_row_dot_i16(codes, f, q16, dq)  # type: ignore[call-arg, var-annotated]
             mag = abs(np.float64(s) * np.float64(scales[f]))
             bound = (err[f] * q_l2 + gnorm[f] * q_term + (gnorm[f] + err[f]) * slack
                      + np.float64(scales[f]) * tiny) * (1.0 + 1e-9)
