@@ -106,7 +106,9 @@ def approx_bounds(index: Int8Gates, q: NDArray[np.float32], vnni: bool | None = 
       |F - g.q|      <= h 2^-23 ||g|| ||q||                  (2x the worst float32 error of a sum of
                         h products in any order, the rescoring: sum_j |g_j q_j| <= ||g|| ||q||,
                         ||g|| <= ||g^|| + ||g - g^||)
-    and the bound is their sum, times 1 + 1e-9 for the float64 arithmetic that forms it. With q^
+    and the bound is their sum (h taken as hp, the padded width), times 1 + 1e-9 for the float64
+    arithmetic that forms it. The int32 dots need no limit on h: each block's is turned into float32
+    on its own. With q^
     off q by ~1/512 of a block's scale per value, the second term is ~1/50 of the first and the
     rows rescored are those of the int8 x float32 pass (below), or fewer.
 
