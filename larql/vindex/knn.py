@@ -108,9 +108,8 @@ def approx_bounds(index: Int8Gates, q: NDArray[np.float32], vnni: bool | None = 
                         ||g|| <= ||g^|| + ||g - g^||)
     and the bound is their sum (h taken as hp, the padded width), times 1 + 1e-9 for the float64
     arithmetic that forms it. The int32 dots need no limit on h: each block's is turned into float32
-    on its own. With q^
-    off q by ~1/512 of a block's scale per value, the second term is ~1/50 of the first and the
-    rows rescored are those of the int8 x float32 pass (below), or fewer.
+    on its own. With q^ off q by ~1/512 of a block's scale per value, the second term is ~1/50 of
+    the first, and the bound is narrower than the int8 x float32 pass's (below): fewer rows rescored.
 
     int8 x float32 (no VNNI, or a query too large or not finite): A = s * sum_j c_j q_j in float32,
     whose summation error and the rescoring's are within h 2^-21 max|g^| ||q||_1 (8x the worst of
