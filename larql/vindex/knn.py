@@ -7,7 +7,11 @@ a and a bound e on |exact - a|: the row's rounding to int8 (||g - g8||, kept per
 Cauchy-Schwarz) plus float32 summation error. The k-th largest |a| - e is at most the k-th largest
 exact |score|, so a feature whose |a| + e is below it cannot be in the top k; the rest (a few
 percent of the rows) are rescored exactly from the stored rows: the exact top-k, proven per query.
-At Gemma-3-4B shapes (10,240 x 2,560 f16) that reads 26 MB instead of two scans of 52 MB.
+At Gemma-3-4B shapes (10,240 x 2,560 f16) that reads 26 MB instead of two scans of 52 MB. With
+AVX-512 VNNI the scores are integer dot products: the query too is quantized (per 32 values a
+scale, two int8 digits per value held as an int16, so its rounding error, a third term of e, is
+~1/50 of the row's) and vpdpwssd multiplies it by the int8 rows (approx_bounds has the bound's
+derivation); without VNNI the int8 codes are widened to float32 and multiplied by q.
 
 A process that only browses keeps faiss, so that opening a vindex and a KNN load no numba (the
 cold start, tests/test_facade.py): faiss's flat inner-product index returns the largest scores;
@@ -35,12 +39,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Int8Gates:
-    """A layer's gate rows as int8 codes `(n, hidden)` times a per-row scale, with the bound terms."""
+    """A layer's gate rows as int8 codes `(n, hidden)` times a per-row scale, with the bound terms.
+    The codes' rows are padded with zeros to a multiple of 32 columns (the VNNI pass's blocks)."""
 
     codes: NDArray[np.int8]
     scales: NDArray[np.float32]  # (n,) a row is codes * scale
     err: NDArray[np.float64]  # (n,) ||g - codes * scale||_2, computed in float64
     absmax: NDArray[np.float64]  # (n,) max |codes * scale|, for the summation-error term
+    gnorm: NDArray[np.float64]  # (n,) ||codes * scale||_2, rounded up, for the query's rounding
 
 
 def build_index(gates: NDArray[np.floating]) -> Any:
@@ -74,23 +80,66 @@ def build_int8(gates: NDArray[np.floating]) -> Int8Gates:
     from larql.vindex import knn_kernels  # numba: loaded with the first KNN, not with the store
 
     n, h = gates.shape
-    codes = np.empty((n, h), np.int8)
-    scales, err, absmax = np.empty(n, np.float32), np.empty(n, np.float64), np.empty(n, np.float64)
+    codes = np.zeros((n, -(-h // 32) * 32), np.int8)
+    scales, err, absmax, gnorm = np.empty(n, np.float32), np.empty(n), np.empty(n), np.empty(n)
     for lo in range(0, n, 1024):
         rows = slice(lo, min(n, lo + 1024))
-        knn_kernels.quantize_rows(np.asarray(gates[rows], dtype=np.float32), codes[rows], scales[rows], err[rows], absmax[rows])
-    return Int8Gates(codes, scales, err, absmax)
+        knn_kernels.quantize_rows(np.asarray(gates[rows], dtype=np.float32), codes[rows], scales[rows], err[rows],
+                                  absmax[rows], gnorm[rows])
+    return Int8Gates(codes, scales, err, absmax, gnorm)
 
 
-def top_abs(gates: NDArray[np.floating], index: Int8Gates, q: NDArray[np.float32], k: int) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-    """(feature ids, exact float32 scores) of at least the k largest |gate . q|, unsorted."""
+def approx_bounds(index: Int8Gates, q: NDArray[np.float32], vnni: bool | None = None) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """(lo, hi) per feature: |approx| -/+ a bound on |approx - F|, F the float32 score the rescoring
+    computes from the stored row (so lo <= |F| <= hi). q: `(hidden,)` float32, finite.
+
+    int8 x int16 (`vnni`, default: the CPU has AVX-512 VNNI; vpdpwssd): with g the stored row, g^ =
+    c * s its int8 copy, q^ the query in two int8 digits per value held as one int16 (per 32 values
+    a scale, knn_kernels.quantize_query) and A the pass's score (every block's int32 dot exact, times the
+    query block's scale, summed in float32 over 4 x 8 lanes and n_b = hp/32 blocks, each term
+    rounded at most n_b + 14 times; times s in float64, exactly),
+      |g.q - g^.q|   <= ||g - g^|| ||q||                     (Cauchy-Schwarz; err, kept per row)
+      |g^.q - g^.q^| <= ||g^|| ||q - q^||                    (Cauchy-Schwarz; gnorm, kept per row)
+      |A - g^.q^|    <= c ||g^|| ||q^|| + s n_f 2^-150       (the float32 sum of the scaled int32
+                        dots: sum_j |c_j q^_j| <= ||c|| ||q^||, c = 1.01 (n_b + 16)
+                        2^-24; the second term for products and sums that underflow, n_f <= 16 n_b + 31)
+      |F - g.q|      <= h 2^-23 ||g|| ||q||                  (2x the worst float32 error of a sum of
+                        h products in any order, the rescoring: sum_j |g_j q_j| <= ||g|| ||q||,
+                        ||g|| <= ||g^|| + ||g - g^||)
+    and the bound is their sum (h taken as hp, the padded width), times 1 + 1e-9 for the float64
+    arithmetic that forms it. The int32 dots need no limit on h: each block's is turned into float32
+    on its own. With q^ off q by ~1/512 of a block's scale per value, the second term is ~1/50 of
+    the first, and the bound is narrower than the int8 x float32 pass's (below): fewer rows rescored.
+
+    int8 x float32 (no VNNI, or a query too large or not finite): A = s * sum_j c_j q_j in float32,
+    whose summation error and the rescoring's are within h 2^-21 max|g^| ||q||_1 (8x the worst of
+    one), plus the first term above."""
     from larql.vindex import knn_kernels
-    n, h = index.codes.shape
-    # |exact - approx| <= ||g - g8|| ||q|| (rounding to int8) + h * 2^-21 * max|g8| * ||q||_1 (8x the
-    # worst float32 error of a sum of h products in any order, covering this pass and the rescoring)
+
+    n, hp = index.codes.shape
+    qp = np.zeros(hp, np.float32)
+    qp[:len(q)] = q
     q_l1, q_l2 = float(np.abs(q).sum(dtype=np.float64)), float(np.linalg.norm(q.astype(np.float64)))
-    lo, hi = np.empty(n), np.empty(n)  # |approx| -/+ that bound
-    knn_kernels.int8_bounds(index.codes, index.scales, index.err, index.absmax, q, q_l2, q_l1 * h * 2.0 ** -21, lo, hi)
+    lo, hi = np.empty(n), np.empty(n)
+    if (knn_kernels.HAVE_VNNI if vnni is None else vnni) and q_l1 < 2.0 ** 100:  # finite, no float32 overflow
+        nb = hp // 32
+        q16, dq = np.empty(hp, np.int16), np.empty(nb, np.float32)
+        q_err, q_hat = knn_kernels.quantize_query(qp, q16, dq)
+        q_term = q_err + 1.01 * (nb + 16) * 2.0 ** -24 * q_hat
+        knn_kernels.vnni_bounds(index.codes, index.scales, index.err, index.gnorm, q16, dq, q_l2, q_term,
+                                q_l2 * hp * 2.0 ** -23, (16 * nb + 32) * 2.0 ** -150, lo, hi)
+    else:
+        knn_kernels.int8_bounds(index.codes, index.scales, index.err, index.absmax, qp, q_l2, q_l1 * hp * 2.0 ** -21, lo, hi)
+    return lo, hi
+
+
+def top_abs(gates: NDArray[np.floating], index: Int8Gates, q: NDArray[np.float32], k: int,
+            vnni: bool | None = None) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    """(feature ids, exact float32 scores) of at least the k largest |gate . q|, unsorted; `vnni`:
+    approx_bounds's (None: whether the CPU has AVX-512 VNNI)."""
+    from larql.vindex import knn_kernels
+    n = index.codes.shape[0]
+    lo, hi = approx_bounds(index, q, vnni)
     if k >= n:
         cand = np.arange(n)
     else:
