@@ -35,10 +35,12 @@ def default_layer(model_name: str, n_layers: int) -> int:
 # 40 fictional facts in one INSERT at one layer (ES / held-out prefixed prompt / paraphrase, unrelated
 # top-1s kept of 24, KL): layer 3 92.5 / 86.7 / 52.5, 20, 0.09; 4 95.0 / 99.2 / 55.0, 19, 0.14;
 # 6 97.5 / 86.7 / 50.0, 17, 0.49; 2 65.0 / 56.7 / 35.0, 16, 0.85 (not used). SmolLM2: its crown layer only.
-# Past 64 per layer a batch spreads over all of them, and density is what breaks large batches: the
-# 1,000 fictional facts in one INSERT over layers 3, 4, 6 (~333 neurons each) scored ES 37.1 / PS 23.2,
-# unrelated top-1s kept 29% (KL 3.7); over 3-8 (~167 each) ES 70.9 / PS 53.7, kept 54% (KL 0.65). Layers
-# 5, 7 and 8 come after 3, 4, 6 so that batches up to 192 facts keep the layers they were measured on.
+# Past 64 per layer a batch spreads over all of them: the 1,000 fictional facts in one INSERT over
+# layers 3, 4, 6 (~333 neurons each) scored ES 37.1 / PS 23.2, unrelated top-1s kept 29% (KL 3.7); over
+# 3-8 (~167 each) ES 70.9 / PS 53.7, kept 54% (KL 0.65). (160 facts all at layer 3: ES 100 / PS 93.0,
+# so what breaks the large batch is neurons of different layers meeting, not one layer's density;
+# layer 9 is weaker, PS 69.5 for 80 facts.) Layers 5, 7 and 8 come after 3, 4, 6 so that batches up
+# to 192 facts keep the layers they were measured on.
 NEURONS_PER_LAYER = 64
 NEURON_LAYERS: dict[str, tuple[int, ...]] = {"gemma3-270m": (3, 4, 6, 5, 7, 8), "smollm2-135m": (4,)}
 
