@@ -54,6 +54,30 @@ def host_has_vnni() -> bool:
 HAVE_VNNI = host_has_vnni()
 
 
+# LLVM IR pieces the int8 row-dot intrinsics share (here and vindex/knn_kernels.py)
+def ir_row(context, builder, arr_type, arr, r, block_bytes):
+    """(a pointer to row r of a 2-D byte-addressed array, its number of `block_bytes` blocks)."""
+    a = context.make_array(arr_type)(context, builder, arr)
+    stride0 = cgutils.unpack_tuple(builder, a.strides)[0]
+    n_blocks = builder.sdiv(cgutils.unpack_tuple(builder, a.shape)[1], ir.Constant(_I64, block_bytes))
+    return builder.gep(a.data, [builder.mul(r, stride0)], source_etype=_I8), n_blocks
+
+
+def ir_add_scaled(builder, acc, dots, scale):
+    """acc (8 x float32, in memory) += float(dots) (8 x int32) * scale (float32, splat)."""
+    splat = builder.insert_element(ir.Constant(_V8F32, None), scale, ir.Constant(_I32, 0))
+    splat = builder.shuffle_vector(splat, splat, ir.Constant(_V8I32, None))
+    builder.store(builder.fadd(builder.load(acc), builder.fmul(builder.sitofp(dots, _V8F32), splat)), acc)
+
+
+def ir_sum8(builder, v):
+    """v[0] + v[1] + ... + v[7] of 8 x float32, left to right."""
+    total = builder.extract_element(v, ir.Constant(_I32, 0))
+    for j in range(1, 8):
+        total = builder.fadd(total, builder.extract_element(v, ir.Constant(_I32, j)))
+    return total
+
+
 @intrinsic
 def _q8_0_row_dot_q8(typingctx, w, r, xu, dx):
     """sum_k d_k * dx[k] * (int8 dot of block k of row r with the activation's int8 block k), float32.
@@ -67,12 +91,9 @@ def _q8_0_row_dot_q8(typingctx, w, r, xu, dx):
 
     def codegen(context, builder, signature, args):
         w_v, r_v, xu_v, dx_v = args
-        wa = context.make_array(signature.args[0])(context, builder, w_v)
         xa = context.make_array(signature.args[2])(context, builder, xu_v)
         da = context.make_array(signature.args[3])(context, builder, dx_v)
-        stride0 = cgutils.unpack_tuple(builder, wa.strides)[0]
-        n_blocks = builder.sdiv(cgutils.unpack_tuple(builder, wa.shape)[1], ir.Constant(_I64, 34))
-        row = builder.gep(wa.data, [builder.mul(r_v, stride0)], source_etype=_I8)
+        row, n_blocks = ir_row(context, builder, signature.args[0], w_v, r_v, 34)
         fnty = ir.FunctionType(_V8I32, [_V8I32, _V32I8, _V32I8])
         dpbusd = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpbusd.256")
         acc = cgutils.alloca_once_value(builder, ir.Constant(_V8F32, None))
@@ -87,14 +108,8 @@ def _q8_0_row_dot_q8(typingctx, w, r, xu, dx):
                               typ=_V32I8, align=1)
             s = builder.sub(builder.call(dpbusd, [zero, xv, wv]), builder.call(dpbusd, [zero, c128, wv]))
             scale = builder.fmul(d, builder.load(builder.gep(da.data, [k], source_etype=_F32), typ=_F32))
-            splat = builder.insert_element(ir.Constant(_V8F32, None), scale, ir.Constant(_I32, 0))
-            splat = builder.shuffle_vector(splat, splat, ir.Constant(_V8I32, None))
-            builder.store(builder.fadd(builder.load(acc), builder.fmul(builder.sitofp(s, _V8F32), splat)), acc)
-        v = builder.load(acc)
-        total = builder.extract_element(v, ir.Constant(_I32, 0))
-        for j in range(1, 8):
-            total = builder.fadd(total, builder.extract_element(v, ir.Constant(_I32, j)))
-        return total
+            ir_add_scaled(builder, acc, s, scale)
+        return ir_sum8(builder, builder.load(acc))
 
     return sig, codegen
 

@@ -11,7 +11,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numpy.typing import NDArray
 
-from larql.quant.argmax import HAVE_VNNI
+from larql.quant.argmax import HAVE_VNNI, ir_add_scaled, ir_row, ir_sum8
 
 __all__ = ["HAVE_VNNI", "int8_bounds", "quantize_query", "quantize_rows", "rescore_f16", "vnni_bounds"]
 
@@ -78,12 +78,9 @@ def _i8_row_dot_i16(typingctx, codes, r, q16, dq):  # type: ignore[no-untyped-de
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         c_v, r_v, q_v, d_v = args
-        ca = context.make_array(signature.args[0])(context, builder, c_v)
         qa = context.make_array(signature.args[2])(context, builder, q_v)
         da = context.make_array(signature.args[3])(context, builder, d_v)
-        stride0 = cgutils.unpack_tuple(builder, ca.strides)[0]
-        n_blocks = builder.sdiv(cgutils.unpack_tuple(builder, ca.shape)[1], ir.Constant(_I64, 32))
-        row = builder.gep(ca.data, [builder.mul(r_v, stride0)], source_etype=_I8)
+        row, n_blocks = ir_row(context, builder, signature.args[0], c_v, r_v, 32)
         fnty = ir.FunctionType(_V8I32, [_V8I32, _V16I16, _V16I16])
         dpwssd = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpwssd.256")
         accs = [cgutils.alloca_once_value(builder, ir.Constant(_V8F32, None)) for _ in range(4)]
@@ -98,10 +95,7 @@ def _i8_row_dot_i16(typingctx, codes, r, q16, dq):  # type: ignore[no-untyped-de
             q_hi = builder.load(builder.gep(qp, [ir.Constant(_I64, 16)], source_etype=_I16), typ=_V16I16, align=2)
             s = builder.call(dpwssd, [ir.Constant(_V8I32, None), builder.sext(builder.shuffle_vector(cv, cv, first), _V16I16), q_lo])
             s = builder.call(dpwssd, [s, builder.sext(builder.shuffle_vector(cv, cv, second), _V16I16), q_hi])
-            d = builder.load(builder.gep(da.data, [k], source_etype=_F32), typ=_F32)
-            splat = builder.insert_element(ir.Constant(_V8F32, None), d, ir.Constant(_I32, 0))
-            splat = builder.shuffle_vector(splat, splat, ir.Constant(_V8I32, None))
-            builder.store(builder.fadd(builder.load(acc), builder.fmul(builder.sitofp(s, _V8F32), splat)), acc)
+            ir_add_scaled(builder, acc, s, builder.load(builder.gep(da.data, [k], source_etype=_F32), typ=_F32))
 
         # four accumulators, independent chains: blocks 4g + i into the i-th, the rest into the first
         groups = builder.sdiv(n_blocks, ir.Constant(_I64, 4))
@@ -112,11 +106,7 @@ def _i8_row_dot_i16(typingctx, codes, r, q16, dq):  # type: ignore[no-untyped-de
         with cgutils.for_range(builder, builder.sub(n_blocks, done)) as loop:
             block(builder.add(done, loop.index), accs[0])
         a = [builder.load(x) for x in accs]
-        v = builder.fadd(builder.fadd(a[0], a[1]), builder.fadd(a[2], a[3]))
-        total = builder.extract_element(v, ir.Constant(_I32, 0))
-        for j in range(1, 8):
-            total = builder.fadd(total, builder.extract_element(v, ir.Constant(_I32, j)))
-        return total
+        return ir_sum8(builder, builder.fadd(builder.fadd(a[0], a[1]), builder.fadd(a[2], a[3])))
 
     return sig, codegen
 
