@@ -49,7 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     from larql.model.prewarm import start
 
-    start(args.model)  # a fresh install: a second process compiles half the kernels
+    start(args.model)  # a fresh install: a second process compiles the kernels the run reaches last
     model = larql.load(args.model)
     if args.ffn:
         try:

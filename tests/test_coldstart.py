@@ -116,3 +116,10 @@ def test_no_second_process_when_turned_off() -> None:
         assert prewarm.start("gemma3-270m") is None
     finally:
         os.environ.pop(prewarm.ENV_VAR) if old is None else os.environ.__setitem__(prewarm.ENV_VAR, old)
+
+
+def test_no_second_process_for_a_directory_or_a_bad_name(tmp_path: Path) -> None:
+    from larql.model import prewarm
+
+    assert prewarm.start(str(tmp_path)) is None  # an HF directory or a vindex: nothing the second process shares
+    assert prewarm.start(str(tmp_path / "missing.gguf")) is None

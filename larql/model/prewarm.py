@@ -48,8 +48,9 @@ def start(model: str) -> subprocess.Popen[bytes] | None:
     """Start compiling what `model`'s generation needs last in a detached process (None: not needed)."""
     from larql.model.load import ALIASES
 
-    if model not in ALIASES and not Path(model).expanduser().exists():
-        return None  # the run itself says what is wrong with the name
+    path = Path(model).expanduser()
+    if model not in ALIASES and (not path.is_file()):
+        return None  # a bad name (the run says what is wrong), or a directory: HF and vindex runs share nothing here
     if os.environ.get(ENV_VAR, "1") == "0" or kernels_cached():
         return None
     env = dict(os.environ, NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
@@ -87,9 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = sys.argv[1:] if argv is None else argv
     try:
-        _, path = resolve(args[0])
-        if path.is_dir():  # an HF directory runs in float32, a vindex its own way: nothing to share
-            return 0
+        _, path = resolve(args[0])  # a GGUF file (`start` sends nothing else)
         compile_the_end(gguf_weights(path)[2])  # no tokenizer: the first process builds its own
 
     except Exception:  # a cache that stays cold is the only cost; the run reports its own errors
