@@ -40,7 +40,7 @@ from larql.edit.neuron import bias_direction, plan_neuron_edit
 from larql.edit.rome import KeyMetric
 from larql.edit.stats import second_moments, token_budget
 from larql.edit.view import EditableVindex
-from larql.edit.weight_edit import DECOY_SUBJECTS, WeightEditPlan, known_objects_many, plan_weight_edit
+from larql.edit.weight_edit import DECOY_SUBJECTS, HeldPrompt, WeightEditPlan, known_objects_many, plan_weight_edit
 from larql.edit.weight_op import WeightOp
 from larql.errors import EditError
 from larql.model.grad import require_backward
@@ -194,11 +194,19 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
                 key_metric = key_metrics(model, [layer], stats_dir(v), stats_tokens)[layer]
                 input_metric = key_metrics(model, [layer], stats_dir(v), stats_tokens, point="input")[layer]
                 taken = set(v.overlay.layer(layer)) | set(v.overlay.deleted(layer))
-                # the neurons already at the layer must stay silent on the new subjects and the new ones on theirs
-                earlier = [op.entity for op in installed(v, layer, neurons=True) if op.entity]
+                # the neurons already in place (at any layer) must stay silent on the new subjects and the
+                # new ones on theirs, and so must this batch's neurons at other layers: a neuron at layer 3
+                # opening on the prompt of a subject placed at layer 7 writes its target there (500 fictional
+                # facts over layers 3-8 without it: ES 96% where no other neuron opened at the subject, 55%
+                # where four or more did)
+                earlier = [op.entity for i in neuron_layers(model.name, model.config.n_layers) + tuple(by_layer)
+                           for op in installed(v, i, neurons=True) if op.entity]
+                elsewhere = [HeldPrompt(text, f.subject) for f in facts if f.subject not in placed
+                             for text in (f.subject, f.prompt)]
                 neuron_plan = plan_neuron_edit(model, [f for f in facts if f.subject in placed], layer, key_metric,
                                                input_metric, taken, DECOY_SUBJECTS if decoys is None else decoys,
-                                               near, objects, earlier=earlier)
+                                               near, objects, earlier=list(dict.fromkeys(earlier)),
+                                               elsewhere=elsewhere)
                 v.patches.record_all(list(neuron_plan.ops))
         except BaseException:  # an error or Ctrl-C: nothing half-applied
             v.patches.undo(len(v.patches.pending) - recorded)

@@ -68,6 +68,7 @@ class KeyMetric:
             raise EditError(f"the key statistics are not positive definite ({e}); delete the statistics cache") from e
         inv = np.linalg.inv(reg)
         self.inv = (inv + inv.T) / 2.0
+        self.cov = cov  # E[k kᵀ]: gᵀ C g is the mean square of g·k on ordinary text
         self.diag = np.diag(cov).copy()  # E[k_i^2]: how much each input usually carries
         self.bias = bias  # c with c·k ≈ 1 on ordinary text, where there is one (`neuron.bias_direction`)
 

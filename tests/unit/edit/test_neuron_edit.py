@@ -189,6 +189,41 @@ def test_neuron_directions_fire_at_their_subject_and_nowhere_near_it() -> None:
     assert np.median(off) < LEAK and np.linalg.norm(gs[0]) < 10
 
 
+
+def test_thresholded_directions_hold_only_where_they_would_open_and_stay_short() -> None:
+    """A thresholded neuron holds the candidates where g·x would pass the leak bound (not those far
+    below it, where its gate is shut), and a near-copy of its own input, which only a long g could tell
+    apart, is left open rather than bought with a g that fires on ordinary text (rms over THRESHOLD_RMS)."""
+    from larql.edit.neuron import THRESHOLD_LEAK, THRESHOLD_RMS, neuron_directions
+    from larql.edit.rome import KeyMetric
+
+    rng = np.random.default_rng(1)
+    hidden = 64
+    text = rng.standard_normal((hidden, 4000)) / np.sqrt(hidden)  # "ordinary" inputs: Σ = E[x xᵀ]
+    metric = KeyMetric(text @ text.T / text.shape[1])
+    fire = [(3.0 * rng.standard_normal((hidden, 1)) / np.sqrt(hidden)).astype(np.float32)]
+    x0 = fire[0][:, 0].astype(np.float64)
+    g0 = neuron_directions(metric, fire, np.zeros((hidden, 0), np.float32), [], thresholded=True)[0]
+    # candidates: 10 inputs on which the unheld neuron opens (g0·x = 0.9), 20 far below its threshold
+    cand = []
+    for value in [0.9] * 10 + [-3.0] * 20:
+        r = 3.0 * rng.standard_normal(hidden) / np.sqrt(hidden)
+        cand.append(r + (value - float(g0 @ r)) * x0)
+    cand_x = np.stack(cand, 1).astype(np.float32)
+    g = neuron_directions(metric, fire, np.zeros((hidden, 0), np.float32), [], cand_x, 0, THRESHOLD_LEAK,
+                          thresholded=True)[0]
+    assert abs(float(g @ x0) - 1.0) < 1e-2
+    assert np.all(np.abs(cand_x[:, :10].T @ g) < 1e-3)  # held at 0
+    assert np.all(cand_x[:, 10:].T @ g < -1.0)  # not held (|g·x| > 0.6, but its gate is shut there)
+    assert float(np.sqrt(g @ metric.cov @ g)) <= THRESHOLD_RMS
+    # a near-copy of the subject's own input (cos 0.999) cannot be held within the bound: left, g short
+    near = (x0 + 0.03 * np.linalg.norm(x0) * rng.standard_normal(hidden) / np.sqrt(hidden))[:, None]
+    g_near = neuron_directions(metric, fire, np.zeros((hidden, 0), np.float32), [],
+                               np.concatenate([cand_x, near.astype(np.float32)], 1), 0, THRESHOLD_LEAK,
+                               thresholded=True)[0]
+    assert float(g_near @ near[:, 0]) > THRESHOLD_LEAK
+    assert float(np.sqrt(g_near @ metric.cov @ g_near)) <= THRESHOLD_RMS
+
 def test_free_slots_skip_taken_features_and_say_when_none_are_left() -> None:
     costs = np.array([3.0, 1.0, 2.0, 0.5])
     assert free_slots(costs, {3}, 2) == [1, 2]
