@@ -175,6 +175,7 @@ def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dty
         token_texts = model.tokenizer.tok.decode_batch([[i] for i in range(w.token_embd.n_rows)],
                                                        skip_special_tokens=False)
         words = clusters.whole_words(token_texts)
+        word_emb = clusters.word_rows(embed, words) if len(words) else None
         band = layout.layer_bands(cfg.n_layers)["knowledge"]
         dirs: list[np.ndarray] = []
         members: list[tuple[int, int]] = []
@@ -195,13 +196,14 @@ def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dty
                            "gate_length": int(gate.nbytes), "down_meta_offset": dm_offset,
                            "down_meta_length": int(ids.nbytes + vals.nbytes),
                            **({"num_experts": len(lw.experts)} if lw.experts else {})})
-            if band[0] <= i <= band[1] and len(words):
-                d, m, o = clusters.layer_directions(embed, token_texts, words, i, gate.astype(np.float32), ids[:, 0])
+            if band[0] <= i <= band[1] and word_emb is not None:
+                d, m, o = clusters.layer_directions(embed, token_texts, words, word_emb, i, gate.astype(np.float32),
+                                                    ids[:, 0])
                 dirs.append(d)
                 members += m
                 outputs += o
             report("gate vectors + down_meta", i + 1, cfg.n_layers)
-        del unembed, embed, tokens
+        del unembed, embed, tokens, word_emb
 
         report("relation clusters", 0, 1)
         found = clusters.cluster_directions(np.concatenate(dirs) if dirs else np.zeros((0, cfg.hidden), np.float16),
