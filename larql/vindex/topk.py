@@ -46,13 +46,13 @@ def prepare(u: NDArray[np.float32], vnni: bool | None = None) -> Tokens:
     """The unembedding's norms and, with VNNI (default: the CPU's), its int8 tiles (~hidden bytes a
     token: 168 MB for Gemma 3's 262,144 x 640), built in vocabulary chunks."""
     n, h = u.shape
+    if not (HAVE_VNNI if vnni is None else vnni) or not np.isfinite(u).all():
+        norm64 = np.empty(n)
+        for a in range(0, n, VOCAB_CHUNK):
+            norm64[a:a + VOCAB_CHUNK] = np.linalg.norm(u[a:a + VOCAB_CHUNK].astype(np.float64), axis=1) * (1 + 1e-12)
+        norm_max = float(norm64.max(initial=0.0))
+        return Tokens(u, _up(norm64), norm_max, 0.0, None, None, None, bool(np.isfinite(norm_max) and norm_max < _HUGE))
     norm64 = np.empty(n)
-    for a in range(0, n, VOCAB_CHUNK):
-        norm64[a:a + VOCAB_CHUNK] = np.linalg.norm(u[a:a + VOCAB_CHUNK].astype(np.float64), axis=1) * (1 + 1e-12)
-    norm_max = float(norm64.max(initial=0.0))
-    safe = bool(np.isfinite(norm_max) and norm_max < _HUGE)
-    if not (HAVE_VNNI if vnni is None else vnni) or not safe:
-        return Tokens(u, _up(norm64), norm_max, 0.0, None, None, None, safe)
     nb, tiles = -(-h // 32), -(-n // tk.TILE)
     packed = np.empty((tiles, 1024 * nb), np.uint8)
     tsc = np.empty((tiles, 32 * nb), np.float32)
@@ -64,13 +64,15 @@ def prepare(u: NDArray[np.float32], vnni: bool | None = None) -> Tokens:
         codes, scales = np.empty((m, 32 * nb), np.int8), np.empty((m, nb), np.float32)
         nrm, err, hat = np.empty(m), np.empty(m), np.empty(m)
         tk.quantize_blocks(np.ascontiguousarray(rows), codes, scales, nrm, err, hat)
+        norm64[a:a + m] = nrm
         t0, t1 = a // tk.TILE, a // tk.TILE + -(-m // tk.TILE)
         tk.pack_tokens(codes, scales, packed[t0:t1], tsc[t0:t1])
         pad = (t1 - t0) * tk.TILE - m
         tnorm[t0:t1, :tk.TILE] = np.pad(_up(nrm), (0, pad)).reshape(-1, tk.TILE)
         tnorm[t0:t1, tk.TILE:] = np.pad(_up(err), (0, pad)).reshape(-1, tk.TILE)
         err_max = max(err_max, float(err.max(initial=0.0)))
-    return Tokens(u, _up(norm64), norm_max, err_max, packed, tsc, tnorm, safe)
+    norm_max = float(norm64.max(initial=0.0))
+    return Tokens(u, _up(norm64), norm_max, err_max, packed, tsc, tnorm, norm_max < _HUGE)
 
 
 State = tuple[NDArray[np.float64], NDArray[np.int32], NDArray[np.float64], NDArray[np.int32], NDArray[np.bool_]]
@@ -155,9 +157,16 @@ def top_tokens(tok: Tokens, wt: NDArray[np.float32], k: int) -> tuple[NDArray[np
         return top_ids, top_vals
     lotop, cand_t, cand_hi, cand_n, over = (_int8_pass if tok.packed is not None else _f32_pass)(tok, wt, k)
     tk.finish(tok.u, wt, lotop[:f], cand_t[:f], cand_hi[:f], cand_n[:f], over[:f], top_ids, top_vals)
-    for i in np.flatnonzero(over[:f]):
-        ids, vals = exact_top(tok.u, wt[i], k)
-        top_ids[i, :len(ids)], top_vals[i, :len(ids)] = ids, vals
+    rest = np.flatnonzero(over[:f])
+    if len(rest) and tok.packed is not None:  # the float32 pass's bound is ~1/500 of the int8 one's
+        sub = _f32_pass(tok, wt[rest], k)
+        ids, vals = np.zeros((len(rest), k), np.uint32), np.full((len(rest), k), -np.inf, np.float32)
+        tk.finish(tok.u, wt[rest], *sub, ids, vals)
+        top_ids[rest], top_vals[rest] = ids, vals
+        rest = rest[sub[4]]
+    for i in rest:  # still more candidates than slots: many tokens within float32 rounding of each other
+        best, scores = exact_top(tok.u, wt[i], k)
+        top_ids[i, :len(best)], top_vals[i, :len(best)] = best, scores
     return top_ids, top_vals
 
 
