@@ -159,19 +159,18 @@ def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dty
         writer.text(layout.TOKENIZER_FILE, model.tokenizer.tok.to_str())
         report("tokenizer", 1, 1)
 
+        unembed = w.output.dequantize()  # (vocab, hidden) float32: the one big allocation
+        embed = unembed if w.output is w.token_embd else w.token_embd.dequantize()  # tied: dequantized once
         embeddings = writer.binary(layout.EMBEDDINGS_FILE)
-        for start in range(0, w.token_embd.n_rows, VOCAB_CHUNK):
-            rows = slice(start, min(start + VOCAB_CHUNK, w.token_embd.n_rows))
-            embeddings.write(w.token_embd.dequantize(rows).astype(np_dtype))
-            report("embeddings", rows.stop, w.token_embd.n_rows)
+        for start in range(0, len(embed), VOCAB_CHUNK):
+            embeddings.write(embed[start:start + VOCAB_CHUNK].astype(np_dtype))
+            report("embeddings", min(start + VOCAB_CHUNK, len(embed)), len(embed))
 
         gates = writer.binary(layout.GATE_FILE)
         down_meta = writer.binary(layout.DOWN_META_FILE)
         header = layout.DOWN_META_MAGIC + np.array([layout.DOWN_META_VERSION, cfg.n_layers, top_k], "<u4").tobytes()
         down_meta.write(header.ljust(layout.DOWN_META_HEADER, b"\0"))
-        unembed = w.output.dequantize()  # (vocab, hidden) float32: the one big allocation
         tokens = topk.prepare(unembed)  # its int8 tiles: once for every layer
-        embed = unembed if w.output is w.token_embd else w.token_embd.dequantize()
         token_texts = model.tokenizer.tok.decode_batch([[i] for i in range(w.token_embd.n_rows)],
                                                        skip_special_tokens=False)
         words = clusters.whole_words(token_texts)
