@@ -18,6 +18,7 @@ from larql.quant.argmax import HAVE_VNNI
 from larql.vindex import topk_kernels as tk
 
 VOCAB_CHUNK = 16384  # rows per GEMM / per quantization step
+WIDE, WIDE_BYTES = 1 << 15, 64 << 20  # candidate slots per feature, and in all, after a first overflow
 PANEL = 256  # features per thread task in the int8 pass (their codes: 160 KB at 640 columns, L2)
 _HUGE = 2.0 ** 100  # ||u|| ||w|| beyond this: float32 scores could overflow
 
@@ -78,14 +79,14 @@ def prepare(u: NDArray[np.float32], vnni: bool | None = None) -> Tokens:
 State = tuple[NDArray[np.float64], NDArray[np.int32], NDArray[np.float64], NDArray[np.int32], NDArray[np.bool_]]
 
 
-def _state(n_feat: int, k: int) -> State:
+def _state(n_feat: int, k: int, cap: int) -> State:
     """(lotop, cand_t, cand_hi, cand_n, over) for n_feat features: the k largest lower bounds so far
-    (-inf to start), the candidate buffers, their fill, the overflow marks."""
-    return (np.full((n_feat, k), -np.inf), np.empty((n_feat, tk.CAP), np.int32), np.empty((n_feat, tk.CAP)),
+    (-inf to start), the candidate buffers (cap slots each), their fill, the overflow marks."""
+    return (np.full((n_feat, k), -np.inf), np.empty((n_feat, cap), np.int32), np.empty((n_feat, cap)),
             np.zeros(n_feat, np.int32), np.zeros(n_feat, np.bool_))
 
 
-def _int8_pass(tok: Tokens, wt: NDArray[np.float32], k: int) -> State:
+def _int8_pass(tok: Tokens, wt: NDArray[np.float32], k: int, cap: int) -> State:
     """The VNNI pass: W^T's rows quantized per 32 columns, padded to MR rows, then scan_int8."""
     assert tok.packed is not None and tok.tsc is not None and tok.tnorm is not None
     f, h = wt.shape
@@ -104,13 +105,13 @@ def _int8_pass(tok: Tokens, wt: NDArray[np.float32], k: int) -> State:
     wterm[:, 2] = np.where(np.arange(fp) < f, -np.inf, np.inf)  # padding rows never pass
     tau = tk.tau(32 * nb)
     kf = 2.0 ** -20 * (tok.norm_max + tok.err_max) * (2 * nwh + wterm[:, 0] + wterm[:, 1]) + 2 * tau
-    state = _state(fp, k)
+    state = _state(fp, k, cap)
     tk.scan_int8(tok.packed, tok.tsc, tok.tnorm, tok.u.shape[0], codes, scales, corr, wterm, tau, state[0], kf,
                  *state[1:], PANEL)
     return state
 
 
-def _f32_pass(tok: Tokens, wt: NDArray[np.float32], k: int) -> State:
+def _f32_pass(tok: Tokens, wt: NDArray[np.float32], k: int, cap: int) -> State:
     """The float32 pass: sgemm per vocabulary chunk (BLAS's threads), bound ||u|| ||w|| (1.01 h 2^-24
     + 2^-23) for any summation order."""
     f, h = wt.shape
@@ -120,7 +121,7 @@ def _f32_pass(tok: Tokens, wt: NDArray[np.float32], k: int) -> State:
     wterm[:, 2] = -np.inf
     tau = tk.tau(h)
     kf = 2.0 ** -20 * tok.norm_max * (2 * nw + wterm[:, 0]) + 2 * tau
-    state = _state(f, k)
+    state = _state(f, k, cap)
     scores = np.empty((f, VOCAB_CHUNK), np.float32)
     threads = numba.get_num_threads()
     numba.set_num_threads(1)  # BLAS has the cores; numba's spinning workers would steal them
@@ -155,15 +156,21 @@ def top_tokens(tok: Tokens, wt: NDArray[np.float32], k: int) -> tuple[NDArray[np
     if not (tok.safe and np.isfinite(nw_max) and tok.norm_max * nw_max < _HUGE):
         _plain(tok.u, wt, top_ids, top_vals)
         return top_ids, top_vals
-    lotop, cand_t, cand_hi, cand_n, over = (_int8_pass if tok.packed is not None else _f32_pass)(tok, wt, k)
-    tk.finish(tok.u, wt, lotop[:f], cand_t[:f], cand_hi[:f], cand_n[:f], over[:f], top_ids, top_vals)
-    rest = np.flatnonzero(over[:f])
-    if len(rest) and tok.packed is not None:  # the float32 pass's bound is ~1/500 of the int8 one's
-        sub = _f32_pass(tok, wt[rest], k)
-        ids, vals = np.zeros((len(rest), k), np.uint32), np.full((len(rest), k), -np.inf, np.float32)
-        tk.finish(tok.u, wt[rest], *sub, ids, vals)
+    # the first pass for every feature, then the features whose candidates outgrew their slots again
+    # with wider buffers, then through the float32 pass (its bound ~1/500 of the int8 one's)
+    passes = [_int8_pass, _int8_pass, _f32_pass] if tok.packed is not None else [_f32_pass, _f32_pass]
+    rest = np.arange(f)
+    for n, run in enumerate(passes):
+        if not len(rest):
+            break
+        sub = wt if n == 0 else wt[rest]
+        cap = tk.CAP if n == 0 else max(tk.CAP, min(WIDE, WIDE_BYTES // (12 * len(rest))))
+        lotop, cand_t, cand_hi, cand_n, over = run(tok, sub, k, cap)
+        m = len(rest)
+        ids, vals = np.zeros((m, k), np.uint32), np.full((m, k), -np.inf, np.float32)
+        tk.finish(tok.u, sub, lotop[:m], cand_t[:m], cand_hi[:m], cand_n[:m], over[:m], ids, vals)
         top_ids[rest], top_vals[rest] = ids, vals
-        rest = rest[sub[4]]
+        rest = rest[over[:m]]
     for i in rest:  # still more candidates than slots: many tokens within float32 rounding of each other
         best, scores = exact_top(tok.u, wt[i], k)
         top_ids[i, :len(best)], top_vals[i, :len(best)] = best, scores

@@ -63,10 +63,13 @@ def test_ties_keep_lower_ids(vnni: bool, small_chunks: None) -> None:
 
 @pytest.mark.parametrize("vnni", PATHS)
 @pytest.mark.parametrize(("copies", "eps"), [(30, 1e-5), (900, 1e-3), (900, 1e-5)])
-def test_near_ties_within_int8_rounding(vnni: bool, copies: int, eps: float, small_chunks: None) -> None:
+def test_near_ties_within_int8_rounding(vnni: bool, copies: int, eps: float, small_chunks: None,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Tokens whose scores differ by far less than the int8 bound: all become candidates. 900 of
-    them outgrow the candidate buffer: the feature goes to the float32 pass (1e-3 apart: it sorts
-    them out) and then (1e-5: within its bound too) is scored exactly over the whole vocabulary."""
+    them outgrow the candidate buffer (and the wider one, made 64 here): the feature goes to the
+    float32 pass (1e-3 apart: it sorts them out) and then (1e-5: within its bound too) is scored
+    exactly over the whole vocabulary."""
+    monkeypatch.setattr(topk, "WIDE", 64)
     rng = np.random.default_rng(copies)
     u = rng.standard_normal((3000, 96)).astype(np.float32)
     wt = rng.standard_normal((6, 96)).astype(np.float32)
@@ -90,8 +93,9 @@ def test_scales(vnni: bool, small_chunks: None) -> None:
 
 @pytest.mark.parametrize("vnni", PATHS)
 def test_compaction(vnni: bool, monkeypatch: pytest.MonkeyPatch, small_chunks: None) -> None:
-    """A candidate buffer of 16 slots: compaction and the exact fallback run on ordinary data."""
+    """Candidate buffers of 16 slots, then 20: compaction and every later pass run on ordinary data."""
     monkeypatch.setattr(topk_kernels, "CAP", 16)
+    monkeypatch.setattr(topk, "WIDE", 20)
     rng = np.random.default_rng(3)
     u = rng.standard_normal((4000, 33)).astype(np.float32)
     wt = rng.standard_normal((17, 33)).astype(np.float32)
