@@ -184,5 +184,6 @@ def _plain(u: NDArray[np.float32], wt: NDArray[np.float32], top_ids: NDArray[np.
     scores = np.empty((wt.shape[0], VOCAB_CHUNK), np.float32)
     for start in range(0, u.shape[0], VOCAB_CHUNK):
         out = scores[:, :len(u[start:start + VOCAB_CHUNK])]
-        np.matmul(wt, u[start:start + VOCAB_CHUNK].T, out=out)
+        with np.errstate(invalid="ignore", over="ignore"):  # inf x 0 is nan, which never ranks
+            np.matmul(wt, u[start:start + VOCAB_CHUNK].T, out=out)
         tk.topk_update(out, start, top_ids, top_vals)
