@@ -2,7 +2,7 @@
 layer by layer: the two runs' ids and values, and every value and every disagreement against a
 float64 recomputation from the model's float32 matrices.
 
-    python benchmarks/bench_down_meta.py --old /path/to/old/checkout [--runs 2] [--keep DIR]
+    python benchmarks/bench_down_meta.py --old /path/to/old/checkout [--runs 2] [--keep DIR] [--brute 0,17]
 
 Runs alternate (old, new, old, new...), each in its own process with its own numba cache directory
 (the first run of each compiles: reported apart); the load average is printed with each time, since
@@ -82,16 +82,47 @@ def compare(old: Path, new: Path) -> list[dict[str, object]]:
     return rows
 
 
+def brute_force(new: Path, layers: list[int]) -> list[dict[str, object]]:
+    """Per listed layer, the float64 scores of every (feature, token) pair rounded to float32 and
+    ranked by (value desc, id asc): the new down_meta must hold exactly their top k."""
+    from larql.model.load import load
+
+    w = load("gemma3-270m").weights
+    u = w.output.dequantize()
+    meta = down_meta(new)
+    rows = []
+    for i in layers:
+        ids, vals = meta[i]
+        k = ids.shape[1]
+        wt = w.layers[i].down.dequantize().T.astype(np.float64)
+        best_v = np.full((len(wt), k), -np.inf, np.float32)
+        best_i = np.zeros((len(wt), k), np.int64)
+        for a in range(0, len(u), 16384):
+            s = (wt @ u[a:a + 16384].astype(np.float64).T).astype(np.float32)
+            floor = np.partition(s, -k, axis=1)[:, -k]
+            for f in range(len(wt)):
+                c = np.flatnonzero(s[f] >= floor[f])  # every tie of the chunk's k-th value too
+                v, t = np.concatenate([best_v[f], s[f, c]]), np.concatenate([best_i[f], a + c])
+                order = np.lexsort((t, -v))[:k]
+                best_v[f], best_i[f] = v[order], t[order]
+        rows.append({"layer": i, "ids_equal_brute_force": bool((best_i == ids).all()),
+                     "values_equal_brute_force": bool((best_v == vals).all())})
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--old", required=True, help="a checkout of the code to compare with")
     parser.add_argument("--runs", type=int, default=2, help="timed runs of each, after the first")
     parser.add_argument("--keep", help="directory for the vindexes and numba caches (default: a temporary one)")
+    parser.add_argument("--brute", default="0,17", help="layers checked against a float64 brute force (~30 s each)")
+    parser.add_argument("--check-only", action="store_true", help="compare the vindexes already in --keep")
     args = parser.parse_args()
     tmp = Path(args.keep or tempfile.mkdtemp())
     trees = {"old": Path(args.old).resolve(), "new": HERE}
     times: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
-    for run in range(args.runs + 1):
+    for run in range(0 if args.check_only else args.runs + 1):
         for name, tree in trees.items():
             load = os.getloadavg()[0]
             seconds = extract_timed(tree, tmp / f"{name}.vindex", tmp / f"numba-{name}")
@@ -99,7 +130,8 @@ def main() -> None:
             print(f"{name} run {run}{' (compiles)' if run == 0 else ''}: {seconds:.1f} s, load {load:.2f}",
                   flush=True)
     layers = compare(tmp / "old.vindex", tmp / "new.vindex")
-    out = save_results("down_meta", {"times": times, "layers": layers})
+    brute = brute_force(tmp / "new.vindex", [int(x) for x in args.brute.split(",") if x])
+    out = save_results("down_meta", {"times": times, "layers": layers, "brute_force": brute})
     print(f"wrote {out}")
 
 

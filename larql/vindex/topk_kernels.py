@@ -9,7 +9,7 @@ FMA rate) scores every pair approximately: A, with a proven bound E on |A - F|, 
 rounded to float32:
 
   A   = sum_b du_b dw_b t_b          (t_b: a block's int32 dot, exact; float32 fma chain over the
-                                      nb blocks: |A - u^.w^| <= g ||u^|| ||w^|| + tau, g = (nb+1) 2^-24)
+                                      nb blocks: |A - u^.w^| <= g ||u^|| ||w^|| + tau, g = 1.01 (nb+1) 2^-24)
   |u^.w^ - u.w| <= ||u|| ||w - w^|| + ||u - u^|| ||w^||            (Cauchy-Schwarz, norms per row)
   |F - u.w|     <= 2^-23 ||u|| ||w|| + 2^-150                      (float64 sum, rounded to float32)
   E   = (||u|| B_f + ||u - u^|| C_f) (1 + 1e-9) + 2^-50 |A| + tau,
@@ -19,12 +19,16 @@ tau covers underflow. Tokens arrive in id order; per feature the k largest A - E
 lower bound of the k-th best F among earlier (lower) ids; a token with A + E <= L cannot be in the
 top k (k lower ids score at least as much, and an equal score never displaces a lower id), the
 others are candidates. At the end the candidates with A + E >= the final L are rescored exactly
-(float64 sum of float32 products, rounded to float32) and ranked by (score desc, id asc).
+(float64 sum of float32 products, rounded to float32) and ranked by (score desc, id asc). The
+kernel's own test is float32 and only a screen: it flags A + E >= T, T = L - kf rounded down, kf
+(~2^-20 of the largest |A| + E) above its float32 rounding, so it passes every token that the
+float64 test in _offer, which decides, would keep.
 
 Without VNNI (or LARQL_NO_VNNI set) A is a float32 sgemm per vocabulary chunk, E = ||u|| ||w||
 (1.01 h 2^-24 + 2^-23) + tau, and the same candidate logic applies: both paths give the same bits.
-A feature whose candidates outgrow their buffer (many tokens within E of its k-th score) is scored
-exactly over the whole vocabulary instead.
+A feature whose candidates outgrow their buffer (many tokens within E of its k-th score) goes
+again with a wider one, then through the float32 pass, then is scored exactly over the whole
+vocabulary (topk.top_tokens).
 """
 
 from __future__ import annotations
