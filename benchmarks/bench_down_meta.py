@@ -2,7 +2,7 @@
 layer by layer: the two runs' ids and values, and every value and every disagreement against a
 float64 recomputation from the model's float32 matrices.
 
-    python benchmarks/bench_down_meta.py --old /path/to/old/checkout [--runs 2] [--keep DIR] [--brute 0,17]
+    python benchmarks/bench_down_meta.py --old /path/to/old/checkout [--runs 2] [--keep DIR] [--brute 0,17] [--level browse]
 
 Runs alternate (old, new, old, new...), each in its own process with its own numba cache directory
 (the first run of each compiles: reported apart); the load average is printed with each time, since
@@ -24,12 +24,12 @@ from results_file import save_results
 
 HERE = Path(__file__).resolve().parent.parent
 RUN = ("import sys, time; from larql.vindex.extract import extract; t = time.perf_counter(); "
-       "extract('gemma3-270m', sys.argv[1], level='browse', overwrite=True); print(time.perf_counter() - t)")
+       "extract('gemma3-270m', sys.argv[1], level=sys.argv[2], overwrite=True); print(time.perf_counter() - t)")
 
 
-def extract_timed(tree: Path, out: Path, cache: Path) -> float:
+def extract_timed(tree: Path, out: Path, cache: Path, level: str) -> float:
     env = dict(os.environ, PYTHONPATH=str(tree), NUMBA_CACHE_DIR=str(cache), PYTHONDONTWRITEBYTECODE="1")
-    done = subprocess.run([sys.executable, "-c", RUN, str(out)], env=env, check=True, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", RUN, str(out), level], env=env, check=True, capture_output=True, text=True)
     return float(done.stdout.strip().splitlines()[-1])
 
 
@@ -117,6 +117,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2, help="timed runs of each, after the first")
     parser.add_argument("--keep", help="directory for the vindexes and numba caches (default: a temporary one)")
     parser.add_argument("--brute", default="0,17", help="layers checked against a float64 brute force (~30 s each)")
+    parser.add_argument("--level", default="browse", help="browse or inference")
     parser.add_argument("--check-only", action="store_true", help="compare the vindexes already in --keep")
     args = parser.parse_args()
     tmp = Path(args.keep or tempfile.mkdtemp())
@@ -125,13 +126,14 @@ def main() -> None:
     for run in range(0 if args.check_only else args.runs + 1):
         for name, tree in trees.items():
             load = os.getloadavg()[0]
-            seconds = extract_timed(tree, tmp / f"{name}.vindex", tmp / f"numba-{name}")
+            seconds = extract_timed(tree, tmp / f"{name}.vindex", tmp / f"numba-{name}", args.level)
             times[name].append({"s": seconds, "load_before": load, "load_after": os.getloadavg()[0]})
             print(f"{name} run {run}{' (compiles)' if run == 0 else ''}: {seconds:.1f} s, load {load:.2f}",
                   flush=True)
     layers = compare(tmp / "old.vindex", tmp / "new.vindex")
     brute = brute_force(tmp / "new.vindex", [int(x) for x in args.brute.split(",") if x])
-    out = save_results("down_meta", {"times": times, "layers": layers, "brute_force": brute})
+    out = save_results("down_meta" if args.level == "browse" else f"down_meta-{args.level}",
+                       {"level": args.level, "times": times, "layers": layers, "brute_force": brute})
     print(f"wrote {out}")
 
 
