@@ -15,10 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import numba
 import numpy as np
-from numba import njit, prange
-from numpy.typing import NDArray
 
 from larql.errors import VindexError
 from larql.model import Model
@@ -29,59 +26,26 @@ from larql.pathguard import overlap
 from larql.quant import BLOCK_LAYOUT, GGMLType, QuantMatrix
 from larql.quant.quantize import quantize_q4_k, quantize_q6_k
 from larql.version import __version__
-from larql.vindex import clusters, layout
+from larql.vindex import clusters, layout, topk
 from larql.vindex.writer import VindexWriter
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
-VOCAB_CHUNK = 16384  # unembedding rows per GEMM in down_meta
+VOCAB_CHUNK = topk.VOCAB_CHUNK  # unembedding rows per step
 
 
-@njit(cache=True, parallel=True)
-def _topk_update(scores: NDArray[np.float32], base: int, top_ids: NDArray[np.uint32],
-                 top_vals: NDArray[np.float32]) -> None:  # pragma: no cover - numba
-    """Merge scores `(features, chunk)` for tokens base.. into each feature's running top-k.
+def down_top_tokens(down: QuantMatrix, unembed: np.ndarray, top_k: int,
+                    tokens: topk.Tokens | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """For each feature f (a column of W_down `[hidden, ffn]`), the top_k tokens t by U[t] . W_down[:, f]:
+    ids and the exact scores rounded to float32, by score descending, an equal score never displacing
+    a lower id. `tokens`: `topk.prepare(unembed)`, made once for every layer (made here without it).
 
-    Kept sorted by score descending; an equal score never displaces an earlier (lower) token id.
+    A bounded approximate pass (int8 with AVX-512 VNNI, float32 otherwise) and exact rescoring of
+    the few tokens it cannot rule out (larql/vindex/topk_kernels.py), so the `[ffn, vocab]` score
+    matrix never exists whole.
     """
-    k = top_ids.shape[1]
-    for f in prange(scores.shape[0]):
-        threshold = top_vals[f, k - 1]
-        for c in range(scores.shape[1]):
-            s = scores[f, c]
-            if s > threshold:
-                j = k - 1
-                while j > 0 and top_vals[f, j - 1] < s:
-                    top_vals[f, j] = top_vals[f, j - 1]
-                    top_ids[f, j] = top_ids[f, j - 1]
-                    j -= 1
-                top_vals[f, j] = s
-                top_ids[f, j] = base + c
-                threshold = top_vals[f, k - 1]
-
-
-def down_top_tokens(down: QuantMatrix, unembed: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
-    """For each feature f (a column of W_down `[hidden, ffn]`), the top_k tokens t by U[t] . W_down[:, f].
-
-    Exact float32, in vocabulary chunks: one GEMM `(ffn, hidden) @ (hidden, chunk)` per chunk and a
-    running top-k, so the `[ffn, vocab]` score matrix never exists whole.
-    """
-    d_t = np.ascontiguousarray(down.dequantize().T)  # (ffn, hidden)
-    n_feat = d_t.shape[0]
-    top_ids = np.zeros((n_feat, top_k), dtype=np.uint32)
-    top_vals = np.full((n_feat, top_k), -np.inf, dtype=np.float32)
-    scores = np.empty((n_feat, VOCAB_CHUNK), dtype=np.float32)
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)  # BLAS has the cores; numba's spinning workers would steal them
-    try:
-        for start in range(0, unembed.shape[0], VOCAB_CHUNK):
-            chunk = unembed[start:start + VOCAB_CHUNK]  # (chunk, hidden)
-            out = scores[:, : len(chunk)]
-            np.matmul(d_t, chunk.T, out=out)  # (ffn, chunk)
-            _topk_update(out, start, top_ids, top_vals)
-    finally:
-        numba.set_num_threads(threads)
-    return top_ids, top_vals
+    tok = tokens if tokens is not None else topk.prepare(unembed)
+    return topk.top_tokens(tok, down.dequantize().T, top_k)
 
 
 # Q4_K_M-style choice: 4-bit for most matrices, 6-bit for the ones most sensitive to error.
@@ -195,21 +159,22 @@ def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dty
         writer.text(layout.TOKENIZER_FILE, model.tokenizer.tok.to_str())
         report("tokenizer", 1, 1)
 
+        unembed = w.output.dequantize()  # (vocab, hidden) float32: the one big allocation
+        embed = unembed if w.output is w.token_embd else w.token_embd.dequantize()  # tied: dequantized once
         embeddings = writer.binary(layout.EMBEDDINGS_FILE)
-        for start in range(0, w.token_embd.n_rows, VOCAB_CHUNK):
-            rows = slice(start, min(start + VOCAB_CHUNK, w.token_embd.n_rows))
-            embeddings.write(w.token_embd.dequantize(rows).astype(np_dtype))
-            report("embeddings", rows.stop, w.token_embd.n_rows)
+        for start in range(0, len(embed), VOCAB_CHUNK):
+            embeddings.write(embed[start:start + VOCAB_CHUNK].astype(np_dtype))
+            report("embeddings", min(start + VOCAB_CHUNK, len(embed)), len(embed))
 
         gates = writer.binary(layout.GATE_FILE)
         down_meta = writer.binary(layout.DOWN_META_FILE)
         header = layout.DOWN_META_MAGIC + np.array([layout.DOWN_META_VERSION, cfg.n_layers, top_k], "<u4").tobytes()
         down_meta.write(header.ljust(layout.DOWN_META_HEADER, b"\0"))
-        unembed = w.output.dequantize()  # (vocab, hidden) float32: the one big allocation
-        embed = unembed if w.output is w.token_embd else w.token_embd.dequantize()
+        tokens = topk.prepare(unembed)  # its int8 tiles: once for every layer
         token_texts = model.tokenizer.tok.decode_batch([[i] for i in range(w.token_embd.n_rows)],
                                                        skip_special_tokens=False)
         words = clusters.whole_words(token_texts)
+        word_emb = clusters.word_rows(embed, words) if len(words) else None
         band = layout.layer_bands(cfg.n_layers)["knowledge"]
         dirs: list[np.ndarray] = []
         members: list[tuple[int, int]] = []
@@ -222,7 +187,7 @@ def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dty
             parts = [g.dequantize() for g, _ in ffns]
             gate = (parts[0] if len(parts) == 1 else np.concatenate(parts)).astype(np_dtype)  # (experts x ffn, hidden)
             gate_offset = gates.write_aligned(gate)
-            tops = [down_top_tokens(d, unembed, top_k) for _, d in ffns]
+            tops = [down_top_tokens(d, unembed, top_k, tokens) for _, d in ffns]
             ids, vals = np.concatenate([t[0] for t in tops]), np.concatenate([t[1] for t in tops])
             dm_offset = down_meta.write_aligned(ids)
             down_meta.write(vals)
@@ -230,13 +195,14 @@ def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dty
                            "gate_length": int(gate.nbytes), "down_meta_offset": dm_offset,
                            "down_meta_length": int(ids.nbytes + vals.nbytes),
                            **({"num_experts": len(lw.experts)} if lw.experts else {})})
-            if band[0] <= i <= band[1] and len(words):
-                d, m, o = clusters.layer_directions(embed, token_texts, words, i, gate.astype(np.float32), ids[:, 0])
+            if band[0] <= i <= band[1] and word_emb is not None:
+                d, m, o = clusters.layer_directions(embed, token_texts, words, word_emb, i, gate.astype(np.float32),
+                                                    ids[:, 0])
                 dirs.append(d)
                 members += m
                 outputs += o
             report("gate vectors + down_meta", i + 1, cfg.n_layers)
-        del unembed, embed
+        del unembed, embed, tokens, word_emb
 
         report("relation clusters", 0, 1)
         found = clusters.cluster_directions(np.concatenate(dirs) if dirs else np.zeros((0, cfg.hidden), np.float16),
