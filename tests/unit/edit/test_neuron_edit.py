@@ -5,6 +5,7 @@ silent (g.x = 0 at decoys and at earlier neurons' subjects), carried by patches 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -149,6 +150,28 @@ def test_without_a_layer_neurons_fill_the_model_layers_in_order(vx: Path, monkey
     assert module.neuron_layer_plan(v, m, ["a", "b", "c", "d"], None) == {2: {"a", "d"}, 1: {"b", "c"}}
     assert module.neuron_layer_plan(v, m, ["a", "b", "c"], [0, 1]) == {0: {"a", "c"}, 1: {"b"}}  # given: even
 
+
+
+def test_a_batch_over_layers_holds_each_layer_off_the_subjects_placed_at_the_others(
+        vx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each layer's neurons are planned with the texts of the batch's subjects placed at other layers
+    (their prompt and the subject opening a text) and the subjects of neurons already at any layer."""
+    import larql.edit.insert_facts as module
+
+    seen: dict[int, tuple[list[str], list[tuple[str, str]]]] = {}
+    plan = module.plan_neuron_edit
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        seen[args[2]] = (sorted(kw["earlier"]), [(p.text, p.word) for p in kw["elsewhere"]])
+        return plan(*args, **kw)
+
+    monkeypatch.setattr(module, "plan_neuron_edit", spy)
+    v = edit_vindex(vx)
+    insert_facts(v, [Fact("zeta", PROMPT, "blue", "colour")], "neuron", layers=[3], measure=False)
+    insert_facts(v, [Fact("kappa", "Colour of kappa", "gold"), Fact("iota", "Colour of iota", "red")], "neuron",
+                 layers=[1, 2], measure=False)
+    assert seen[1] == (["zeta"], [("iota", "iota"), ("Colour of iota", "iota")])
+    assert seen[2] == (["kappa", "zeta"], [("kappa", "kappa"), ("Colour of kappa", "kappa")])
 
 def test_bias_direction_is_one_on_inputs_that_share_a_common_part() -> None:
     from larql.edit.neuron import BIAS_SPREAD, bias_direction
