@@ -26,6 +26,7 @@ compiling for another CPU than this one) `argmax_q8_0` is np.argmax of the full 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 from llvmlite import ir
@@ -35,6 +36,9 @@ from numba.extending import intrinsic
 from numpy.typing import NDArray
 
 from larql.quant import kernels
+
+if TYPE_CHECKING:  # argmax_tiles imports this module's IR helpers
+    from larql.quant.argmax_tiles import Tiled
 
 _I8, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
 _V32I8, _V8I32, _V8F32 = ir.VectorType(_I8, 32), ir.VectorType(_I32, 8), ir.VectorType(_F32, 8)
@@ -194,11 +198,18 @@ def candidate_rows(raw: NDArray[np.uint8], norms: NDArray[np.float64], x: NDArra
     return q8_0_candidates(raw, x, norms, 1.01 * (x.shape[0] + 2) * U)
 
 
-def argmax_q8_0(raw: NDArray[np.uint8], norms: NDArray[np.float64] | None, x: NDArray[np.float32]) -> int:
+def argmax_q8_0(raw: NDArray[np.uint8], norms: NDArray[np.float64] | None, x: NDArray[np.float32],
+                tiled: Tiled | None = None) -> int:
     """np.argmax of the float32 Q8_0 matvec raw `[rows, bytes]` times x `[n]`, the same index always;
-    norms: `row_norms` of raw (None, or no VNNI: the full matvec)."""
+    norms: `row_norms` of raw (None, or no VNNI: the full matvec); tiled: raw's argmax_tiles copy
+    (the same candidates, found ~2x faster), if made."""
     tab = kernels.F16_TO_F32
-    rows = candidate_rows(raw, norms, x) if HAVE_VNNI and norms is not None else None
+    rows = None
+    if HAVE_VNNI and norms is not None:
+        if tiled is not None and np.isfinite(x).all():
+            rows = tiled.candidates(x, 1.01 * (x.shape[0] + 2) * U)
+        else:
+            rows = candidate_rows(raw, norms, x)
     if rows is None:
         out = np.empty(raw.shape[0], dtype=np.float32)
         kernels.matvec_q8_0(raw, raw.view(np.int8), tab, x, out)

@@ -12,7 +12,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import QuantError
-from larql.quant import argmax, kernels, reference, repack
+from larql.quant import argmax, argmax_tiles, kernels, reference, repack
 from larql.quant.types import BLOCK_LAYOUT, GGMLType, row_bytes
 
 # what every kernel takes first: (qtype, block_size, type_size, raw rows, the same bytes as int8, f16/bf16 table)
@@ -64,6 +64,7 @@ class QuantMatrix:
     raw: NDArray[np.uint8]
     _repacked: list[repack.Repacked | None] = field(default_factory=list, compare=False, repr=False)
     _row_norms: list[NDArray[np.float64] | None] = field(default_factory=list, compare=False, repr=False)
+    _tiled: list[argmax_tiles.Tiled | None] = field(default_factory=list, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         expected = (self.n_rows, row_bytes(self.qtype, self.n_cols))
@@ -147,7 +148,25 @@ class QuantMatrix:
                 if not self._row_norms:
                     norms = argmax.row_norms(self.raw)
                     self._row_norms.append(norms if np.isfinite(norms).all() else None)
-        return argmax.argmax_q8_0(self.raw, self._row_norms[0], x)
+        return argmax.argmax_q8_0(self.raw, self._row_norms[0], x, self.tiled())
+
+    def tiled(self) -> argmax_tiles.Tiled | None:
+        """The tiled int8 copy greedy decoding's candidate pass runs on (argmax_tiles.py), made on
+        first use while the repacking budget lasts (None: not Q8_0 with row norms, or no budget)."""
+        if self._tiled:
+            return self._tiled[0]
+        with _repack_lock:
+            if self._tiled:
+                return self._tiled[0]
+            result = None
+            norms = self._row_norms[0] if self._row_norms else None
+            size = self.raw.nbytes + self.n_rows * 16  # the copy, padded to whole tiles: ~the Q8_0 bytes
+            if self.qtype == GGMLType.Q8_0 and norms is not None and self.n_cols % 32 == 0 and size <= _repack_budget[0]:
+                _repack_budget[0] -= size
+                result = argmax_tiles.Tiled(self.raw, norms)
+                weakref.finalize(result, _release_budget, size)
+            self._tiled.append(result)
+            return result
 
     def matmul(self, x: NDArray[np.float32]) -> NDArray[np.float32]:
         """x `[k]` or `[t, k]` (k = n_cols) -> x @ W.T, `[n_rows]` or `[t, n_rows]` float32."""

@@ -1,0 +1,244 @@
+"""The candidate pass of argmax.py on a tiled int8 copy of the Q8_0 lm_head: 16 rows per instruction.
+
+argmax.py's pass reads the GGUF rows as they are: per row and 32-column block, one 256-bit vpdpbusd
+(plus one for the +128 offset), an f16 scale conversion and a horizontal multiply-add, ~17 micro-ops
+per 34 bytes. On Gemma 3's 262,144 x 640 lm_head that is ~12 ms a token, compute-bound, while the
+memory streams its 178 MB in ~6 ms. Here the weights are copied once (`tile`) so that one 64-byte
+load holds 4 consecutive codes of 16 rows: a 512-bit vpdpbusd against the activation's 4 codes
+(broadcast from memory) advances 16 rows at once, ~20 micro-ops per 16 x 34 bytes.
+
+Which side is unsigned: vpdpbusd multiplies unsigned bytes by signed bytes. The weights are stored
+as q_w + 128 (q_w XOR 0x80) and the activation stays signed, so per block
+  sum_j (q_w + 128) q_x = dot(q_w, q_x) + 128 sum_j q_x,
+and the accumulator starts at -128 sum_j q_x (one splat per block; the same for every row).
+
+The scores are the same quantity as argmax.py's (the same int8 codes, the same block dots, exact in
+int32), summed in another order: each block's float(dot) x (d_w x d_x) is one fma into a float32
+accumulator per row. Rounding: d_w x d_x (1), the fma (1 for the block, then nb additions), so
+|A_r - w_r . x̂| <= (nb + 2) 2^-24 sum_k |d_k dx_k s_k| <= c |w_r| |x̂| with argmax.py's
+c = 1.01 (n + 2) 2^-24 (n >= nb): its bound and its rescoring apply unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+from numpy.typing import NDArray
+
+from larql.quant.argmax import ir_row
+
+ROWS = 16  # rows per tile: the 16 int32 lanes of one 512-bit vector
+CHUNK = 64  # tiles per unit of parallel work (1,024 rows), each keeping its best score
+_I8, _I16, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+_V64I8, _V16I32, _V16F32 = ir.VectorType(_I8, 64), ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
+_V16F16 = ir.VectorType(ir.HalfType(), 16)
+
+
+@njit(cache=True, parallel=True)
+def tile(raw: NDArray[np.uint8], packed: NDArray[np.uint8], scales: NDArray[np.uint16]) -> None:  # pragma: no cover - numba
+    """Copy Q8_0 rows raw `[rows, nb * 34]` into tiles of 16 rows. A Q8_0 block (34 bytes):
+
+        byte 0-1  d (f16)  | 2 .. 33  32 x int8 q
+
+    and per tile t, block k, group g of 4 columns (rows past the matrix: code 0, scale 0):
+
+        packed[t, 512 k + 64 g + 4 i + m] = q[16 t + i, 32 k + 4 g + m] XOR 0x80   (q + 128, uint8)
+        scales[t, 16 k + i]               = d[16 t + i, k]                         (the f16 bits)
+    """
+    rows, nb = raw.shape[0], raw.shape[1] // 34
+    for t in prange(packed.shape[0]):
+        for i in range(ROWS):
+            r = ROWS * t + i
+            for k in range(nb):
+                if r < rows:
+                    scales[t, 16 * k + i] = np.uint16(raw[r, 34 * k]) | (np.uint16(raw[r, 34 * k + 1]) << np.uint16(8))
+                else:
+                    scales[t, 16 * k + i] = np.uint16(0)
+                for g in range(8):
+                    for m in range(4):
+                        b = raw[r, 34 * k + 2 + 4 * g + m] ^ np.uint8(0x80) if r < rows else np.uint8(0x80)
+                        packed[t, 512 * k + 64 * g + 4 * i + m] = b
+
+
+def _splat(builder, scalar, ty):  # type: ignore[no-untyped-def]
+    v = builder.insert_element(ir.Constant(ty, None), scalar, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, ty.count), None))
+
+
+@intrinsic
+def _tile_scores(typingctx, packed, scales, xq, corr, dx, t, out):  # type: ignore[no-untyped-def]
+    """A of tile t's 16 rows into out[16 t .. 16 t + 15] (float32); returns their maximum.
+
+    Per block k: 4 int32 accumulators (two groups of 4 columns each, so that no vpdpbusd waits on
+    the one before: the chain is 2 long, not 8), the first starting at corr[k] = -128 sum q_x;
+    their sum s (exact: |s| <= 32 x 127 x 127 < 2^24, so float(s) is exact too) goes into the row
+    accumulators as fma(float(s), f16->f32(d_w) x dx[k], acc). xq: the activation's int8 codes
+    read 4 at a time (int32 view)."""
+    sig = types.float32(packed, scales, xq, corr, dx, t, out)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        a = signature.args
+        p_row, nb = ir_row(context, builder, a[0], args[0], args[5], 512)
+        s_row, _ = ir_row(context, builder, a[1], args[1], args[5], 2)
+        xa = context.make_array(a[2])(context, builder, args[2]).data
+        ca = context.make_array(a[3])(context, builder, args[3]).data
+        da = context.make_array(a[4])(context, builder, args[4]).data
+        oa = context.make_array(a[6])(context, builder, args[6]).data
+        dp = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16I32, [_V16I32, _V64I8, _V64I8]),
+                                            "llvm.x86.avx512.vpdpbusd.512")
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16F32, [_V16F32] * 3), "llvm.fma.v16f32")
+        fmax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16F32, [_V16F32] * 2),
+                                              "llvm.maxnum.v16f32")
+        acc = cgutils.alloca_once_value(builder, ir.Constant(_V16F32, None))
+        zero = ir.Constant(_V16I32, None)
+        with cgutils.for_range(builder, nb) as loop:
+            k = loop.index
+            base = builder.mul(k, ir.Constant(_I64, 512))
+            c = builder.load(builder.gep(ca, [k], source_etype=_I32), typ=_I32)
+            parts = [_splat(builder, c, _V16I32), zero, zero, zero]
+            for g in range(8):
+                w = builder.load(builder.gep(p_row, [builder.add(base, ir.Constant(_I64, 64 * g))], source_etype=_I8),
+                                 typ=_V64I8, align=1)
+                x4 = builder.load(builder.gep(xa, [builder.add(builder.mul(k, ir.Constant(_I64, 8)), ir.Constant(_I64, g))], source_etype=_I32),
+                                  typ=_I32)
+                xv = builder.bitcast(_splat(builder, x4, _V16I32), _V64I8)
+                parts[g % 4] = builder.call(dp, [parts[g % 4], w, xv])
+            s = builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+            d16 = builder.load(builder.gep(s_row, [builder.mul(k, ir.Constant(_I64, 32))], source_etype=_I8),
+                               typ=_V16F16, align=1)
+            scale = builder.fmul(builder.fpext(d16, _V16F32),
+                                 _splat(builder, builder.load(builder.gep(da, [k], source_etype=_F32), typ=_F32), _V16F32))
+            builder.store(builder.call(fma, [builder.sitofp(s, _V16F32), scale, builder.load(acc)]), acc)
+        v = builder.load(acc)
+        dst = builder.gep(oa, [builder.mul(args[5], ir.Constant(_I64, ROWS))], source_etype=_F32)
+        builder.store(v, builder.bitcast(dst, _V16F32.as_pointer()), align=4)
+        for width in (8, 4, 2, 1):  # the lanes' maximum: halve and compare
+            hi = builder.shuffle_vector(v, v, ir.Constant(_V16I32, [(j + width) % 16 for j in range(16)]))
+            v = builder.call(fmax, [v, hi])
+        return builder.extract_element(v, ir.Constant(_I32, 0))
+
+    return sig, codegen
+
+
+@njit(cache=True)
+def quantize_signed(x: NDArray[np.float32], xq: NDArray[np.int8], corr: NDArray[np.int32],
+                    dx: NDArray[np.float32]) -> tuple[float, float]:  # pragma: no cover - numba
+    """Q8_0 of x `[n]` as argmax._quantize_activation (the same codes), kept signed: xq int8 `[n]`,
+    corr[k] = -128 x (block k's code sum), dx `[n / 32]`. Returns (|x̂ - x|, |x̂|) in float64."""
+    err2, hat2 = 0.0, 0.0
+    for k in range(x.shape[0] // 32):
+        top = np.float32(0.0)
+        for i in range(32):
+            top = max(top, abs(x[32 * k + i]))
+        d = top / np.float32(127.0)
+        dx[k] = d
+        inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
+        total = np.int32(0)
+        for i in range(32):
+            q = min(max(np.round(x[32 * k + i] * inv), np.float32(-127.0)), np.float32(127.0))
+            xq[32 * k + i] = np.int8(q)
+            total += np.int32(q)
+            hat = np.float64(q) * np.float64(d)
+            err2 += (hat - np.float64(x[32 * k + i])) ** 2
+            hat2 += hat * hat
+        corr[k] = -128 * total
+    return np.sqrt(err2), np.sqrt(hat2)
+
+
+@njit(cache=True, parallel=True)
+def scores(packed: NDArray[np.uint8], scales: NDArray[np.uint16], n_rows: int, x: NDArray[np.float32],
+           out: NDArray[np.float32]) -> None:  # pragma: no cover - numba
+    """A `[n_rows]` (out, padded to whole tiles) for activation x: the scan alone, for tests."""
+    n = x.shape[0]
+    xq = np.empty(n, dtype=np.int8)
+    corr = np.empty(n // 32, dtype=np.int32)
+    dx = np.empty(n // 32, dtype=np.float32)
+    quantize_signed(x, xq, corr, dx)
+    for t in prange(packed.shape[0]):
+        _tile_scores(packed, scales, xq.view(np.int32), corr, dx, t, out)  # type: ignore[call-arg]
+
+
+@njit(cache=True, parallel=True)
+def candidates(packed: NDArray[np.uint8], scales: NDArray[np.uint16], n_rows: int, x: NDArray[np.float32],
+               norms: NDArray[np.float64], chunk_norm: NDArray[np.float64], c: float
+               ) -> NDArray[np.int64]:  # pragma: no cover - numba
+    """The rows of the tiled matrix that may hold the largest exact logit for x, ascending.
+
+    Every chunk of CHUNK tiles keeps the row of its largest A; m = the largest A_r - E_r over those
+    rows is at most max_r F_r (argmax.py: F_r >= A_r - E_r), so a row with A_r + E_r < m is not the
+    argmax. Only chunks whose best A plus their largest E (chunk_norm: the chunk's largest |w_r|)
+    reaches m are searched row by row, in float64 as argmax._select."""
+    n = x.shape[0]
+    xq = np.empty(n, dtype=np.int8)
+    corr = np.empty(n // 32, dtype=np.int32)
+    dx = np.empty(n // 32, dtype=np.float32)
+    err, hat = quantize_signed(x, xq, corr, dx)
+    xn2 = 0.0
+    for i in range(n):
+        xn2 += np.float64(x[i]) * np.float64(x[i])
+    slack = (err + c * (np.sqrt(xn2) + hat)) * (1 + 1e-9) + 1e-30
+    n_tiles = packed.shape[0]
+    approx = np.empty(n_tiles * ROWS, dtype=np.float32)
+    n_chunks = (n_tiles + CHUNK - 1) // CHUNK
+    best_a = np.empty(n_chunks, dtype=np.float32)
+    best_r = np.empty(n_chunks, dtype=np.int64)
+    x32 = xq.view(np.int32)
+    for ch in prange(n_chunks):
+        top, at = np.float32(-np.inf), -1
+        for t in range(ch * CHUNK, min(n_tiles, (ch + 1) * CHUNK)):
+            v: float = _tile_scores(packed, scales, x32, corr, dx, t, approx)  # type: ignore[call-arg]
+            if v > top or at < 0 or ROWS * t + ROWS > n_rows:
+                for r in range(ROWS * t, min(n_rows, ROWS * t + ROWS)):  # which row (past the end: none)
+                    if approx[r] > top or at < 0:
+                        top, at = approx[r], r
+        best_a[ch], best_r[ch] = top, at
+    m = -np.inf
+    for ch in range(n_chunks):
+        r = best_r[ch]
+        if r >= 0:
+            m = max(m, np.float64(approx[r]) - norms[r] * slack)
+    count = 0
+    keep = np.zeros(n_chunks, dtype=np.bool_)
+    for ch in range(n_chunks):
+        if np.float64(best_a[ch]) + chunk_norm[ch] * slack >= m:
+            keep[ch] = True
+            for r in range(ch * CHUNK * ROWS, min(n_rows, (ch + 1) * CHUNK * ROWS)):
+                if np.float64(approx[r]) + norms[r] * slack >= m:
+                    count += 1
+    out = np.empty(count, dtype=np.int64)
+    j = 0
+    for ch in range(n_chunks):
+        if keep[ch]:
+            for r in range(ch * CHUNK * ROWS, min(n_rows, (ch + 1) * CHUNK * ROWS)):
+                if np.float64(approx[r]) + norms[r] * slack >= m:
+                    out[j] = r
+                    j += 1
+    return out
+
+
+class Tiled:
+    """A Q8_0 matrix's tiled copy (`tile`), with its row norms and each chunk's largest norm."""
+
+    def __init__(self, raw: NDArray[np.uint8], norms: NDArray[np.float64]) -> None:
+        rows, nb = raw.shape[0], raw.shape[1] // 34
+        n_tiles = (rows + ROWS - 1) // ROWS
+        self.n_rows = rows
+        self.packed = np.empty((n_tiles, 512 * nb), dtype=np.uint8)
+        self.scales = np.empty((n_tiles, 16 * nb), dtype=np.uint16)
+        tile(raw, self.packed, self.scales)
+        self.norms = norms
+        per = CHUNK * ROWS
+        padded = np.zeros(-(-rows // per) * per)
+        padded[:rows] = norms
+        self.chunk_norm = padded.reshape(-1, per).max(axis=1)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.packed.nbytes + self.scales.nbytes)
+
+    def candidates(self, x: NDArray[np.float32], c: float) -> NDArray[np.int64]:
+        """argmax.candidate_rows on this copy: x `[n]` finite, c the rounding constant."""
+        return candidates(self.packed, self.scales, self.n_rows, x, self.norms, self.chunk_norm, c)
