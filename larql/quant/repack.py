@@ -260,17 +260,21 @@ def matmul_g16(q, scale, xs, out):
 
 
 
+def matvec(p: Repacked, x: NDArray[np.float32], out: NDArray[np.float32]) -> None:
+    """out `[rows]` = the weights times one activation x `[cols]` (float32, contiguous)."""
+    if p.group == 16:
+        matvec_rows.matvec_g16(p.q, p.scale, x, out)
+    elif p.offset is None:
+        matvec_rows.matvec_g32(p.q, p.scale, x, out)
+    else:
+        matvec_rows.matvec_g32_offset(p.q, p.scale, p.offset, x, out)
+
+
 def matmul(p: Repacked, xs: NDArray[np.float32]) -> NDArray[np.float32]:
     """xs `[t, cols]` (t small) -> `[t, rows]`; one row (a decode step) through matvec_rows.py."""
     out = np.empty((xs.shape[0], p.q.shape[0]), dtype=np.float32)
     if xs.shape[0] == 1:
-        x = xs.reshape(-1)
-        if p.group == 16:
-            matvec_rows.matvec_g16(p.q, p.scale, x, out[0])
-        elif p.offset is None:
-            matvec_rows.matvec_g32(p.q, p.scale, x, out[0])
-        else:
-            matvec_rows.matvec_g32_offset(p.q, p.scale, p.offset, x, out[0])
+        matvec(p, xs.reshape(-1), out[0])
         return out
     if p.group == 16:
         matmul_g16(p.q, p.scale, xs, out)

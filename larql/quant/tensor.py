@@ -170,6 +170,13 @@ class QuantMatrix:
 
     def matmul(self, x: NDArray[np.float32]) -> NDArray[np.float32]:
         """x `[k]` or `[t, k]` (k = n_cols) -> x @ W.T, `[n_rows]` or `[t, n_rows]` float32."""
+        packed = self._repacked[0] if self._repacked else None
+        if packed is not None and isinstance(x, np.ndarray) and 1 <= x.ndim <= 2 and x.size == x.shape[-1] == self.n_cols:
+            # a decode step's activation on a repacked matrix: straight to the kernel (~200 calls a
+            # token, where the checks and reshapes below cost a few us each)
+            out = np.empty((1, self.n_rows) if x.ndim == 2 else self.n_rows, dtype=np.float32)
+            repack.matvec(packed, np.ascontiguousarray(x, dtype=np.float32).reshape(-1), out.reshape(-1))
+            return out
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.shape[-1] != self.n_cols or x.ndim not in (1, 2):
             raise QuantError(
