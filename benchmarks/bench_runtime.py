@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from functools import partial
 from pathlib import Path
 
 from larql.threads import configure
@@ -24,6 +25,7 @@ import numpy as np  # noqa: E402
 
 from larql.bench import describe_run, prompt_ids, run_bench, table  # noqa: E402
 from larql.model.forward import Segment  # noqa: E402
+from larql.quant import argmax  # noqa: E402
 
 
 def bench_transformers(key: str, n_prompt: int, n_decode: int, threads: int) -> dict[str, float] | None:
@@ -102,6 +104,16 @@ def kernel_speeds(keys: list[str]) -> list[dict[str, object]]:
         dt = min(_time(lambda out=out, h=h: out.argmax_matvec(h)) for _ in range(5))
         rows.append({"model": key, "tensor": out.name + " argmax", "type": out.qtype.name, "shape": list(out.shape),
                      "us": dt * 1e6, "GB_s": out.nbytes / dt / 1e9})
+        # its candidate pass alone: on the tiled copy (what argmax_matvec runs) and on the GGUF rows
+        tiled, norms = out.tiled(), out._row_norms[0] if out._row_norms else None
+        if argmax.HAVE_VNNI and tiled is not None and norms is not None:
+            c = 1.01 * (out.n_cols + 2) * argmax.U
+            for label, fn in (("candidates, tiled", partial(tiled.candidates, h, c)),
+                              ("candidates, rows", partial(argmax.candidate_rows, out.raw, norms, h))):
+                fn()
+                dt = min(_time(fn) for _ in range(5))
+                rows.append({"model": key, "tensor": f"{out.name} {label}", "type": out.qtype.name,
+                             "shape": list(out.shape), "us": dt * 1e6, "GB_s": out.nbytes / dt / 1e9})
     return rows
 
 

@@ -52,15 +52,21 @@ def tile(raw: NDArray[np.uint8], packed: NDArray[np.uint8], scales: NDArray[np.u
     for t in prange(packed.shape[0]):
         for i in range(ROWS):
             r = ROWS * t + i
-            for k in range(nb):
-                if r < rows:
-                    scales[t, 16 * k + i] = np.uint16(raw[r, 34 * k]) | (np.uint16(raw[r, 34 * k + 1]) << np.uint16(8))
-                else:
+            if r >= rows:  # padding: code 0 (stored 128), scale 0
+                for k in range(nb):
                     scales[t, 16 * k + i] = np.uint16(0)
+                    for j in range(32):
+                        packed[t, 512 * k + 64 * (j // 4) + 4 * i + j % 4] = np.uint8(0x80)
+                continue
+            src = raw[r]
+            dst = packed[t]
+            for k in range(nb):
+                b = 34 * k
+                scales[t, 16 * k + i] = np.uint16(src[b]) | (np.uint16(src[b + 1]) << np.uint16(8))
+                o = 512 * k + 4 * i
                 for g in range(8):
                     for m in range(4):
-                        b = raw[r, 34 * k + 2 + 4 * g + m] ^ np.uint8(0x80) if r < rows else np.uint8(0x80)
-                        packed[t, 512 * k + 64 * g + 4 * i + m] = b
+                        dst[o + 64 * g + m] = src[b + 2 + 4 * g + m] ^ np.uint8(0x80)
 
 
 def _splat(builder, scalar, ty):  # type: ignore[no-untyped-def]
