@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import larql
 from larql.quant import GGMLType, QuantMatrix, argmax, argmax_tiles, dequantize_reference, kernels
 from tests.unit.quant.test_kernels import random_matrix
 
@@ -124,3 +125,25 @@ def test_no_budget_or_other_types_use_the_row_pass(monkeypatch: pytest.MonkeyPat
     x = np.random.default_rng(2).standard_normal(256).astype(np.float32)
     assert m.argmax_matvec(x) == int(np.argmax(m.matmul(x)))
     assert m.tiled() is None
+
+
+@needs_vnni
+def test_real_gemma_hidden_states(gemma: larql.Model) -> None:
+    """Gemma 3's 262,144 x 640 tied embedding and the final-norm states of every position of two
+    prompts: the tiled pass's argmax is np.argmax of the full float32 logits each time, and the
+    bound lets a handful of rows through."""
+    from larql.model.forward import Segment
+
+    out = gemma.weights.output
+    out.argmax_matvec(np.zeros(out.n_cols, np.float32))  # row norms, then the tiled copy
+    tiled = out.tiled()
+    assert tiled is not None
+    for text in ("The capital of France is", "def fibonacci(n):\n    return"):
+        ids = np.asarray(gemma.tokenize(text))
+        x = gemma._forward.run([Segment(0, len(ids), gemma.new_cache(len(ids)), 0)], ids, None)  # (T, hidden)
+        h = gemma._forward.final_norm(x, None, 0)
+        for row in np.ascontiguousarray(h, dtype=np.float32):
+            want = int(np.argmax(out.matmul(row)))
+            assert out.argmax_matvec(row) == want
+            rows = tiled.candidates(row, _c(out.n_cols))
+            assert want in rows and len(rows) <= 50
