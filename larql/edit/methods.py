@@ -38,7 +38,8 @@ def default_layer(model_name: str, n_layers: int) -> int:
 # Past 64 per layer a batch spreads over all of them: the 1,000 fictional facts in one INSERT over
 # layers 3, 4, 6 (~333 neurons each) scored ES 37.1 / PS 23.2, unrelated top-1s kept 29% (KL 3.7); over
 # 3-8 (~167 each) ES 70.9 / PS 53.7, kept 54% (KL 0.65). (160 facts all at layer 3: ES 100 / PS 93.0,
-# so what breaks the large batch is neurons of different layers meeting, not one layer's density;
+# so what breaks the large batch is neurons of different layers meeting — and past a few hundred one
+# layer's density too: all 1,000 at layer 3, ES 35.3 / PS 31.6, 70.8% of unrelated top-1s kept;
 # layer 9 is weaker, PS 69.5 for 80 facts. Holding each layer's neurons off the other layers' subjects,
 # `neuron.THRESHOLD_ROUNDS`: 300 facts ES 84.7 -> 89.7 / PS 48.0 -> 55.3, same 18 of 24 kept; all 1,000
 # ES 66.3 / PS 46.7, kept 62.5% (KL 0.54).) Layers 5, 7 and 8 come after 3, 4, 6 so that batches up
