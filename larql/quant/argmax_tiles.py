@@ -28,7 +28,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numpy.typing import NDArray
 
-from larql.quant.argmax import ir_row
+from larql.quant.argmax import _quantize_activation, ir_row
 
 ROWS = 16  # rows per tile: the 16 int32 lanes of one 512-bit vector
 CHUNK = 64  # tiles per unit of parallel work (1,024 rows), each keeping its best score
@@ -132,26 +132,18 @@ def _tile_scores(typingctx, packed, scales, xq, corr, dx, t, out):  # type: igno
 @njit(cache=True)
 def quantize_signed(x: NDArray[np.float32], xq: NDArray[np.int8], corr: NDArray[np.int32],
                     dx: NDArray[np.float32]) -> tuple[float, float]:  # pragma: no cover - numba
-    """Q8_0 of x `[n]` as argmax._quantize_activation (the same codes), kept signed: xq int8 `[n]`,
+    """Q8_0 of x `[n]` by argmax._quantize_activation (the same codes), kept signed: xq int8 `[n]`,
     corr[k] = -128 x (block k's code sum), dx `[n / 32]`. Returns (|x̂ - x|, |x̂|) in float64."""
-    err2, hat2 = 0.0, 0.0
+    xu = np.empty(x.shape[0], dtype=np.uint8)  # the codes as argmax.py's pass reads them: q + 128
+    errs = _quantize_activation(x, xu, dx)
     for k in range(x.shape[0] // 32):
-        top = np.float32(0.0)
-        for i in range(32):
-            top = max(top, abs(x[32 * k + i]))
-        d = top / np.float32(127.0)
-        dx[k] = d
-        inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
         total = np.int32(0)
         for i in range(32):
-            q = min(max(np.round(x[32 * k + i] * inv), np.float32(-127.0)), np.float32(127.0))
+            q = np.int32(xu[32 * k + i]) - 128
             xq[32 * k + i] = np.int8(q)
-            total += np.int32(q)
-            hat = np.float64(q) * np.float64(d)
-            err2 += (hat - np.float64(x[32 * k + i])) ** 2
-            hat2 += hat * hat
+            total += q
         corr[k] = -128 * total
-    return np.sqrt(err2), np.sqrt(hat2)
+    return errs
 
 
 @njit(cache=True, parallel=True)
