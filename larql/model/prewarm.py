@@ -73,10 +73,24 @@ def last_type_met(weights: Weights) -> QuantMatrix | None:
     return list(seen.values())[-1] if seen else None
 
 
+def compile_tiled_pass(out: Any) -> None:
+    """The kernels of the lm_head's tiled candidate pass (made from a generation's 33rd step,
+    `tensor.TILE_AFTER_STEPS`), compiled on a copy of its first 16 rows, not the whole 178 MB."""
+    from larql.quant import argmax, argmax_tiles
+    from larql.quant.types import GGMLType
+
+    if getattr(out, "qtype", None) != GGMLType.Q8_0 or not argmax.HAVE_VNNI or out.n_cols % 32:
+        return
+    rows = out.raw[: argmax_tiles.ROWS]
+    tiled = argmax_tiles.Tiled(rows, argmax.row_norms(rows))
+    tiled.candidates(np.zeros(out.n_cols, np.float32), 1.0)
+
+
 def compile_the_end(weights: Weights) -> None:
     """Run on zeros what a generating process reaches last: its kernels land in numba's cache."""
     out = weights.output
     out.argmax_matvec(np.zeros(out.n_cols, np.float32))  # the lm_head's candidate pass
+    compile_tiled_pass(out)
     mat = last_type_met(weights)
     if mat is not None:
         mat.matmul(np.zeros((2, mat.n_cols), np.float32))  # a short prompt's kernel

@@ -27,6 +27,10 @@ CHUNK_ROWS = 4096
 # to the kernels: a run that never takes the BLAS path then does not compile a dequantization
 # kernel (0.8 s of a first `larql run`), and numpy is as fast on a few rows.
 GATHER_NUMPY = 256
+# Greedy steps on a Q8_0 lm_head before its tiled copy is made (`QuantMatrix.tiled`): the copy wins
+# back its making after ~100 steps, so a short `larql run` (8 tokens: 3.07 s without it, 3.74 s with it
+# made at the first step) runs the row pass alone
+TILE_AFTER_STEPS = 32
 
 
 _scratch = threading.local()
@@ -65,6 +69,7 @@ class QuantMatrix:
     _repacked: list[repack.Repacked | None] = field(default_factory=list, compare=False, repr=False)
     _row_norms: list[NDArray[np.float64] | None] = field(default_factory=list, compare=False, repr=False)
     _tiled: list[argmax_tiles.Tiled | None] = field(default_factory=list, compare=False, repr=False)
+    _greedy_steps: list[int] = field(default_factory=lambda: [0], compare=False, repr=False)
 
     def __post_init__(self) -> None:
         expected = (self.n_rows, row_bytes(self.qtype, self.n_cols))
@@ -148,11 +153,16 @@ class QuantMatrix:
                 if not self._row_norms:
                     norms = argmax.row_norms(self.raw)
                     self._row_norms.append(norms if np.isfinite(norms).all() else None)
-        return argmax.argmax_q8_0(self.raw, self._row_norms[0], x, self.tiled())
+        self._greedy_steps[0] += 1
+        # the tiled copy costs ~0.35 s to make (Gemma's lm_head, mostly page faults) and saves ~3.5 ms a
+        # step: made once a generation is long enough to win it back, not for a short one
+        tiles = self.tiled() if self._greedy_steps[0] > TILE_AFTER_STEPS else (self._tiled[0] if self._tiled else None)
+        return argmax.argmax_q8_0(self.raw, self._row_norms[0], x, tiles)
 
     def tiled(self) -> argmax_tiles.Tiled | None:
         """The tiled int8 copy greedy decoding's candidate pass runs on (argmax_tiles.py), made on
-        first use while the repacking budget lasts (None: not Q8_0 with row norms, or no budget)."""
+        first call — `argmax_matvec` calls it from its TILE_AFTER_STEPS-th step on — while the
+        repacking budget lasts (None: not Q8_0 with row norms, or no budget)."""
         if self._tiled:
             return self._tiled[0]
         with _repack_lock:

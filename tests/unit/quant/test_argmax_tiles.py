@@ -147,3 +147,18 @@ def test_real_gemma_hidden_states(gemma: larql.Model) -> None:
             assert out.argmax_matvec(row) == want
             rows = tiled.candidates(row, _c(out.n_cols))
             assert want in rows and len(rows) <= 50
+
+
+@needs_vnni
+def test_the_copy_is_made_once_a_generation_is_long() -> None:
+    """No tiled copy for the first TILE_AFTER_STEPS greedy steps (a short run does not pay for it),
+    then made, and every step's id is np.argmax of the full matvec before and after."""
+    from larql.quant.tensor import TILE_AFTER_STEPS
+
+    m = random_matrix(GGMLType.Q8_0, 3000, 256, seed=12)
+    rng = np.random.default_rng(5)
+    for step in range(TILE_AFTER_STEPS + 3):
+        x = rng.standard_normal(256).astype(np.float32)
+        assert m.argmax_matvec(x) == int(np.argmax(m.matmul(x)))
+        assert bool(m._tiled) == (step >= TILE_AFTER_STEPS), step
+    assert m._tiled[0] is not None
