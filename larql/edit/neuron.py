@@ -28,7 +28,12 @@ The install, per subject (facts about one subject share a neuron):
   > 0.05 without; `neuron_directions`: ROME's constrained solve, in the input space, each neuron
   with its own constraints);
 - slot: the feature that carries least on ordinary text, sqrt(E[k_f²]) |down_f| (on gemma3-270m's
-  layer 3 the cheapest are ~0.014-0.02 against an MLP output norm of ~6), not already edited;
+  layer 3 the cheapest are ~0.014-0.02 against an MLP output norm of ~6), not already edited. The
+  slot's old feature is then gone from every token, and across layers that adds up: the 167 cheapest
+  of each of layers 3-8 deleted alone keep 17 of 24 unrelated top-1s (benchmarks/bench_slot_cost.py);
+  neurons added beside the base features instead (emulated, benchmarks/bench_neuron_widen.py) took
+  300 fictional facts from ES 89.7 / PS 55.3 / 18 of 24 kept to 95.0 / 81.1 / 24 of 24 — a wider
+  FFN is the next build;
 - down = (u + k*_f down_f) / f(a): the slot's own contribution at the subject is given back, so the
   subject's MLP output changes by exactly u at its mean input.
 The result is ordinary feature inserts (PatchOp "insert"): patches, SHOW PATCHES, COMPILE carry it.
