@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numba
 import numpy as np
@@ -39,6 +41,25 @@ _scratch = threading.local()
 # used first get it. LARQL_REPACK_MB=0 turns repacking off (the kernels then read the GGUF blocks).
 _repack_budget = [int(os.environ.get("LARQL_REPACK_MB", "1024")) << 20]
 _repack_lock = threading.Lock()
+_T = TypeVar("_T")
+
+
+def _made_once(slot: list[_T], make: Callable[[], _T]) -> _T:
+    """slot's one value, made by `make` on first use (under the lock: two threads make it once)."""
+    if slot:
+        return slot[0]
+    with _repack_lock:
+        if not slot:
+            slot.append(make())
+        return slot[0]
+
+
+def _take_budget(size: int) -> bool:
+    """Take `size` bytes of the repacking budget if that much is left."""
+    if size > _repack_budget[0]:
+        return False
+    _repack_budget[0] -= size
+    return True
 
 
 def _release_budget(size: int) -> None:
@@ -126,21 +147,26 @@ class QuantMatrix:
     def repacked(self) -> repack.Repacked | None:
         """The int8 + scale copy the small-batch path runs on, made on first use while the
         process-wide budget lasts (None: not a repackable type, or no budget left)."""
-        if self._repacked:
-            return self._repacked[0]
-        with _repack_lock:
-            if self._repacked:
-                return self._repacked[0]
-            result = None
-            if self.qtype in repack.REPACKABLE and self.n_cols % 32 == 0:
-                size = self.n_rows * self.n_cols * repack.nbytes_per_weight(self.qtype)
-                if size <= _repack_budget[0]:
-                    _repack_budget[0] -= int(size)
-                    block_size, type_size = BLOCK_LAYOUT[self.qtype]
-                    result = repack.repack(self.qtype, block_size, type_size, self.raw, kernels.F16_TO_F32, self.n_cols)
-                    weakref.finalize(result, _release_budget, int(size))  # a freed model gives it back
-            self._repacked.append(result)
+        def make() -> repack.Repacked | None:
+            if self.qtype not in repack.REPACKABLE or self.n_cols % 32:
+                return None
+            size = int(self.n_rows * self.n_cols * repack.nbytes_per_weight(self.qtype))
+            if not _take_budget(size):
+                return None
+            block_size, type_size = BLOCK_LAYOUT[self.qtype]
+            result = repack.repack(self.qtype, block_size, type_size, self.raw, kernels.F16_TO_F32, self.n_cols)
+            weakref.finalize(result, _release_budget, size)  # a freed model gives it back
             return result
+
+        return _made_once(self._repacked, make)
+
+    def row_norms(self) -> NDArray[np.float64] | None:
+        """|w_r| of every Q8_0 row (argmax.row_norms), made once (None: not finite)."""
+        def make() -> NDArray[np.float64] | None:
+            norms = argmax.row_norms(self.raw)
+            return norms if np.isfinite(norms).all() else None
+
+        return _made_once(self._row_norms, make)
 
     def argmax_matvec(self, x: NDArray[np.float32]) -> int:
         """`int(np.argmax(self.matmul(x)))` for one activation x `[n_cols]`, the same index always; for
@@ -148,35 +174,28 @@ class QuantMatrix:
         x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
         if self.qtype != GGMLType.Q8_0 or not argmax.HAVE_VNNI or x.shape[0] != self.n_cols:
             return int(np.argmax(self.matmul(x)))
-        if not self._row_norms:
-            with _repack_lock:
-                if not self._row_norms:
-                    norms = argmax.row_norms(self.raw)
-                    self._row_norms.append(norms if np.isfinite(norms).all() else None)
         self._greedy_steps[0] += 1
         # the tiled copy costs ~0.35 s to make (Gemma's lm_head, mostly page faults) and saves ~3.5 ms a
         # step: made once a generation is long enough to win it back, not for a short one
         tiles = self.tiled() if self._greedy_steps[0] > TILE_AFTER_STEPS else (self._tiled[0] if self._tiled else None)
-        return argmax.argmax_q8_0(self.raw, self._row_norms[0], x, tiles)
+        return argmax.argmax_q8_0(self.raw, self.row_norms(), x, tiles)
 
     def tiled(self) -> argmax_tiles.Tiled | None:
         """The tiled int8 copy greedy decoding's candidate pass runs on (argmax_tiles.py), made on
         first call — `argmax_matvec` calls it from its TILE_AFTER_STEPS-th step on — while the
-        repacking budget lasts (None: not Q8_0 with row norms, or no budget)."""
-        if self._tiled:
-            return self._tiled[0]
-        with _repack_lock:
-            if self._tiled:
-                return self._tiled[0]
-            result = None
-            norms = self._row_norms[0] if self._row_norms else None
+        repacking budget lasts (None: not Q8_0 with finite row norms, or no budget)."""
+        def make() -> argmax_tiles.Tiled | None:
+            if self.qtype != GGMLType.Q8_0 or self.n_cols % 32:
+                return None
+            norms = self.row_norms()
             size = self.raw.nbytes + self.n_rows * 16  # the copy, padded to whole tiles: ~the Q8_0 bytes
-            if self.qtype == GGMLType.Q8_0 and norms is not None and self.n_cols % 32 == 0 and size <= _repack_budget[0]:
-                _repack_budget[0] -= size
-                result = argmax_tiles.Tiled(self.raw, norms)
-                weakref.finalize(result, _release_budget, size)
-            self._tiled.append(result)
+            if norms is None or not _take_budget(size):
+                return None
+            result = argmax_tiles.Tiled(self.raw, norms)
+            weakref.finalize(result, _release_budget, size)
             return result
+
+        return _made_once(self._tiled, make)
 
     def matmul(self, x: NDArray[np.float32]) -> NDArray[np.float32]:
         """x `[k]` or `[t, k]` (k = n_cols) -> x @ W.T, `[n_rows]` or `[t, n_rows]` float32."""

@@ -162,3 +162,14 @@ def test_the_copy_is_made_once_a_generation_is_long() -> None:
         assert m.argmax_matvec(x) == int(np.argmax(m.matmul(x)))
         assert bool(m._tiled) == (step >= TILE_AFTER_STEPS), step
     assert m._tiled[0] is not None
+
+
+@needs_vnni
+def test_the_copy_can_be_asked_for_before_any_greedy_step() -> None:
+    """tiled() first (as `larql bench`'s warm-up may): it makes the row norms it needs, not a None."""
+    m = random_matrix(GGMLType.Q8_0, 700, 128, seed=14)
+    tiled = m.tiled()
+    assert tiled is not None
+    x = np.random.default_rng(3).standard_normal(128).astype(np.float32)
+    assert m.argmax_matvec(x) == int(np.argmax(m.matmul(x)))
+    assert m.tiled() is tiled
