@@ -40,7 +40,7 @@ _scratch = threading.local()
 # Memory that repacked copies of 4/5/6-bit weights may take in all (see repack.py): the matrices
 # used first get it. LARQL_REPACK_MB=0 turns repacking off (the kernels then read the GGUF blocks).
 _repack_budget = [int(os.environ.get("LARQL_REPACK_MB", "1024")) << 20]
-_repack_lock = threading.Lock()
+_repack_lock = threading.RLock()  # reentrant: the tiled copy's maker asks for the row norms under it
 _T = TypeVar("_T")
 
 
