@@ -1,5 +1,5 @@
 """What METHOD NEURON's recycled features cost on their own: delete the N cheapest features
-(`neuron.free_slots` by `slot_costs`, the slots a batch of N neurons a layer would take) of each
+(by rms activation x |down column|, the slots a batch of N neurons a layer took before neurons were added) of each
 given layer — no neurons installed — and measure the unrelated prompts (top-1 kept, mean KL), each
 layer alone and all together; optionally with the deleted features compensated by least squares
 from the kept ones over the statistics corpus (down_D C_DK C_KK⁻¹, one weight op a layer).
@@ -33,7 +33,6 @@ def main() -> None:
     args = parser.parse_args()
     from larql.edit.evaluate import unrelated_logps
     from larql.edit.insert_facts import key_metrics, stats_dir
-    from larql.edit.neuron import free_slots, slot_costs
     from larql.edit.patch import PatchOp
     from larql.edit.view import edit_vindex
     from larql.edit.weight_edit import dense_layers
@@ -48,7 +47,10 @@ def main() -> None:
     def ops_for(layer: int) -> list:
         metric = key_metrics(m, [layer], stats_dir(v))[layer]
         down = dense_layers(m)(layer, m.edits).down  # (hidden, ffn)
-        gone = np.array(free_slots(slot_costs(metric.diag, down), set(), args.n))
+        # the slots METHOD NEURON took before it added features: the cheapest on ordinary text,
+        # rms activation x norm of the down column
+        costs = np.sqrt(np.maximum(metric.diag, 0.0)) * np.linalg.norm(down, axis=0)
+        gone = np.argsort(costs, kind="stable")[: args.n]
         ops: list = [PatchOp("delete", layer, int(f)) for f in gone]
         if args.compensate:
             cov = np.asarray(metric.cov, np.float64)

@@ -56,10 +56,10 @@ def stack_size(applied: list[Patch], pending: list[Op]) -> StackSize:
 
 def fold(ops: list[Op], under: list[Op], shape: PatchOverlay) -> list[Op]:
     """Operations that, replayed after `under`, leave the overlay exactly as `under` then `ops` do."""
-    base = PatchOverlay(shape.num_layers, shape.num_features, shape.hidden)
+    base = PatchOverlay(shape.num_layers, shape.num_features, shape.hidden, shape.widths)
     for op in under:
         op.apply(base)
-    top = PatchOverlay(shape.num_layers, shape.num_features, shape.hidden)
+    top = PatchOverlay(shape.num_layers, shape.num_features, shape.hidden, shape.widths)
     for op in under + ops:
         op.apply(top)
     last: dict[tuple[int, int], PatchOp] = {}
@@ -72,7 +72,11 @@ def fold(ops: list[Op], under: list[Op], shape: PatchOverlay) -> list[Op]:
     slots = sorted({(op.layer, op.feature) for op in ops if isinstance(op, PatchOp)})
     out: list[Op] = []
     for layer, feature in slots:
-        vectors, meta = top.layer(layer).get(feature), top.meta(layer).get(feature)
+        vectors, meta = top.layer(layer).get(feature) or top.added(layer).get(feature), top.meta(layer).get(feature)
+        if feature >= shape.widths[layer] and vectors is None:  # an added feature deleted again
+            if feature in base.added(layer):
+                out.append(PatchOp("delete", layer, feature, reason="COMPACT"))
+            continue
         if feature in top.deleted(layer):
             out.append(PatchOp("delete", layer, feature, reason="COMPACT"))
             continue

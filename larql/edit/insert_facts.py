@@ -191,9 +191,7 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
         used = tuple(sorted(by_layer))
         try:
             for layer, placed in by_layer.items():
-                key_metric = key_metrics(model, [layer], stats_dir(v), stats_tokens)[layer]
                 input_metric = key_metrics(model, [layer], stats_dir(v), stats_tokens, point="input")[layer]
-                taken = set(v.overlay.layer(layer)) | set(v.overlay.deleted(layer))
                 # the neurons already in place (at any layer) must stay silent on the new subjects and the
                 # new ones on theirs, and so must this batch's neurons at other layers: a neuron at layer 3
                 # opening on the prompt of a subject placed at layer 7 writes its target there (500 fictional
@@ -203,8 +201,8 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
                            for op in installed(v, i, neurons=True) if op.entity]
                 elsewhere = [HeldPrompt(text, f.subject) for f in facts if f.subject not in placed
                              for text in (f.subject, f.prompt)]
-                neuron_plan = plan_neuron_edit(model, [f for f in facts if f.subject in placed], layer, key_metric,
-                                               input_metric, taken, DECOY_SUBJECTS if decoys is None else decoys,
+                neuron_plan = plan_neuron_edit(model, [f for f in facts if f.subject in placed], layer, input_metric,
+                                               v.overlay.next_feature(layer), DECOY_SUBJECTS if decoys is None else decoys,
                                                near, objects, earlier=list(dict.fromkeys(earlier)),
                                                elsewhere=elsewhere)
                 v.patches.record_all(list(neuron_plan.ops))

@@ -249,7 +249,8 @@ def merge(v: EditableVindex, source: str | Path, policy: str = "last_wins") -> M
 def _relocate(v: EditableVindex, ops: list[PatchOp | WeightOp], cur_facts: dict[tuple[int, int], PatchOp]
               ) -> tuple[list[PatchOp | WeightOp], list[tuple[int, int, int, str, str]]]:
     """Two different facts installed in one slot (each session picked the layer's least-used
-    feature): the incoming fact's operations move to the next least-used feature nobody edits."""
+    feature): the incoming fact's operations move to the next least-used feature nobody edits; an
+    added feature (both sessions numbered theirs from the layer's width) to the next free number."""
     in_facts = _facts(ops)
     clash = sorted(slot for slot, op in in_facts.items() if slot in cur_facts
                    and _key(op.entity, op.relation) != _key(cur_facts[slot].entity, cur_facts[slot].relation))
@@ -259,6 +260,10 @@ def _relocate(v: EditableVindex, ops: list[PatchOp | WeightOp], cur_facts: dict[
     ov = v.overlay
     where: dict[tuple[int, int], int] = {}
     for layer, feature in clash:
+        if feature >= ov.widths[layer]:  # both added a feature (METHOD NEURON): the incoming one goes after all
+            mine = [f for l, f in taken if l == layer] + [new for (l, _), new in where.items() if l == layer]
+            where[(layer, feature)] = max([ov.next_feature(layer) - 1, *mine]) + 1
+            continue
         busy = set(ov.layer(layer)) | set(ov.meta(layer)) | ov.deleted(layer) | \
             {f for l, f in taken if l == layer} | {new for (l, _), new in where.items() if l == layer}
         free = next((f for f in _least_used(v, layer) if f not in busy), None)

@@ -27,22 +27,21 @@ The install, per subject (facts about one subject share a neuron):
   already at the layer) nearest to it; and wherever else it would fire (g·x > 0.6 with the threshold,
   > 0.05 without; `neuron_directions`: ROME's constrained solve, in the input space, each neuron
   with its own constraints);
-- slot: the feature that carries least on ordinary text, sqrt(E[k_f²]) |down_f| (on gemma3-270m's
-  layer 3 the cheapest are ~0.014-0.02 against an MLP output norm of ~6), not already edited. The
-  slot's old feature is then gone from every token, and across layers that adds up: the 167 cheapest
-  of each of layers 3-8 deleted alone keep 17 of 24 unrelated top-1s (benchmarks/bench_slot_cost.py);
-  neurons added beside the base features instead (emulated, benchmarks/bench_neuron_widen.py) took
-  300 fictional facts from ES 89.7 / PS 55.3 / 18 of 24 kept to 95.0 / 81.1 / 24 of 24 — a wider
-  FFN is the next build;
-- down = (u + k*_f down_f) / f(a): the slot's own contribution at the subject is given back, so the
-  subject's MLP output changes by exactly u at its mean input.
-The result is ordinary feature inserts (PatchOp "insert"): patches, SHOW PATCHES, COMPILE carry it.
+- an added feature: the neuron is appended to the layer (ids from the layer's base width up), so
+  no feature of the model is given up. Taking over the layer's cheapest existing feature instead, as
+  this method did before, cost most of the locality: that feature is gone from every token, and across
+  layers it adds up (the 167 cheapest of each of layers 3-8 deleted alone keep 17 of 24 unrelated
+  top-1s, benchmarks/bench_slot_cost.py); 300 fictional facts over layers 3-8 went from ES 89.7 /
+  PS 55.3 / 18 of 24 unrelated top-1s kept with recycled slots to 95.0 / 81.1 / 24 of 24 added;
+- down = u / f(a): the subject's MLP output changes by exactly u at its mean input.
+The result is feature inserts (PatchOp "insert") at the added ids: patches, SHOW PATCHES, COMPILE
+(a layer written that many features wider) carry it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,23 +87,10 @@ class NeuronPlan:
     facts: tuple[Fact, ...]
     layer: int
     ops: tuple[PatchOp, ...]  # one "insert" per subject
-    slots: tuple[int, ...]
+    features: tuple[int, ...]  # the added features' ids
     values: tuple[ValueResult, ...]
     decoy_prompts: int
     seconds: float
-
-
-def slot_costs(key_moment_diag: NDArray[np.float64], down: F32) -> NDArray[np.float64]:
-    """What each feature writes on ordinary text: rms activation x norm of its down column `(ffn,)`."""
-    return np.sqrt(np.maximum(key_moment_diag, 0.0)) * np.linalg.norm(down, axis=0)
-
-
-def free_slots(costs: NDArray[np.float64], taken: Set[int], n: int) -> list[int]:
-    """The `n` cheapest features not in `taken`."""
-    order = [int(f) for f in np.argsort(costs, kind="stable") if int(f) not in taken]
-    if len(order) < n:
-        raise EditError(f"the layer has {len(order)} features left to turn into neurons, {n} asked for")
-    return order[:n]
 
 
 # Where else a neuron fires fully: the subject opening a text ("Peru's capital is": there its input
@@ -231,14 +217,14 @@ def neuron_directions(metric: KeyMetric, fire: Sequence[F32], held: F32, owners:
     return out
 
 
-def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, key_metric: KeyMetric,
-                     input_metric: KeyMetric, taken: Set[int], decoys: Sequence[str],
+def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metric: KeyMetric, first: int, decoys: Sequence[str],
                      neighbours: Mapping[str, Sequence[str]] | None = None,
                      objects: Mapping[str, Sequence[str]] | None = None,
                      n_prefixes: int = N_PREFIXES, earlier: Sequence[str] = (),
                      elsewhere: Sequence[HeldPrompt] = ()) -> NeuronPlan:
     """Compute (do not apply) one neuron per subject of `facts` at `layer` of `model` (whose FFN
-    already carries the vindex's edits). `taken`: features already edited at the layer; `decoys`:
+    already carries the vindex's edits). `first`: the id of the first feature to add at the layer
+    (the overlay's next_feature, the rest follow); `decoys`:
     subjects whose inputs the neurons must not fire on (besides the nearest subjects in `neighbours`
     and the subjects' known `objects`); `earlier`: subjects of the neurons already at the layer, held
     where a new neuron comes near them (`neuron_directions`); `elsewhere`: texts of the subjects whose
@@ -266,8 +252,7 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, key_metric
     candidates = held_keys(model, before, [layer], point="input")[0][layer] if before else None
     index = {group[0].subject: j for j, group in enumerate(groups)}
     owners = [-1 if o is None else index[o] for o in owner_names]
-    down = dense(layer, edits).down  # (hidden, ffn): the layer as edited so far
-    slots = free_slots(slot_costs(key_metric.diag, down), taken, len(groups))
+    features = list(range(first, first + len(groups)))
     f_a = float(gated(model.config.activation, np.array([[PRE_ACTIVATION]], np.float32),
                       np.array([[1.0]], np.float32))[0, 0])  # act at the subject, where g·x = 1
     inputs = np.stack([v.inputs[layer] for v in values], axis=1)  # (hidden, n_groups)
@@ -280,22 +265,21 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, key_metric
     directions = neuron_directions(input_metric, fire, held[layer], owners, candidates, *holds,
                                    thresholded=bias is not None)
     ops = []
-    for group, value, slot, g, x_fire in zip(groups, values, slots, directions, fire):
+    for group, value, feature, g, x_fire in zip(groups, values, features, directions, fire):
         gate = PRE_ACTIVATION * g
         if bias is not None:
             # gate = a (g - θ c)·x with c·x ≈ 1 everywhere: closed below g·x ≈ θ, PRE_ACTIVATION at the subject
             c_fire = float(np.mean(bias @ x_fire))
             gate = (PRE_ACTIVATION / (1.0 - theta * c_fire)) * (g - theta * bias)
-        old = float(value.keys[layer][slot]) * down[:, slot]  # what the slot wrote at the subject
-        new_down = ((value.deltas[layer] + old) / f_a).astype(np.float32)
+        new_down = (value.deltas[layer] / f_a).astype(np.float32)
         fact = group[0]
         tid = first_target_token(model, fact.target)
         score = float(target_direction(model, layer, tid) @ new_down / np.linalg.norm(new_down))
         meta = MetaOverride((tid,), (round(score, 4),))  # down_meta: cos(down, the target's direction)
-        ops.append(PatchOp("insert", layer, slot, {"gate": gate.astype(np.float32),
+        ops.append(PatchOp("insert", layer, feature, {"gate": gate.astype(np.float32),
                                                     "up": g.astype(np.float32), "down": new_down},
                            meta, fact.subject, fact.relation or "relation", fact.target,
                            reason=NEURON_REASON + "; ".join(f.label for f in group)))
-    return NeuronPlan(tuple(facts), layer, tuple(ops), tuple(slots), tuple(values), len(prompts),
+    return NeuronPlan(tuple(facts), layer, tuple(ops), tuple(features), tuple(values), len(prompts),
                       time.perf_counter() - t0)
 

@@ -9,11 +9,14 @@ Three kinds of edit per (layer, feature), and one per layer:
 - weight edits (ROME / MEMIT): low-rank additions U V^T to a layer's down projection, which add
   up; the FFN applies their concatenation, and the keys they map are kept so that later edits can
   hold them still.
+And features ADDED to a layer (METHOD NEURON): numbered from the layer's base width up, each a whole
+(gate, up, down), run by the FFN after the base features (a layer one feature wider per addition).
+Editing or deleting one works as for a base feature; a deleted added feature is gone, not silenced.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, cast
 
@@ -50,13 +53,22 @@ class WeightDelta(NamedTuple):
     keys: F32  # (ffn, r)
 
 
+MAX_ADDED = 1 << 16  # features a layer may gain (ids base width .. base width + MAX_ADDED - 1)
+
+
 class PatchOverlay:
     """(layer, feature) -> edits, checked against the vindex's shape when set. Stored per layer, so
-    the walk FFN's per-layer lookups cost nothing when the layer has no edits."""
+    the walk FFN's per-layer lookups cost nothing when the layer has no edits. `widths`: each layer's
+    base feature count (default `num_features` for all); added features are numbered from it."""
 
-    def __init__(self, num_layers: int, num_features: int, hidden: int) -> None:
+    def __init__(self, num_layers: int, num_features: int, hidden: int, widths: Sequence[int] | None = None) -> None:
         self.num_layers, self.num_features, self.hidden = num_layers, num_features, hidden
+        self.widths = list(widths) if widths is not None else [num_features] * num_layers
+        if len(self.widths) != num_layers:
+            raise VindexError(f"{len(self.widths)} layer widths for {num_layers} layers")
         self._vectors: dict[int, dict[int, FeatureOverride]] = {}
+        self._added: dict[int, dict[int, FeatureOverride]] = {}  # layer -> added id -> whole feature
+        self._added_joined: dict[int, tuple[F32, F32, F32]] = {}  # layer -> (G, U, D), stacked once
         self._meta: dict[int, dict[int, MetaOverride]] = {}
         self._deleted: dict[int, set[int]] = {}
         self._weights: dict[int, list[WeightDelta]] = {}
@@ -64,15 +76,23 @@ class PatchOverlay:
         self.revision = 0  # bumped by every change, so results kept from before one are not reused
 
     def __len__(self) -> int:
-        """How many features are edited in any way."""
-        keys = {(l, f) for part in (self._vectors, self._meta, self._deleted) for l, fs in part.items() for f in fs}
+        """How many features are edited (or added) in any way."""
+        parts = (self._vectors, self._meta, self._deleted, self._added)
+        keys = {(l, f) for part in parts for l, fs in part.items() for f in fs}
         return len(keys)
 
-    def _check(self, layer: int, feature: int) -> None:
+    def _check(self, layer: int, feature: int, adding: bool = False) -> None:
+        """`feature` is a base feature of `layer`, or an added one (`adding`: or one to add)."""
         if not 0 <= layer < self.num_layers:
             raise VindexError(f"layer {layer} is out of range (layers 0-{self.num_layers - 1})")
-        if not 0 <= feature < self.num_features:
-            raise VindexError(f"feature {feature} is out of range (features 0-{self.num_features - 1})")
+        width = self.widths[layer]
+        if 0 <= feature < width or feature in self._added.get(layer, {}):
+            return
+        if adding and width <= feature < width + MAX_ADDED:
+            return
+        raise VindexError(f"feature {feature} is out of range (layer {layer}: features 0-{width - 1}"
+                          + (f", added {', '.join(map(str, sorted(self._added[layer])))}" if self._added.get(layer) else "")
+                          + "; METHOD NEURON adds features)")
 
     # -- reading, per layer ---------------------------------------------------------------------
 
@@ -88,21 +108,48 @@ class PatchOverlay:
         return self._deleted.get(layer) or set()
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        """The (layer, feature) keys with vector overrides, in order."""
-        return iter(sorted((l, f) for l, fs in self._vectors.items() for f in fs))
+        """The (layer, feature) keys with vector overrides or added, in order."""
+        return iter(sorted((l, f) for part in (self._vectors, self._added) for l, fs in part.items() for f in fs))
 
     def __contains__(self, key: object) -> bool:
         layer, feature = cast(tuple[int, int], key)  # a (layer, feature) pair; anything else raises here
-        return feature in self._vectors.get(layer, {})
+        return feature in self._vectors.get(layer, {}) or feature in self._added.get(layer, {})
 
     def __getitem__(self, key: tuple[int, int]) -> FeatureOverride:
-        return self._vectors[key[0]][key[1]]
+        added = self._added.get(key[0], {})
+        return added[key[1]] if key[1] in added else self._vectors[key[0]][key[1]]
+
+    def added(self, layer: int) -> dict[int, FeatureOverride]:
+        """The features added to one layer, by id (ascending), each with gate, up and down."""
+        return self._added.get(layer) or {}
+
+    def added_layers(self) -> list[int]:
+        return sorted(layer for layer, fs in self._added.items() if fs)
+
+    def next_feature(self, layer: int) -> int:
+        """The id the next feature added to `layer` gets: one past the last added, or the base width."""
+        added = self._added.get(layer)
+        return max(added) + 1 if added else self.widths[layer]
+
+    def added_matrices(self, layer: int) -> tuple[F32, F32, F32] | None:
+        """The layer's added features stacked in id order: gate `(n, hidden)`, up `(n, hidden)`, down
+        `(hidden, n)` float32, made once per change; None when none were added."""
+        added = self._added.get(layer)
+        if not added:
+            return None
+        if layer not in self._added_joined:
+            parts = [cast(tuple[F32, F32, F32], added[f]) for f in sorted(added)]  # added ones are whole
+            self._added_joined[layer] = (np.stack([p[0] for p in parts]), np.stack([p[1] for p in parts]),
+                                         np.ascontiguousarray(np.stack([p[2] for p in parts], axis=1)))
+        return self._added_joined[layer]
 
     # -- editing --------------------------------------------------------------------------------
 
     def set(self, layer: int, feature: int, override: FeatureOverride) -> None:
+        """Override a base feature's vectors, or (an id from the layer's width up) add a feature, which
+        needs all of gate, up and down (or replace parts of one added before)."""
         self.revision += 1
-        self._check(layer, feature)
+        self._check(layer, feature, adding=True)
         fixed = {}
         for part in ("gate", "up", "down"):
             vec = getattr(override, part)
@@ -115,6 +162,17 @@ class PatchOverlay:
             if not np.all(np.isfinite(arr)):
                 raise VindexError(f"override of L{layer} F{feature}: {part} has NaN or infinite values")
             fixed[part] = np.ascontiguousarray(arr)
+        if feature >= self.widths[layer]:
+            old = self._added.get(layer, {}).get(feature)
+            whole = {part: fixed.get(part, getattr(old, part) if old is not None else None) for part in ("gate", "up", "down")}
+            missing = [part for part, vec in whole.items() if vec is None]
+            if missing:
+                raise VindexError(f"L{layer} F{feature} is past the layer's {self.widths[layer]} features: adding it "
+                                  f"needs a gate, up and down vector ({', '.join(missing)} missing)")
+            self._added.setdefault(layer, {})[feature] = FeatureOverride(**whole)
+            self._added[layer] = dict(sorted(self._added[layer].items()))
+            self._added_joined.pop(layer, None)
+            return
         self._deleted.get(layer, set()).discard(feature)
         self._vectors.setdefault(layer, {})[feature] = FeatureOverride(**fixed)
 
@@ -130,17 +188,19 @@ class PatchOverlay:
         self._meta.setdefault(layer, {})[feature] = meta
 
     def delete(self, layer: int, feature: int) -> None:
-        """Silence a feature: no FFN output, no metadata, not found by KNN."""
+        """Silence a feature: no FFN output, no metadata, not found by KNN (an added one is removed)."""
         self.revision += 1
         self._check(layer, feature)
         self.remove(layer, feature)
-        self._deleted.setdefault(layer, set()).add(feature)
+        if feature < self.widths[layer]:
+            self._deleted.setdefault(layer, set()).add(feature)
 
     def remove(self, layer: int, feature: int) -> None:
-        """Drop every edit of one feature (it reads as the base again)."""
+        """Drop every edit of one feature (a base one reads as the base again, an added one is gone)."""
         self.revision += 1
-        for part in (self._vectors, self._meta):
+        for part in (self._vectors, self._meta, self._added):
             part.get(layer, {}).pop(feature, None)
+        self._added_joined.pop(layer, None)
         self._deleted.get(layer, set()).discard(feature)
 
     # -- weight edits, per layer ----------------------------------------------------------------
@@ -194,6 +254,8 @@ class PatchOverlay:
         self._vectors.clear()
         self._meta.clear()
         self._deleted.clear()
+        self._added.clear()
+        self._added_joined.clear()
 
     def update(self, overrides: dict[tuple[int, int], FeatureOverride]) -> None:
         for (layer, feature), ov in overrides.items():
@@ -201,7 +263,8 @@ class PatchOverlay:
 
     def snapshot(self, keys: list[tuple[int, int]]) -> dict[tuple[int, int], tuple]:
         """Every edit of these slots, to put back with `restore` (for trial edits)."""
-        return {(l, f): (self.layer(l).get(f), self.meta(l).get(f), f in self.deleted(l)) for l, f in keys}
+        return {(l, f): (self.layer(l).get(f) or self.added(l).get(f), self.meta(l).get(f), f in self.deleted(l))
+                for l, f in keys}
 
     def restore(self, snap: dict[tuple[int, int], tuple]) -> None:
         for (layer, feature), (vectors, meta, deleted) in snap.items():

@@ -4,6 +4,8 @@ A patch is an ordered list of operations on (layer, feature) slots: insert (new 
 metadata), update (new metadata and/or vectors), delete. The overlay a vindex shows is the replay of
 its applied patches in order and then of the edits not yet saved; a later operation on a slot
 replaces an earlier one. Removing a patch replays the rest. The base vindex is never written.
+An insert at a feature past its layer's width adds a feature (METHOD NEURON; larql's own: LARQL's
+layers do not grow); applying a patch numbers its added features after those already in place.
 
 The file keeps LARQL's `.vlp` field names (vectors are little-endian float32 in base64) and fills
 the fields LARQL leaves empty: `name`, `created_at`, `base_checksum` (sha256 of the base's
@@ -26,14 +28,14 @@ import hashlib
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.overlay import FeatureOverride, MetaOverride, PatchOverlay
+from larql.edit.overlay import MAX_ADDED, FeatureOverride, MetaOverride, PatchOverlay
 from larql.edit.weight_op import WeightOp, f32_b64
 from larql.errors import VindexError
 from larql.jsonfile import read_json
@@ -132,9 +134,17 @@ class PatchOp:
         if not isinstance(d, dict) or d.get("op") not in FEATURE_OPS:
             raise VindexError(f"{where}: not an operation (op must be one of {', '.join(OPS)})")
         layer = _index(d.get("layer"), shape.num_layers, "layer", where)
-        feature = _index(d.get("feature"), shape.ffn, "feature", where)
+        feature = d.get("feature")  # from the layer's width up: a feature METHOD NEURON added (larql's)
+        if (not isinstance(feature, int) or isinstance(feature, bool) or feature < 0
+                or (shape.ffn and feature >= shape.ffn + MAX_ADDED)):
+            bound = f"0..{shape.ffn - 1} (or {shape.ffn}.. for a feature METHOD NEURON added)" if shape.ffn else "0 or more"
+            raise VindexError(f"{where}: feature must be an integer in {bound}, got {feature!r}"[:300])
         vectors = {name: _vector(d.get(f"{name}_vector_b64"), shape.hidden, where, name)
                    for name in ("gate", "up", "down") if d.get(f"{name}_vector_b64") is not None}
+        if shape.ffn and feature >= shape.ffn and d["op"] == "insert" and len(vectors) < 3:
+            missing = ", ".join(n for n in ("gate", "up", "down") if n not in vectors)
+            raise VindexError(f"{where}: feature {feature} is past the layer's {shape.ffn} features: adding it "
+                              f"needs a gate, up and down vector ({missing} missing)")
         meta = _meta(d["down_meta"], shape.vocab, where) if d.get("down_meta") is not None else None
         confidence = d.get("confidence")  # LARQL's insert confidence: its c_score is down_meta's `c`
         if confidence is not None and not _finite(confidence):
@@ -300,6 +310,23 @@ def load_patch(path: str | Path, shape: Shape) -> Patch:
                  head["created_at"] or "", head["description"])
 
 
+def renumber_added(patch: Patch, overlay: PatchOverlay) -> Patch:
+    """`patch` with the features it adds (ids past a layer's width) numbered after those `overlay`
+    already holds, in their order: two patches that each add from the width up would otherwise take
+    the same ids and the second would overwrite the first."""
+    mapping: dict[tuple[int, int], int] = {}
+    following: dict[int, int] = {}
+    for op in patch.ops:
+        if isinstance(op, PatchOp) and op.feature >= overlay.widths[op.layer] and (op.layer, op.feature) not in mapping:
+            mapping[(op.layer, op.feature)] = following.get(op.layer, overlay.next_feature(op.layer))
+            following[op.layer] = mapping[(op.layer, op.feature)] + 1
+    if all(feature == new for (_, feature), new in mapping.items()):
+        return patch
+    ops = [replace(op, feature=mapping[(op.layer, op.feature)]) if isinstance(op, PatchOp) and (op.layer, op.feature)
+           in mapping else op for op in patch.ops]
+    return replace(patch, ops=ops)
+
+
 class PatchStack:
     """The applied patches of one opened vindex, the edits not yet saved, and the patch being
     recorded; it owns `overlay`, which is always their replay over the read-only `store`."""
@@ -358,13 +385,13 @@ class PatchStack:
                               f"base_model to {v.index['model']!r})")
         if any(p.path is not None and p.path.resolve() == Path(path).resolve() for p in self.applied):
             raise VindexError(f"{path}: this patch is already applied (REMOVE PATCH it first to re-apply)")
-        self.applied.append(patch)
+        self.applied.append(renumber_added(patch, self.overlay))
         try:
             self.replay()
-        except VindexError:
+        except VindexError as e:
             self.applied.pop()
             self.replay()
-            raise
+            raise VindexError(f"{path}: {e}") from None
         return patch
 
     def remove(self, name: str) -> Patch:

@@ -1,8 +1,9 @@
 """The editable view of a vindex: the read-only store, the patch overlay over it, and the patch
 stack that fills the overlay. Everything LQL reads or edits goes through one of these.
 
-Reading through the view shows the edits: `down_meta` / `feature_meta` carry overridden and
-deleted features, `gate_knn` rescores edited gates and skips deleted features, and `model()` runs
+Reading through the view shows the edits: `down_meta` / `feature_meta` carry overridden, deleted
+and added features (rows past the store's width), `gate_knn` rescores edited gates, scores added
+ones and skips deleted features, and `model()` runs
 the walk FFN over the overlay (an edit shows at the next forward pass). The store itself never
 changes; what the view does not edit it reads straight from the store.
 """
@@ -33,8 +34,8 @@ class EditableVindex:
     def __init__(self, store: Vindex) -> None:
         self.store = store
         # a mixture-of-experts layer numbers every expert's features in one range (FORMAT.md)
-        most = max(store.num_features(layer) for layer in range(store.num_layers))
-        self.overlay = PatchOverlay(store.num_layers, most, store.hidden)
+        widths = [store.num_features(layer) for layer in range(store.num_layers)]
+        self.overlay = PatchOverlay(store.num_layers, max(widths), store.hidden, widths)
         self.patches = PatchStack(store, self.overlay)
         self._model: Model | None = None  # the walk model, built on first use (it repacks weights once)
 
@@ -77,7 +78,9 @@ class EditableVindex:
         return self.store.feature_clusters
 
     def num_features(self, layer: int) -> int:
-        return self.store.num_features(layer)
+        """The layer's features with the ones METHOD NEURON added (ids from the store's width up)."""
+        n = self.store.num_features(layer)
+        return self.overlay.next_feature(layer) if self.overlay.added(layer) else n
 
     def num_experts(self, layer: int) -> int:
         return self.store.num_experts(layer)
@@ -111,9 +114,11 @@ class EditableVindex:
         empty (zeros, as the format writes an empty feature). Unedited layers are the store's views."""
         ids, scores = self.store.down_meta(layer)
         metas, gone = self.overlay.meta(layer), self.overlay.deleted(layer)
-        if not metas and not gone:
+        if not metas and not gone and not self.overlay.added(layer):
             return ids, scores
-        ids, scores = ids.copy(), scores.copy()
+        more = self.num_features(layer) - len(ids)  # added features' rows (a removed one's stays empty)
+        ids = np.concatenate([ids, np.zeros((more, ids.shape[1]), ids.dtype)]) if more else ids.copy()
+        scores = np.concatenate([scores, np.zeros((more, scores.shape[1]), scores.dtype)]) if more else scores.copy()
         top_k = ids.shape[1]
         for f in gone:
             ids[f], scores[f] = 0, 0.0
@@ -127,8 +132,9 @@ class EditableVindex:
         return feature_meta(self, layer, feature)
 
     def gate_knn(self, layer: int, query: NDArray[np.float32], k: int = 10) -> list[tuple[int, float]]:
-        """The store's gate KNN with edited gates rescored and deleted features left out."""
-        gates = {f: ov.gate for f, ov in self.overlay.layer(layer).items() if ov.gate is not None}
+        """The store's gate KNN with edited and added gates scored and deleted features left out."""
+        edited = {**self.overlay.layer(layer), **self.overlay.added(layer)}
+        gates = {f: ov.gate for f, ov in edited.items() if ov.gate is not None}
         return knn.gate_knn(self.store, layer, query, k, gates, self.overlay.deleted(layer))
 
     def model(self) -> Model:

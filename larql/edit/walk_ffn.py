@@ -52,6 +52,9 @@ class OverlayEdits:
     def down_delta(self, layer: int) -> tuple[F32, F32] | None:
         return self.overlay.down_delta(layer)  # ROME / MEMIT weight edits
 
+    def added(self, layer: int) -> tuple[F32, F32, F32] | None:
+        return self.overlay.added_matrices(layer)  # METHOD NEURON's features
+
 
 def walk_model(vindex_path: str | Path, top_k: int | None = None,
                overrides: dict[tuple[int, int], FeatureOverride] | None = None) -> Model:

@@ -71,7 +71,8 @@ class WeightEditPlan:
 
 class DenseLayers:
     """Float32 copies of a model's layers for the value step's backward pass, made once per model;
-    a layer whose FFN is edited gets its effective matrices (overrides, deletions, down delta)."""
+    a layer whose FFN is edited gets its effective matrices (overrides, deletions, down delta, and
+    added features after the base ones: gate / up `(ffn + n, hidden)`, down `(hidden, ffn + n)`)."""
 
     def __init__(self, model: Model) -> None:
         self.model = model
@@ -84,7 +85,8 @@ class DenseLayers:
         if edits is None:
             return base
         overrides, gone, delta = edits.feature_overrides(layer), edits.deleted(layer), edits.down_delta(layer)
-        if not overrides and not gone and delta is None:
+        more = edits.added(layer)
+        if not overrides and not gone and delta is None and more is None:
             return base
         gate, up, down = base.gate.copy(), base.up.copy(), base.down.copy()
         for f, (g, u, d) in overrides.items():
@@ -98,6 +100,8 @@ class DenseLayers:
             down[:, sorted(gone)] = 0.0  # a deleted feature's activation is zeroed: it writes nothing
         if delta is not None:
             down += delta[0] @ delta[1].T
+        if more is not None:  # added features: the layer as the FFN one feature wider per addition
+            gate, up, down = np.vstack([gate, more[0]]), np.vstack([up, more[1]]), np.hstack([down, more[2]])
         return replace(base, gate=gate, up=up, down=down)
 
 

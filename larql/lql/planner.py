@@ -100,14 +100,15 @@ def insert_steps(stmt: ast.InsertStmt, session: Session) -> list[Step]:
                      f"layer {order[0]}, then {', '.join(map(str, order[1:]))} ({NEURONS_PER_LAYER} neurons each)")
         elif len(layers) > 1:
             where += " (subjects spread evenly)"
-        return [Step("statistics", f"E[k k^T] and E[x x^T] of the MLP's input at {where} (cached beside the vindex, "
+        return [Step("statistics", f"E[x x^T] of the MLP's input at {where} (cached beside the vindex, "
                                    "else computed)", {"layers": chosen}),
                 Step("capture", f"the MLP's input at the subject's last token, prompt + {N_PREFIXES} model-written "
                                 "prefixes, and opening a text", {"facts": facts}),
                 Step("optimise_value", f"Adam through layers {layers[0]}.. (hand-written backward), at most 25 steps"),
                 Step("hold_inputs", f"BOS, decoy subjects, each subject's {N_NEIGHBOURS} nearest subjects and known "
                                     "objects (probes), the old object; the other and earlier neurons' subjects"),
-                Step("choose_slot", "per subject, the layer's cheapest feature not already edited"),
+                Step("add_feature", "per subject, one feature appended to the layer (numbered from its width up; "
+                                    "no feature of the model changes)"),
                 Step("solve", "per subject, g of least E[x x^T]-norm: 1 at the subject, 0 where held (its own "
                               "holds, the nearest other subjects and wherever it would fire above 0.05); "
                               "gate = 12 g, up = g, down = value / f(12)"),

@@ -6,7 +6,10 @@ come from (the vindex's patch overlay, a ROME/MEMIT weight edit, a test):
 - feature overrides: a feature's gate row, up row or down column replaced;
 - deletions: a feature's activation zeroed (it writes nothing);
 - a low-rank down delta: W_down' = W_down + U V^T, applied as (act V) U^T without forming W_down';
-- top_k: each position keeps only its k features of largest |gate score| (the vindex's gate KNN).
+- top_k: each position keeps only its k features of largest |gate score| (the vindex's gate KNN);
+- added features: whole (gate, up, down) features appended to the layer, run after the base ones —
+  the layer computes what an FFN that many features wider would. The hook points keep the base
+  width (a hook sees the model's own features) and top_k ranks base features only.
 With no strategy the block is the dense FFN, operation for operation.
 """
 
@@ -84,6 +87,11 @@ class FFNEdits(Protocol):
         """(U `(hidden, r)`, V `(ffn, r)`) float32: W_down' = W_down + U @ V.T; None for no delta."""
         ...
 
+    def added(self, layer: int) -> tuple[F32, F32, F32] | None:
+        """Features appended to the layer: gate `(n, hidden)`, up `(n, hidden)`, down `(hidden, n)`
+        float32; None for none."""
+        ...
+
 
 @dataclass(frozen=True)
 class ExpertHooks:
@@ -144,6 +152,10 @@ class FFN:
             out += lw.down_bias
         if edits is not None:
             out = self._edit_down(i, edits, overrides, act, out)
+            more = edits.added(i)
+            if more is not None:
+                g_add, u_add, d_add = more  # (n, hidden), (n, hidden), (hidden, n)
+                out += gated(self.activation, h @ g_add.T, h @ u_add.T if up is not None else None) @ d_add.T  # (T, hidden)
         if hooks:
             out = run_hook(hooks, n.mlp_out, out, start)
         return out
@@ -156,9 +168,11 @@ class FFN:
         Edits name expert e's feature j as feature e x ffn + j (the vindex's numbering); an edited
         feature acts only where the router picks its expert."""
         lw, n, edits = self.weights.layers[i], self.names[i], self.edits
-        if edits is not None and (edits.top_k is not None or edits.down_delta(i) is not None):
-            raise UnsupportedError(f"layer {i}: a walk top-k and weight edits (ROME/MEMIT) address one dense "
-                                   f"FFN; this layer is a mixture of experts (feature edits and deletions work)")
+        if edits is not None and (edits.top_k is not None or edits.down_delta(i) is not None
+                                  or edits.added(i) is not None):
+            raise UnsupportedError(f"layer {i}: a walk top-k, weight edits (ROME/MEMIT) and added features (NEURON) "
+                                   f"address one dense FFN; this layer is a mixture of experts (feature edits and "
+                                   f"deletions work)")
         assert lw.router is not None  # called only for a layer with a router
         logits = lw.router.matmul(h)  # (T, n_experts)
         if hooks:

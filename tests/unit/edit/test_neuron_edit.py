@@ -1,5 +1,5 @@
-"""METHOD NEURON on a tiny model: one subject-keyed neuron per subject, installed in the layer's
-cheapest feature, firing at the subject (act = f(a)) and exactly nowhere it was told to stay
+"""METHOD NEURON on a tiny model: one subject-keyed neuron per subject, added to the layer (the
+base features all kept), firing at the subject (act = f(a)) and exactly nowhere it was told to stay
 silent (g.x = 0 at decoys and at earlier neurons' subjects), carried by patches and undone bit for bit."""
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ import pytest
 from larql.edit.capture import capture
 from larql.edit.facts import Fact, subject_position, target_ids
 from larql.edit.insert_facts import insert_facts, key_metrics, stats_dir
-from larql.edit.neuron import PRE_ACTIVATION, free_slots, slot_costs
+from larql.edit.neuron import PRE_ACTIVATION
 from larql.edit.patch import PatchOp, is_neuron
 from larql.edit.view import edit_vindex
-from larql.errors import EditError
 from larql.lql.executor import execute
 from larql.lql.session import Session
 from larql.model.forward import norm
@@ -60,10 +59,10 @@ def test_neuron_insert_fires_on_its_subject_only_and_comes_off(vx: Path, tmp_pat
     assert isinstance(op, PatchOp) and is_neuron(op) and op.entity == "zeta"
     layer = op.layer
     assert _logp(m, PROMPT, "blue") > before + 2.0  # the whole target is taught
-    # the slot is the layer's cheapest feature on ordinary text
-    metric = key_metrics(m, [layer], stats_dir(v))[layer]
-    costs = slot_costs(metric.diag, v.model().weights.layers[layer].down.dequantize())
-    assert op.feature == int(np.argmin(costs))
+    # the neuron is added past the layer's 96 features, which are all as they were
+    assert op.feature == 96 and v.overlay.added(layer).keys() == {96} and not v.overlay.layer(layer)
+    assert v.num_features(layer) == 97 and v.feature_meta(layer, 96).token_ids[0] == target_ids(m, "blue")[0]
+    assert 96 in [f for f, _ in v.gate_knn(layer, _input_at(m, layer, PROMPT, "zeta"), 97)]
     # up = g: at the subject's mean input g.x = 1 (checked on the bare prompt: near 1), and a decoy
     # subject in the same prompt is held to g.x = 0 exactly; gate = a (g - θ c): the gate is shut there
     g, gate = op.vectors["up"], op.vectors["gate"]
@@ -246,10 +245,3 @@ def test_thresholded_directions_hold_only_where_they_would_open_and_stay_short()
                                thresholded=True)[0]
     assert float(g_near @ near[:, 0]) > THRESHOLD_LEAK
     assert float(np.sqrt(g_near @ metric.cov @ g_near)) <= THRESHOLD_RMS
-
-def test_free_slots_skip_taken_features_and_say_when_none_are_left() -> None:
-    costs = np.array([3.0, 1.0, 2.0, 0.5])
-    assert free_slots(costs, {3}, 2) == [1, 2]
-    with pytest.raises(EditError, match="features left"):
-        free_slots(costs, {0, 1, 2}, 2)
-

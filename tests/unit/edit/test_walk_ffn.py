@@ -71,8 +71,10 @@ def test_overlay_rejects_bad_overrides(vx: Path) -> None:
         overlay.set(0, 1, FeatureOverride(down=np.zeros(63, np.float32)))
     with pytest.raises(VindexError, match="layer 3 is out of range"):
         overlay.set(3, 1, FeatureOverride(gate=np.zeros(64, np.float32)))
-    with pytest.raises(VindexError, match="feature 96 is out of range"):
-        overlay.set(0, 96, FeatureOverride(gate=np.zeros(64, np.float32)))
+    with pytest.raises(VindexError, match="feature 65632 is out of range"):
+        overlay.set(0, 96 + 65536, FeatureOverride(gate=np.zeros(64, np.float32)))
+    with pytest.raises(VindexError, match="F96 is past the layer's 96 features: adding it needs"):
+        overlay.set(0, 96, FeatureOverride(gate=np.zeros(64, np.float32)))  # an added feature comes whole
     with pytest.raises(VindexError, match="NaN"):
         overlay.set(0, 1, FeatureOverride(up=np.full(64, np.nan, np.float32)))
     assert len(overlay) == 0

@@ -248,3 +248,28 @@ def test_merge_a_fact_a_weight_edit_holds(vxi: Path, blue: tuple[Path, np.ndarra
     assert kept.rows[0][1:3] == ["weight edit", "fact"] and kept.rows[0][5] == "current" and len(s.vindex.patches.pending) == 1
     (hc,) = execute(f'MERGE "{path}" ON CONFLICT HIGHEST_CONFIDENCE', s)  # a weight edit claims no c_score
     assert hc.rows[0][5] == "incoming" and any("weight edit teaching 'green' stays" in n for n in hc.notes)
+
+
+def test_merge_numbers_an_added_feature_after_the_ones_in_place(vxi: Path, tmp_path: Path) -> None:
+    """Two sessions that each added a feature (METHOD NEURON) numbered it from the layer's width: the
+    incoming one is added after the session's, not written over it nor into a base feature."""
+    rng = np.random.default_rng(7)
+
+    def neuron(s: Session, entity: str, tid: int) -> PatchOp:
+        width = s.vindex.overlay.widths[2]
+        vec = {k: (3.0 * rng.standard_normal(64)).astype(np.float32) for k in ("gate", "up", "down")}
+        op = PatchOp("insert", 2, width, vec, MetaOverride((tid,), (0.5,)), entity, "colour", "blue", reason="neuron: x")
+        s.vindex.patches.record(op)
+        return op
+
+    other = session(vxi, f'BEGIN PATCH "{tmp_path / "n.vlp"}"')
+    theirs = neuron(other, "zeta", 70)
+    execute("SAVE PATCH", other)
+    s = session(vxi)
+    mine = neuron(s, "omega", 71)
+    (res,) = execute(f'MERGE "{tmp_path / "n.vlp"}"', s)
+    assert [row[1] for row in res.rows] == [f"{mine.feature} -> {mine.feature + 1}"]
+    ov = s.vindex.overlay
+    assert list(ov.added(2)) == [mine.feature, mine.feature + 1] and not ov.layer(2)
+    assert np.array_equal(ov[(2, mine.feature)].down, mine.vectors["down"])
+    assert np.array_equal(ov[(2, mine.feature + 1)].down, theirs.vectors["down"])

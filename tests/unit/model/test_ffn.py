@@ -25,6 +25,7 @@ class Edits:
     overrides: dict[int, dict[int, FeatureVectors]] = field(default_factory=dict)
     gone: dict[int, set[int]] = field(default_factory=dict)
     deltas: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    more: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
     top_k: int | None = None
 
     def feature_overrides(self, layer: int) -> dict[int, FeatureVectors]:
@@ -35,6 +36,9 @@ class Edits:
 
     def down_delta(self, layer: int) -> tuple[np.ndarray, np.ndarray] | None:
         return self.deltas.get(layer)
+
+    def added(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        return self.more.get(layer)
 
 
 @pytest.fixture
@@ -72,6 +76,27 @@ def test_feature_overrides_match_edited_matrices(m: larql.Model) -> None:
     h = _h(m)
     expected = gated(m.config.activation, h @ wg.T, h @ wu.T) @ wd.T
     assert rel_err(FFN(m.config, m.weights, edits)(1, h, None, 0), expected) <= 1e-5
+
+
+def test_added_features_are_the_block_made_wider(m: larql.Model) -> None:
+    """Features appended to a layer compute what the FFN with those rows and columns appended does,
+    beside overrides and deletions of base features; the hook points keep the base width."""
+    rng = np.random.default_rng(4)
+    hidden, n = m.config.hidden, 5
+    g_add, u_add = (rng.standard_normal((n, hidden)).astype(np.float32) for _ in range(2))
+    d_add = rng.standard_normal((hidden, n)).astype(np.float32)
+    g = rng.standard_normal(hidden).astype(np.float32)
+    edits = Edits(overrides={1: {3: (g, None, None)}}, gone={1: {6}}, more={1: (g_add, u_add, d_add)})
+    wg, wu, wd = _dense(m, 1)
+    wg[3], wd[:, 6] = g, 0.0
+    wg, wu, wd = np.vstack([wg, g_add]), np.vstack([wu, u_add]), np.hstack([wd, d_add])  # (ffn + n, hidden) ...
+    h = _h(m)
+    expected = gated(m.config.activation, h @ wg.T, h @ wu.T) @ wd.T
+    got = FFN(m.config, m.weights, edits)(1, h, None, 0)
+    assert rel_err(got, expected) <= 1e-5 and rel_err(got, FFN(m.config, m.weights)(1, h, None, 0)) > 1e-2
+    widths = []
+    m.with_edits(edits).forward(IDS, hooks={"blocks.1.mlp.hook_post": lambda x, name: widths.append(x.shape[1]) or x})
+    assert widths == [m.config.ffn]
 
 
 def test_deleted_features_write_nothing(m: larql.Model) -> None:

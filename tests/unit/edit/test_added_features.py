@@ -1,0 +1,130 @@
+"""Features added to a layer (METHOD NEURON's): the overlay numbers them from the layer's width up and
+needs them whole; the walk model runs them; patches carry them, and a second patch that adds from the
+width up too is renumbered after the first rather than overwriting it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from larql.edit.overlay import MAX_ADDED, FeatureOverride, MetaOverride
+from larql.edit.patch import PatchOp
+from larql.edit.view import EditableVindex, edit_vindex
+from larql.errors import VindexError
+from tests.synthetic import TinySpec, tiny_vindex
+
+FFN_WIDTH = 64
+IDS = [2, 17, 40, 9, 33]
+
+
+@pytest.fixture(scope="module")
+def vx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_vindex(tmp_path_factory.mktemp("added"), TinySpec("gemma3", n_layers=3, ffn=FFN_WIDTH), seed=3, dtype="f16")
+
+
+def _feature(rng: np.random.Generator, hidden: int) -> dict[str, np.ndarray]:
+    return {part: (2.0 * rng.standard_normal(hidden)).astype(np.float32) for part in ("gate", "up", "down")}
+
+
+def _insert(layer: int, feature: int, vectors: dict[str, np.ndarray], tid: int = 5) -> PatchOp:
+    return PatchOp("insert", layer, feature, vectors, MetaOverride((tid,), (0.5,)), "zeta", "colour", "blue",
+                   reason="neuron: test")
+
+
+def test_the_overlay_numbers_added_features_from_the_width_and_needs_them_whole(vx: Path) -> None:
+    v = edit_vindex(vx)
+    ov, rng = v.overlay, np.random.default_rng(0)
+    assert ov.widths == [FFN_WIDTH] * 3 and ov.next_feature(1) == FFN_WIDTH
+    with pytest.raises(VindexError, match="needs a gate, up and down vector \\(up, down missing\\)"):
+        ov.set(1, FFN_WIDTH, FeatureOverride(gate=np.ones(v.hidden, np.float32)))
+    with pytest.raises(VindexError, match="out of range"):
+        ov.set(1, FFN_WIDTH + MAX_ADDED, FeatureOverride(**_feature(rng, v.hidden)))
+    with pytest.raises(VindexError, match="out of range"):  # metadata only for a feature that exists
+        ov.set_meta(1, FFN_WIDTH, MetaOverride((1,), (0.1,)))
+    a, b = _feature(rng, v.hidden), _feature(rng, v.hidden)
+    ov.set(1, FFN_WIDTH, FeatureOverride(**a))
+    ov.set(1, FFN_WIDTH + 1, FeatureOverride(**b))
+    ov.set(1, FFN_WIDTH, FeatureOverride(up=b["up"]))  # an added feature's part replaced, the rest kept
+    assert np.array_equal(ov[(1, FFN_WIDTH)].gate, a["gate"]) and np.array_equal(ov[(1, FFN_WIDTH)].up, b["up"])
+    g, u, d = ov.added_matrices(1)  # type: ignore[misc]
+    assert np.array_equal(u[0], b["up"])
+    assert g.shape == (2, v.hidden) and d.shape == (v.hidden, 2) and np.array_equal(d[:, 1], b["down"])
+    assert ov.next_feature(1) == FFN_WIDTH + 2 and v.num_features(1) == FFN_WIDTH + 2 and len(ov) == 2
+    assert not ov.layer(1) and ov.added_matrices(0) is None  # base overrides and other layers untouched
+    ov.delete(1, FFN_WIDTH)  # a deleted added feature is gone, not silenced
+    assert list(ov.added(1)) == [FFN_WIDTH + 1] and not ov.deleted(1) and ov.next_feature(1) == FFN_WIDTH + 2
+    assert v.num_features(1) == FFN_WIDTH + 2  # the hole keeps its number (an empty row)
+    ov.clear()
+    assert ov.added_matrices(1) is None and v.num_features(1) == FFN_WIDTH
+
+
+def _forward(v: EditableVindex) -> np.ndarray:
+    return v.model().forward(IDS)
+
+
+def test_patches_carry_added_features_and_a_second_patch_follows_the_first(vx: Path, tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    v = edit_vindex(vx)
+    base = _forward(v)
+    first, second = [_feature(rng, v.hidden) for _ in range(2)], [_feature(rng, v.hidden) for _ in range(2)]
+    for name, feats in (("a.vlp", first), ("b.vlp", second)):  # both made on a fresh view: ids from the width up
+        w = edit_vindex(vx)
+        w.patches.begin(tmp_path / name)
+        w.patches.record_all([_insert(2, FFN_WIDTH + j, f) for j, f in enumerate(feats)])
+        w.patches.save()
+    v.patches.apply(tmp_path / "a.vlp")
+    only_a = _forward(v)
+    assert not np.allclose(only_a, base, atol=1e-3)  # the features write something
+    v.patches.apply(tmp_path / "b.vlp")
+    assert list(v.overlay.added(2)) == [FFN_WIDTH + j for j in range(4)]  # b's follow a's
+    assert np.array_equal(v.overlay[(2, FFN_WIDTH + 2)].down, second[0]["down"])
+    # what an overlay holding all four computes
+    direct = edit_vindex(vx)
+    direct.patches.record_all([_insert(2, FFN_WIDTH + j, f) for j, f in enumerate(first + second)])
+    assert np.array_equal(_forward(v), _forward(direct))
+    assert v.feature_meta(2, FFN_WIDTH + 3).token_ids[0] == 5
+    v.patches.remove("a.vlp")  # b's features stay (at their numbers), a's are gone
+    assert list(v.overlay.added(2)) == [FFN_WIDTH + 2, FFN_WIDTH + 3]
+    v.patches.remove("b.vlp")
+    assert np.array_equal(_forward(v), base)
+    assert json.loads((tmp_path / "a.vlp").read_text())["operations"][1]["feature"] == FFN_WIDTH + 1
+
+
+def test_a_patch_adding_a_partial_feature_is_refused_whole(vx: Path, tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    v = edit_vindex(vx)
+    v.patches.begin(tmp_path / "p.vlp")
+    v.patches.record(_insert(0, FFN_WIDTH, _feature(rng, v.hidden)))
+    v.patches.save()
+    doc = json.loads((tmp_path / "p.vlp").read_text())
+    doc["operations"].append({"op": "insert", "layer": 1, "feature": FFN_WIDTH, "entity": "x", "target": "y",
+                              "gate_vector_b64": doc["operations"][0]["gate_vector_b64"]})
+    (tmp_path / "bad.vlp").write_text(json.dumps(doc))
+    fresh = edit_vindex(vx)
+    base = _forward(fresh)
+    with pytest.raises(VindexError, match="bad.vlp operation 1: feature 64 is past the layer's 64 features"):
+        fresh.patches.apply(tmp_path / "bad.vlp")
+    assert not fresh.patches.applied and len(fresh.overlay) == 0 and np.array_equal(_forward(fresh), base)
+
+
+def test_compact_folds_added_features_and_changes_no_answer(vx: Path, tmp_path: Path) -> None:
+    from larql.edit.compact import compact
+
+    rng = np.random.default_rng(3)
+    v = edit_vindex(vx)
+    v.patches.begin(tmp_path / "c.vlp")
+    v.patches.record_all([_insert(1, FFN_WIDTH + j, _feature(rng, v.hidden)) for j in range(3)])
+    v.patches.save()
+    v.patches.record(PatchOp("update", 1, FFN_WIDTH + 1, {"down": _feature(rng, v.hidden)["down"]}))
+    v.patches.record(PatchOp("delete", 1, FFN_WIDTH))  # the applied patch's first one removed again
+    v.patches.record(_insert(1, FFN_WIDTH + 3, _feature(rng, v.hidden)))
+    v.patches.record(PatchOp("delete", 1, FFN_WIDTH + 3))  # added and removed within the edits
+    before, added = _forward(v), list(v.overlay.added(1))
+    assert added == [FFN_WIDTH + 1, FFN_WIDTH + 2]
+    for level in ("minor", "major"):
+        compact(v.patches, level)
+        assert np.array_equal(_forward(v), before) and list(v.overlay.added(1)) == added
+    assert [(op.op, op.feature) for op in v.patches.pending] == [("insert", FFN_WIDTH + 1), ("insert", FFN_WIDTH + 2)]
