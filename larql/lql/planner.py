@@ -214,7 +214,8 @@ def plan(stmt: ast.Statement, session: Session) -> Plan:
         which = "labelled features only" if stmt.relations_only else "every feature"
         k = stmt.top or (10 if stmt.verbose else 3)
         steps = [Step("tokenize", repr(stmt.prompt), {"prompt": stmt.prompt}),
-                 Step("run_with_cache", f"mlp.hook_post, layers {layers}", {"layers": read}),
+                 Step("run_with_cache", f"mlp.hook_post (and hook_resid_mid where NEURON added features), layers {layers}",
+                      {"layers": read}),
                  Step("top_features", f"{k} per layer by |activation|, {which}",
                       {"k": k, "relations_only": stmt.relations_only, "n_down": 5 if stmt.verbose else 3})]
         if stmt.with_attention:

@@ -162,7 +162,8 @@ def explain_infer(stmt: ast.ExplainInferStmt, session: Session, result: Result, 
     layers = list(range(cfg.n_layers)) if planned is None else list(planned)
     feats = run.take("top_features")
     with_attention = run.take_if("attention_and_lens") is not None
-    names = [f"blocks.{i}.mlp.hook_post" for i in layers]
+    added = {i: more for i in layers if m.edits is not None and (more := m.edits.added(i)) is not None}
+    names = [f"blocks.{i}.mlp.hook_post" for i in layers] + [f"blocks.{i}.hook_resid_mid" for i in added]
     if with_attention:
         names += [f"blocks.{i}.{k}" for i in layers for k in ("attn.hook_pattern", "hook_resid_post")]
     logits, cache = m.run_with_cache(ids, names=names)
@@ -177,6 +178,11 @@ def explain_infer(stmt: ast.ExplainInferStmt, session: Session, result: Result, 
     token_texts = [m.tokenizer.token_text(t) for t in ids]
     for layer in layers:
         act = cache[f"blocks.{layer}.mlp.hook_post"][-1]  # (ffn,)
+        feature_ids = np.arange(len(act))
+        if layer in added:  # features METHOD NEURON added: the hook has the model's own; these follow, by id
+            more = added_activations(m, layer, added[layer], cache[f"blocks.{layer}.hook_resid_mid"][-1])
+            ids_added = list(v.overlay.added(layer)) if v is not None else range(len(act), len(act) + len(more))
+            act, feature_ids = np.concatenate([act, more]), np.concatenate([feature_ids, np.asarray(ids_added)])
         order = np.argsort(-np.abs(act), kind="stable")
         extra: list[Any] = []
         if with_attention:
@@ -185,20 +191,32 @@ def explain_infer(stmt: ast.ExplainInferStmt, session: Session, result: Result, 
             lens = lens_top1(m, cache[f"blocks.{layer}.hook_resid_post"][-1])
             extra = [attended, lens]
         shown = 0
-        for f in order:
-            label = v.feature_label(layer, int(f)) if v is not None else None
+        for i in order:
+            f = int(feature_ids[i])
+            label = v.feature_label(layer, f) if v is not None else None
             if feats["relations_only"] and not label:
                 continue
             if v is not None:
-                meta = v.feature_meta(layer, int(f))
+                meta = v.feature_meta(layer, f)
                 top, down = meta.tokens[0].strip(), ", ".join(t.strip() for t in meta.tokens[1:1 + feats["n_down"]])
             else:
                 top, down = "", ""
-            result.rows.append([layer, int(f), float(act[f]), top, down, label or ""] + extra)
+            result.rows.append([layer, f, float(act[i]), top, down, label or ""] + extra)
             extra = ["", ""] if with_attention else []
             shown += 1
             if shown >= per_layer:
                 break
+
+
+def added_activations(m: Any, layer: int, added: tuple[np.ndarray, np.ndarray, np.ndarray],
+                      resid_mid: np.ndarray) -> np.ndarray:
+    """act(gate) * up of a layer's added features `(n,)` at one position, from the residual before its MLP."""
+    from larql.model.ffn import gated
+    from larql.model.forward import norm
+
+    x = norm(m.config, resid_mid[None, :], m.weights.layers[layer].ffn_norm)  # (1, hidden) the MLP's input
+    g_add, u_add, _ = added
+    return np.asarray(gated(m.config.activation, x @ g_add.T, x @ u_add.T)[0])  # (n,)
 
 
 def lens_top1(m: Any, resid: np.ndarray) -> str:

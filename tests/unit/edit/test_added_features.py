@@ -128,3 +128,30 @@ def test_compact_folds_added_features_and_changes_no_answer(vx: Path, tmp_path: 
         compact(v.patches, level)
         assert np.array_equal(_forward(v), before) and list(v.overlay.added(1)) == added
     assert [(op.op, op.feature) for op in v.patches.pending] == [("insert", FFN_WIDTH + 1), ("insert", FFN_WIDTH + 2)]
+
+
+def test_explain_infer_ranks_added_features_with_the_model_s_own(vx: Path) -> None:
+    from larql.edit.capture import capture
+    from larql.lql.executor import execute
+    from larql.lql.session import Session
+    from larql.model.ffn import gated
+    from larql.model.forward import norm
+
+    s = Session()
+    execute(f'USE "{vx}"', s)
+    v = s.vindex
+    m = v.model()
+    prompt = "Colour of zeta"
+    ids = m.tokenize(prompt)
+    resid = capture(m, ids, ["blocks.1.hook_resid_mid"])["blocks.1.hook_resid_mid"][-1]
+    x = norm(m.config, resid[None, :], m.weights.layers[1].ffn_norm)[0]
+    gate = (4.0 * x / float(x @ x)).astype(np.float32)  # gate . x = 4 at the prompt's last token
+    ov = v.overlay
+    ov.set(1, FFN_WIDTH + 2, FeatureOverride(gate, gate, np.ones(v.hidden, np.float32)))
+    ov.set_meta(1, FFN_WIDTH + 2, MetaOverride((7,), (0.9,)))
+    (res,) = execute(f'EXPLAIN INFER "{prompt}" LAYERS 1-1 TOP 2', s)
+    top = res.rows[0]
+    expected = float(gated(m.config.activation, np.array([[4.0]], np.float32), np.array([[4.0]], np.float32))[0, 0])
+    assert top[:2] == [1, FFN_WIDTH + 2] and top[2] == pytest.approx(expected, rel=1e-4)
+    assert top[3] == v.token_text(7).strip()
+    assert res.rows[1][1] < FFN_WIDTH  # then the model's own
