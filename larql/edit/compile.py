@@ -5,10 +5,15 @@ with vector edits or deletions its ffn_gate / ffn_up / ffn_down are written as f
 edited rows (gate, up) and columns (down) replaced and deleted features zeroed, so no
 requantization error creeps in; every other tensor keeps its stored bytes. gate_vectors.bin and
 down_meta.bin carry the edits too. Written atomically, like an extraction; the base is not touched.
+
+Features METHOD NEURON added to a layer make every layer wider, in every output format: one FFN
+width for all layers, since the vindex format, GGUF's feed_forward_length and HF's
+intermediate_size each hold one (edit/widen.py says how wide, and why the new slots are no-ops).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
 import json
@@ -22,9 +27,10 @@ from larql.edit.gguf_fuse import OutTensor, fuse
 from larql.edit.gguf_meta import gguf_arch, vindex_fields, write_fields
 from larql.edit.overlay import FeatureOverride
 from larql.edit.view import EditableVindex
+from larql.edit.widen import ffn_width, gate_rows, widened, widened_shape, zero_rows
 from larql.errors import VindexError
 from larql.pathguard import overlap, vindex_reads
-from larql.quant import GGMLType
+from larql.quant import GGMLType, QuantMatrix
 from larql.tempfiles import clean_stale, publish, temp_path
 from larql.vindex import layout
 from larql.vindex.weights import VindexWeightSource
@@ -40,6 +46,7 @@ class CompileReport:
     layers_rewritten: tuple[int, ...]
     conflicts: tuple[tuple[int, int], ...]  # slots written by more than one patch
     size_bytes: int
+    ffn_width: int  # every layer's FFN width as written (wider than the base's when features were added)
 
 
 def conflicts(v: EditableVindex) -> list[tuple[int, int]]:
@@ -77,6 +84,11 @@ def edited_layers(v: EditableVindex) -> Edited:
     return out
 
 
+def _rewritten(v: EditableVindex, edited: Edited) -> tuple[int, ...]:
+    """Layers whose FFN weights carry edits: edited in place or given added features."""
+    return tuple(sorted(set(edited) | set(v.overlay.added_layers())))
+
+
 def _output(v: EditableVindex, out: str | Path) -> Path:
     """`out`, refused when it is, is inside or holds the vindex compiled or its source model."""
     refused = overlap(out, vindex_reads(v.path, v.index, "the vindex compiled"))
@@ -89,24 +101,26 @@ def compile_vindex(v: EditableVindex, out: str | Path, on_conflict: str = "last_
     clashes = _check_conflicts(v, on_conflict)
     out = _output(v, out)
     edited = edited_layers(v)
+    width = ffn_width(v.overlay, v.index)
     with VindexWriter(out, overwrite=overwrite) as w:
         for name in v.index["files"]:
             if name not in (layout.GATE_FILE, layout.DOWN_META_FILE, layout.WEIGHTS_FILE, layout.MANIFEST_FILE):
                 w.copy(name, v.path / name)
-        layers = _write_gates_and_meta(v, w, edited)
+        layers = _write_gates_and_meta(v, w, edited, width)
         if v.has_model_weights:
-            _write_weights(v, w, edited)
-        index = {**v.index, "layers": layers,
+            _write_weights(v, w, edited, width)
+        index = {**v.index, "layers": layers, "intermediate_size": width,
+                 "model_config": {**v.index["model_config"], "ffn": width},
                  "compiled_from": {"path": str(v.path.resolve()), "patches": [p.name for p in v.patches.applied],
                                    "unsaved_edits": len(v.patches.pending), "edited_features": len(v.overlay),
                                    "compiled_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}}
         index.pop("files", None)
         path = w.finish(index)
     size = sum(f.stat().st_size for f in path.iterdir())
-    return CompileReport(path, len(v.overlay), tuple(sorted(edited)), tuple(clashes), size)
+    return CompileReport(path, len(v.overlay), _rewritten(v, edited), tuple(clashes), size, width)
 
 
-def _write_gates_and_meta(v: EditableVindex, w: VindexWriter, edited: Edited) -> list[dict[str, Any]]:
+def _write_gates_and_meta(v: EditableVindex, w: VindexWriter, edited: Edited, width: int) -> list[dict[str, Any]]:
     gates, meta = w.binary(layout.GATE_FILE), w.binary(layout.DOWN_META_FILE)
     header = layout.DOWN_META_MAGIC + np.array([layout.DOWN_META_VERSION, v.num_layers, v.store.top_k], "<u4").tobytes()
     meta.write(header.ljust(layout.DOWN_META_HEADER, b"\0"))
@@ -122,6 +136,9 @@ def _write_gates_and_meta(v: EditableVindex, w: VindexWriter, edited: Edited) ->
             for f in gone:
                 gate[f] = 0
         ids, scores = v.down_meta(layer)  # the overlay's view: edited and deleted rows applied
+        if not v.num_experts(layer):  # added features' rows at their ids, zero features up to the width
+            gate = gate_rows(gate, v.overlay, layer, width)
+            ids, scores = zero_rows(ids, width), zero_rows(scores, width)
         gate_offset = gates.write_aligned(np.ascontiguousarray(gate))
         dm_offset = meta.write_aligned(np.ascontiguousarray(ids, dtype="<u4"))
         meta.write(np.ascontiguousarray(scores, dtype="<f4"))
@@ -138,8 +155,8 @@ def edited_matrix(source: Any, name: str, edited: Edited) -> np.ndarray | None:
     parts = name.split(".")
     layer = int(parts[1]) if parts[0] == "blk" else -1
     kind = parts[2] if layer >= 0 else ""
-    if layer not in edited or kind not in ("ffn_gate", "ffn_up", "ffn_down"):
-        return None
+    if layer not in edited or kind not in ("ffn_gate", "ffn_up", "ffn_down") or parts[-1] != "weight":
+        return None  # a bias (GPT-2's) holds no feature's vector: ffn_down.bias is per hidden unit, not per feature
     vectors, gone, delta = edited[layer]
     field = {"ffn_gate": "gate", "ffn_up": "up", "ffn_down": "down"}[kind]
     if not vectors and not gone and field != "down":
@@ -156,24 +173,28 @@ def edited_matrix(source: Any, name: str, edited: Edited) -> np.ndarray | None:
             else:
                 m[f - first] = vec
     if field == "down":
-        for f in gone:
-            if 0 <= f - first < n:
-                m[:, f - first] = 0.0
         if delta is not None:
             m += delta[0] @ delta[1].T  # ROME / MEMIT weight edits: W_down + U V^T
+        for f in gone:  # after the delta: the FFN zeroes a deleted feature's activation, so its delta column is unused too
+            if 0 <= f - first < n:
+                m[:, f - first] = 0.0
     return np.ascontiguousarray(m, dtype=np.float32)
 
 
-def _write_weights(v: EditableVindex, w: VindexWriter, edited: Edited) -> None:
+def _write_weights(v: EditableVindex, w: VindexWriter, edited: Edited, width: int) -> None:
     source = VindexWeightSource(v.path)
     manifest = json.loads((v.path / layout.MANIFEST_FILE).read_text())
     blob = w.binary(layout.WEIGHTS_FILE)
     out = []
     for e in manifest:
-        m = edited_matrix(source, e["name"], edited)
-        if m is not None:
+        m = widened(source, e["name"], edited_matrix(source, e["name"], edited), v.overlay, width)
+        if isinstance(m, QuantMatrix):  # stored blocks, zero-padded to the width
+            offset = blob.write_aligned(m.raw)
+            out.append({"name": e["name"], "type": m.qtype.name, "shape": [m.n_rows, m.n_cols],
+                        "nbytes": m.nbytes, "offset": offset})
+        elif m is not None:
             offset = blob.write_aligned(m)
-            out.append({"name": e["name"], "type": GGMLType.F32.name, "shape": [int(m.shape[0]), int(m.shape[1])],
+            out.append({"name": e["name"], "type": GGMLType.F32.name, "shape": [int(d) for d in m.shape],
                         "nbytes": int(m.nbytes), "offset": offset})
         else:
             offset = blob.write_aligned(np.ascontiguousarray(source.matrix(e["name"]).raw))
@@ -190,9 +211,10 @@ def interleave_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wins", overwrite: bool = False) -> CompileReport:
     """COMPILE ... INTO MODEL "x.gguf" FORMAT GGUF: the vindex's weights with its overlay baked in
-    (edited FFN tensors as F32, the rest in their stored blocks), under the metadata (architecture,
-    hyperparameters, tokenizer) of the GGUF it was extracted from when that file is still there,
-    else metadata rebuilt from the vindex (edit/gguf_meta.py); llama.cpp runs the result."""
+    (edited FFN tensors as F32, the rest in their stored blocks, zero-padded when features were
+    added: widen.py), under the metadata (architecture, hyperparameters, tokenizer) of the GGUF it
+    was extracted from when that file is still there, else metadata rebuilt from the vindex
+    (edit/gguf_meta.py); llama.cpp runs the result."""
     import gguf
 
     if not v.has_model_weights:
@@ -205,8 +227,10 @@ def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wi
     clean_stale(out)  # what a killed writer of this file left (a complete old one comes back)
     if out.exists() and not overwrite:
         raise VindexError(f"{out}: already exists; choose another path (or replace it: FORCE in LQL)")
-    cfg = v.index["model_config"]
-    fields = None if has_source else vindex_fields(v.index, (v.path / "tokenizer.json").read_text())
+    width = ffn_width(v.overlay, v.index)
+    cfg = {**v.index["model_config"], "ffn": width}
+    fields = None if has_source else vindex_fields({**v.index, "model_config": cfg},
+                                                   (v.path / "tokenizer.json").read_text())
     # llama.cpp's llama rotates adjacent q/k pairs; a vindex from an HF checkpoint keeps rotate-half rows
     permute = gguf_arch(cfg) == "llama" and not cfg["rope_interleaved"]
     edited = edited_layers(v)
@@ -216,13 +240,17 @@ def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wi
     try:
         if fields is None:
             reader = gguf.GGUFReader(src)
-            writer = gguf.GGUFWriter(tmp, str(reader.fields["general.architecture"].contents()))
+            arch = str(reader.fields["general.architecture"].contents())
+            writer = gguf.GGUFWriter(tmp, arch)
             for field in reader.fields.values():
                 if field.name.startswith("GGUF.") or field.name == "general.architecture":
                     continue
                 vtype = field.types[0]
                 sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-                writer.add_key_value(field.name, field.contents(), vtype, sub)
+                value = field.contents()
+                if field.name == f"{arch}.feed_forward_length":  # the width added features made (widen.py)
+                    value = [width] * len(value) if isinstance(value, list) else width
+                writer.add_key_value(field.name, value, vtype, sub)
         else:
             writer = gguf.GGUFWriter(tmp, gguf_arch(cfg))
             write_fields(writer, fields)
@@ -234,10 +262,11 @@ def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wi
                 writer.add_tensor(f"rope_factors_{kind}.weight", np.asarray(cfg[f"rope_{kind}_factors"], np.float32))
         tensors = []
         for e in manifest:
-            m = edited_matrix(source, e["name"], edited)
+            m = widened(source, e["name"], edited_matrix(source, e["name"], edited), v.overlay, width)
             if permute and e["name"].endswith((".attn_q.weight", ".attn_k.weight")):
                 heads = cfg["n_heads"] if e["name"].endswith("q.weight") else cfg["n_kv_heads"]
-                m = interleave_rope_rows(m if m is not None else source.matrix(e["name"]).dequantize(), heads)
+                m = interleave_rope_rows(m if isinstance(m, np.ndarray) else source.matrix(e["name"]).dequantize(),
+                                         heads)
             if m is not None:
                 tensors.append(OutTensor(e["name"], m))
             else:
@@ -262,7 +291,7 @@ def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wi
         raise VindexError(f"{out}: cannot write the GGUF ({e.strerror or e})") from e
     finally:
         tmp.unlink(missing_ok=True)
-    return CompileReport(out, len(v.overlay), tuple(sorted(edited)), tuple(clashes), out.stat().st_size)
+    return CompileReport(out, len(v.overlay), _rewritten(v, edited), tuple(clashes), out.stat().st_size, width)
 
 
 def compile_safetensors(v: EditableVindex, out: str | Path, on_conflict: str = "last_wins", overwrite: bool = False,
@@ -282,21 +311,25 @@ def compile_safetensors(v: EditableVindex, out: str | Path, on_conflict: str = "
         raise VindexError(f"{v.path}: a browse-level vindex has no weights to compile into a model")
     out = _output(v, out)
     clashes = _check_conflicts(v, on_conflict)
-    cfg = index_config(v.store)
+    width = ffn_width(v.overlay, v.index)
+    cfg = dataclasses.replace(index_config(v.store), ffn=width)
     edited = edited_layers(v)
     source = VindexWeightSource(v.path)
 
     def load(name: str, is_vector: bool) -> np.ndarray:
-        if is_vector:
-            return source.vector(name)
-        m = edited_matrix(source, name, edited)
-        return m if m is not None else source.matrix(name).dequantize()
+        m = widened(source, name, None if is_vector else edited_matrix(source, name, edited), v.overlay, width)
+        if isinstance(m, QuantMatrix):
+            return m.dequantize()
+        if m is not None:
+            return m
+        return source.vector(name) if is_vector else source.matrix(name).dequantize()
 
     manifest = json.loads((v.path / layout.MANIFEST_FILE).read_text())
-    tensors = [ExportTensor(e["name"], tuple(e["shape"]), functools.partial(load, e["name"], len(e["shape"]) == 1)) for e in manifest]
+    tensors = [ExportTensor(e["name"], widened_shape(e["name"], e["shape"], width),
+                            functools.partial(load, e["name"], len(e["shape"]) == 1)) for e in manifest]
     tok = v.store.tokenizer
     files = TokenizerFiles((v.path / layout.TOKENIZER_FILE).read_text(), tok.bos_id, tuple(tok.eos_ids),
                            source_chat_template(Path(v.index["source"]["path"])))
     path = write_hf_dir(out, cfg, tensors, files, dtype, overwrite)
     size = sum(f.stat().st_size for f in path.iterdir())
-    return CompileReport(path, len(v.overlay), tuple(sorted(edited)), tuple(clashes), size)
+    return CompileReport(path, len(v.overlay), _rewritten(v, edited), tuple(clashes), size, width)

@@ -18,6 +18,11 @@ batch rank n), becomes one weight_edit of factors U (hidden x r), V (ffn x r) in
 per feature: r(hidden + 2 ffn) floats, not ffn x 3 hidden. The rank is what the delta's singular
 values show above float32 rounding, and the factors are kept only if U Vᵀ reproduces every entry of
 the delta to within a few ulps of the weights (else the layer stays per feature).
+
+The two may differ in FFN width: features METHOD NEURON added (in an overlay, or compiled into a
+vindex, which COMPILE writes wider: edit/widen.py). Each layer is compared at the wider of the two,
+the narrower side padded with zero features (what COMPILE pads with), so a feature only one side
+has is an insert (past the first's width: an added feature) or a delete.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from larql.edit.overlay import MetaOverride
 from larql.edit.patch import Patch, PatchOp, index_checksum, save_patch
 from larql.edit.view import EditableVindex
 from larql.edit.weight_op import WeightOp
+from larql.edit.widen import gate_rows, widened, zero_rows
 from larql.errors import VindexError
 from larql.vindex import layout
 from larql.vindex.weights import VindexWeightSource
@@ -67,7 +73,8 @@ class DiffReport:
 
 
 def _check_same_model(a: EditableVindex, b: EditableVindex) -> None:
-    keys = ("family", "num_layers", "hidden_size", "intermediate_size", "vocab_size")
+    # not intermediate_size: added features (METHOD NEURON) compile into a wider FFN of the same model
+    keys = ("family", "num_layers", "hidden_size", "vocab_size")
     ia, ib = a.index, b.index
     differ = [k for k in keys if ia[k] != ib[k]]
     if differ:
@@ -83,13 +90,16 @@ class _Side:
         self.edited = edited_layers(v)
         self.source = VindexWeightSource(v.path) if weights else None
 
-    def matrix(self, layer: int, kind: str) -> np.ndarray:
+    def matrix(self, layer: int, kind: str, width: int) -> np.ndarray:
+        """(width, hidden) for all three: added features at their ids, zero features past them."""
         name = f"blk.{layer}.{kind}.weight"
-        m = edited_matrix(self.source, name, self.edited)
-        m = m if m is not None else self.source.matrix(name).dequantize()  # type: ignore[union-attr]
-        return m.T if kind == "ffn_down" else m  # (features, hidden) for all three
+        m = widened(self.source, name, edited_matrix(self.source, name, self.edited), self.v.overlay, width)
+        if m is None:
+            m = self.source.matrix(name)  # type: ignore[union-attr]
+        m = np.asarray(m if isinstance(m, np.ndarray) else m.dequantize())
+        return m.T if kind == "ffn_down" else m
 
-    def gates(self, layer: int) -> np.ndarray:
+    def gates(self, layer: int, width: int) -> np.ndarray:
         gate = np.array(self.v.gate_vectors(layer), dtype=np.float32)
         vectors, gone, _ = self.edited.get(layer, ({}, set(), None))
         for f, ov in vectors.items():
@@ -97,7 +107,7 @@ class _Side:
                 gate[f] = ov.gate
         for f in gone:
             gate[f] = 0.0
-        return gate
+        return gate_rows(gate, self.v.overlay, layer, width)
 
 
 def _row_differs(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -112,19 +122,22 @@ def diff(a: EditableVindex, b: EditableVindex, layer: int | None = None) -> Diff
     report = DiffReport()
     layers = range(a.num_layers) if layer is None else [layer]
     for L in layers:
-        ids_a, sc_a = a.down_meta(L)
-        ids_b, sc_b = b.down_meta(L)
+        width = max(a.num_features(L), b.num_features(L))  # either may have added features
+        ids_a, sc_a = (zero_rows(x, width) for x in a.down_meta(L))
+        ids_b, sc_b = (zero_rows(x, width) for x in b.down_meta(L))
         meta = _row_differs(ids_a, ids_b) | _row_differs(sc_a, sc_b)
         if weights:
-            mats = {k: (sa.matrix(L, k), sb.matrix(L, k)) for k in _FFN}
+            mats = {k: (sa.matrix(L, k, width), sb.matrix(L, k, width)) for k in _FFN}
         else:
-            mats = {"ffn_gate": (sa.gates(L), sb.gates(L))}
+            mats = {"ffn_gate": (sa.gates(L, width), sb.gates(L, width))}
         parts = {k[4:]: _row_differs(x, y) for k, (x, y) in mats.items()}
         changed = meta.copy()
         for d in parts.values():
             changed |= d
         factors = None
-        if weights and not parts["gate"].any() and not parts["up"].any() and parts["down"].sum() > 1:
+        # a weight edit's V spans the first's base features: wider than those, the layer goes per feature
+        if (weights and width == a.overlay.widths[L] and not parts["gate"].any() and not parts["up"].any()
+                and parts["down"].sum() > 1):
             factors = low_rank(*mats["ffn_down"])
         if factors is not None:  # W_down moved by U Vᵀ: one weight edit; metadata changes stay updates
             u, v = factors

@@ -254,6 +254,7 @@ def compile_stmt(stmt: ast.CompileStmt, session: Session, result: Result, run: P
     result.columns = ["measure", "value"]
     result.rows = [["edited features baked", report.edited_features],
                    ["layers with rewritten FFN weights", ", ".join(map(str, report.layers_rewritten)) or "none"],
+                   ["FFN width of every layer (wider: features NEURON added)", report.ffn_width],
                    ["features written by several patches", len(report.conflicts)],
                    ["size (MB)", report.size_bytes / 1e6]]
     runs = {"vindex": f'USE "{report.path}"', "gguf": f'larql run {report.path} "..." (or llama.cpp)',

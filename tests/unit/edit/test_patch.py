@@ -164,6 +164,7 @@ def test_compile_bakes_the_overlay_into_a_new_vindex(vx: Path, tmp_path: Path) -
     before_files = {p.name: p.read_bytes() for p in vx.iterdir()}
     res = execute(f'COMPILE CURRENT INTO VINDEX "{tmp_path / "baked.vindex"}"', s)[0]
     assert {r[0]: r[1] for r in res.rows}["layers with rewritten FFN weights"] == "1, 2"
+    assert res.rows[2] == ["FFN width of every layer (wider: features NEURON added)", s.vindex.store.num_features(1)]
     baked = open_vindex(tmp_path / "baked.vindex")
     assert baked.verify() == [] and baked.index["compiled_from"]["edited_features"] == 3
     out = larql.load(tmp_path / "baked.vindex").forward(IDS)  # no patch: the edits are in the weights
