@@ -78,7 +78,8 @@ class MergeReport:
 
 
 def _state(overlay: PatchOverlay, layer: int, feature: int) -> SlotState:
-    return overlay.layer(layer).get(feature), overlay.meta(layer).get(feature), feature in overlay.deleted(layer)
+    vectors = overlay.layer(layer).get(feature) or overlay.added(layer).get(feature)
+    return vectors, overlay.meta(layer).get(feature), feature in overlay.deleted(layer)
 
 
 def _edited(s: SlotState) -> bool:
@@ -99,7 +100,7 @@ def _score(v: EditableVindex, layer: int, feature: int, meta: MetaOverride | Non
         return float("-inf")
     if meta is not None:
         return float(meta.scores[0])
-    return float(v.store.down_meta(layer)[1][feature, 0])
+    return float(v.down_meta(layer)[1][feature, 0]) if feature < v.num_features(layer) else 0.0
 
 
 def _facts(ops: list[PatchOp | WeightOp]) -> dict[tuple[int, int], PatchOp]:
@@ -169,7 +170,7 @@ def merge(v: EditableVindex, source: str | Path, policy: str = "last_wins") -> M
     ov = v.overlay
     cur_facts = {k: f for k, f in _facts(current_ops).items() if _edited(_state(ov, *k))}
     ops, report.moved = _relocate(v, ops, cur_facts)
-    scratch = PatchOverlay(ov.num_layers, ov.num_features, ov.hidden)
+    scratch = PatchOverlay(ov.num_layers, ov.num_features, ov.hidden, ov.widths)
     for op in ops:
         if isinstance(op, PatchOp):
             op.apply(scratch)

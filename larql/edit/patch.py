@@ -316,8 +316,9 @@ def renumber_added(patch: Patch, overlay: PatchOverlay) -> Patch:
     the same ids and the second would overwrite the first."""
     mapping: dict[tuple[int, int], int] = {}
     following: dict[int, int] = {}
-    for op in patch.ops:
-        if isinstance(op, PatchOp) and op.feature >= overlay.widths[op.layer] and (op.layer, op.feature) not in mapping:
+    for op in patch.ops:  # the features it adds: an insert past the width (an update there edits one in place)
+        if (isinstance(op, PatchOp) and op.op == "insert" and op.feature >= overlay.widths[op.layer]
+                and (op.layer, op.feature) not in mapping):
             mapping[(op.layer, op.feature)] = following.get(op.layer, overlay.next_feature(op.layer))
             following[op.layer] = mapping[(op.layer, op.feature)] + 1
     if all(feature == new for (_, feature), new in mapping.items()):
@@ -385,7 +386,8 @@ class PatchStack:
                               f"base_model to {v.index['model']!r})")
         if any(p.path is not None and p.path.resolve() == Path(path).resolve() for p in self.applied):
             raise VindexError(f"{path}: this patch is already applied (REMOVE PATCH it first to re-apply)")
-        self.applied.append(renumber_added(patch, self.overlay))
+        patch = renumber_added(patch, self.overlay)
+        self.applied.append(patch)
         try:
             self.replay()
         except VindexError as e:
@@ -399,7 +401,13 @@ class PatchStack:
             # by file name or path, or (as LARQL does) by description
             if name in (p.name, str(p.path), p.description) or (p.path is not None and Path(name).name == p.path.name):
                 patch = self.applied.pop(i)
-                self.replay()
+                try:
+                    self.replay()
+                except VindexError as e:  # a later edit refers to a feature the patch added
+                    self.applied.insert(i, patch)
+                    self.replay()
+                    raise VindexError(f"cannot remove {patch.name}: a later edit refers to a feature it added "
+                                      f"({e}); undo or remove that edit first") from None
                 return patch
         known = ", ".join(p.name for p in self.applied) or "none"
         raise VindexError(f"no applied patch named {name!r} (applied: {known})")

@@ -10,6 +10,7 @@ changes; what the view does not edit it reads straight from the store.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -78,9 +79,15 @@ class EditableVindex:
         return self.store.feature_clusters
 
     def num_features(self, layer: int) -> int:
-        """The layer's features with the ones METHOD NEURON added (ids from the store's width up)."""
+        """One past the layer's last feature, counting the ones METHOD NEURON added (ids from the
+        store's width up; a removed one leaves a hole: `feature_ids` lists those that exist)."""
         n = self.store.num_features(layer)
         return self.overlay.next_feature(layer) if self.overlay.added(layer) else n
+
+    def feature_ids(self, layer: int) -> Sequence[int]:
+        added = self.overlay.added(layer)
+        base = range(self.store.num_features(layer))
+        return [*base, *added] if added else base
 
     def num_experts(self, layer: int) -> int:
         return self.store.num_experts(layer)

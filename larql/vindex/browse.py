@@ -93,7 +93,7 @@ def iter_features(v: VindexReader, layers: tuple[int, int] | list[int] | None = 
     """Every feature's metadata (score = c_score), layer by layer."""
     for layer in _layers(v, layers):
         ids, scores = v.down_meta(layer)
-        for f in range(v.num_features(layer)):
+        for f in v.feature_ids(layer):  # an editable view's added features too (not a removed one's hole)
             tokens = tuple(clean_token(v.token_text(int(t))) for t in ids[f][:4])
             yield FeatureHit(layer, f, float(scores[f, 0]), tokens[0], tokens[1:])
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -87,6 +88,10 @@ class Vindex:
 
     def num_features(self, layer: int) -> int:
         return int(self._layer(layer)["num_features"])
+
+    def feature_ids(self, layer: int) -> Sequence[int]:
+        """The layer's features, by id (an editable view adds those METHOD NEURON added)."""
+        return range(self.num_features(layer))
 
     def num_experts(self, layer: int) -> int:
         """How many experts layer `layer`'s features belong to: 0 for a dense FFN."""
@@ -280,6 +285,8 @@ class VindexReader(MetaSource, Protocol):
     def feature_meta(self, layer: int, feature: int) -> FeatureMeta: ...
 
     def feature_label(self, layer: int, feature: int) -> str | None: ...
+
+    def feature_ids(self, layer: int) -> Sequence[int]: ...
 
     def feature_name(self, layer: int, feature: int) -> str: ...
 

@@ -155,3 +155,43 @@ def test_explain_infer_ranks_added_features_with_the_model_s_own(vx: Path) -> No
     assert top[:2] == [1, FFN_WIDTH + 2] and top[2] == pytest.approx(expected, rel=1e-4)
     assert top[3] == v.token_text(7).strip()
     assert res.rows[1][1] < FFN_WIDTH  # then the model's own
+
+
+def test_a_patch_editing_another_patch_s_feature_and_removing_the_first(vx: Path, tmp_path: Path) -> None:
+    """An update of a feature an earlier patch added keeps its number (only what a patch inserts is
+    renumbered); removing the earlier patch while a later edit refers to its feature is refused and
+    leaves the stack as it was."""
+    rng = np.random.default_rng(4)
+    w = edit_vindex(vx)
+    w.patches.begin(tmp_path / "a.vlp")
+    w.patches.record(_insert(1, FFN_WIDTH, _feature(rng, w.hidden)))
+    w.patches.save()
+    new_down = _feature(rng, w.hidden)["down"]
+    w.patches.begin(tmp_path / "b.vlp")
+    w.patches.record(PatchOp("update", 1, FFN_WIDTH, {"down": new_down}))
+    w.patches.save()
+    v = edit_vindex(vx)
+    v.patches.apply(tmp_path / "a.vlp")
+    v.patches.apply(tmp_path / "b.vlp")
+    assert list(v.overlay.added(1)) == [FFN_WIDTH] and np.array_equal(v.overlay[(1, FFN_WIDTH)].down, new_down)
+    v.patches.record(PatchOp("delete", 0, 3))
+    before = _forward(v)
+    with pytest.raises(VindexError, match="cannot remove a.vlp: a later edit refers to a feature it added"):
+        v.patches.remove("a.vlp")
+    assert [p.name for p in v.patches.applied] == ["a.vlp", "b.vlp"] and 3 in v.overlay.deleted(0)
+    assert np.array_equal(_forward(v), before)
+
+
+def test_browsing_and_filtered_deletes_skip_a_removed_feature_s_number(vx: Path) -> None:
+    from larql.lql.executor import execute
+    from larql.lql.session import Session
+
+    rng = np.random.default_rng(5)
+    s = Session()
+    execute(f'USE "{vx}"', s)
+    v = s.vindex
+    v.patches.record_all([_insert(1, FFN_WIDTH + j, _feature(rng, v.hidden), tid=9) for j in range(2)])
+    v.patches.record(PatchOp("delete", 1, FFN_WIDTH))  # leaves a hole at 64
+    assert list(v.feature_ids(1))[-2:] == [FFN_WIDTH - 1, FFN_WIDTH + 1]
+    execute("DELETE FROM EDGES WHERE layer = 1 AND score < 100", s)
+    assert not v.overlay.added(1) and len(v.overlay.deleted(1)) == FFN_WIDTH  # every feature, the hole skipped
