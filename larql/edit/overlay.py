@@ -90,9 +90,13 @@ class PatchOverlay:
             return
         if adding and width <= feature < width + MAX_ADDED:
             return
-        raise VindexError(f"feature {feature} is out of range (layer {layer}: features 0-{width - 1}"
-                          + (f", added {', '.join(map(str, sorted(self._added[layer])))}" if self._added.get(layer) else "")
-                          + "; METHOD NEURON adds features)")
+        added = self._added.get(layer)
+        if added and width <= feature < max(added):
+            raise VindexError(f"feature {feature} of layer {layer} was added and then removed; it no longer exists")
+        # a range, not every id: a layer can hold hundreds of added features and the message stays one line
+        more = f", {len(added)} added up to {max(added)}" if added else ""
+        raise VindexError(f"feature {feature} is out of range (layer {layer}: features 0-{width - 1}{more}; "
+                          f"METHOD NEURON adds features)")
 
     # -- reading, per layer ---------------------------------------------------------------------
 

@@ -195,3 +195,17 @@ def test_browsing_and_filtered_deletes_skip_a_removed_feature_s_number(vx: Path)
     assert list(v.feature_ids(1))[-2:] == [FFN_WIDTH - 1, FFN_WIDTH + 1]
     execute("DELETE FROM EDGES WHERE layer = 1 AND score < 100", s)
     assert not v.overlay.added(1) and len(v.overlay.deleted(1)) == FFN_WIDTH  # every feature, the hole skipped
+
+
+def test_a_removed_added_feature_is_named_as_such_and_long_lists_stay_one_line(vx: Path) -> None:
+    rng = np.random.default_rng(6)
+    ov = edit_vindex(vx).overlay
+    for j in range(300):
+        ov.set(2, FFN_WIDTH + j, FeatureOverride(**_feature(rng, ov.hidden)))
+    ov.delete(2, FFN_WIDTH + 5)
+    with pytest.raises(VindexError, match="feature 69 of layer 2 was added and then removed"):
+        ov.set_meta(2, FFN_WIDTH + 5, MetaOverride((1,), (0.1,)))
+    with pytest.raises(VindexError) as err:
+        ov.set_meta(2, FFN_WIDTH + 400, MetaOverride((1,), (0.1,)))
+    assert str(err.value) == ("feature 464 is out of range (layer 2: features 0-63, 299 added up to 363; "
+                              "METHOD NEURON adds features)")
