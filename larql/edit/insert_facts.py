@@ -36,7 +36,8 @@ from larql.edit.methods import (
     neuron_layers,
 )
 from larql.edit.neighbours import similar_subjects
-from larql.edit.neuron import bias_direction, plan_neuron_edit
+from larql.edit.neuron import bias_direction, neuron_threshold, plan_neuron_edit
+from larql.edit.neuron_settle import settle_layer, settle_texts
 from larql.edit.rome import KeyMetric
 from larql.edit.stats import second_moments, token_budget
 from larql.edit.view import EditableVindex
@@ -190,7 +191,11 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
         by_layer = neuron_layer_plan(v, model, subjects, layers)
         used = tuple(sorted(by_layer))
         try:
-            for layer, placed in by_layer.items():
+            # lowest layer first: a layer's inputs depend on the neurons below it, so each layer is planned
+            # on the inputs it will see (1,000 fictional facts over layers 3-8 planned in filling order,
+            # 3, 4, 6, 5, ...: ES 79.9 / PS 62.2, subjects where no other neuron opened 344; sorted:
+            # 82.1 / 63.8, 495)
+            for layer, placed in sorted(by_layer.items()):
                 input_metric = key_metrics(model, [layer], stats_dir(v), stats_tokens, point="input")[layer]
                 # the neurons already in place (at any layer) must stay silent on the new subjects and the
                 # new ones on theirs, and so must this batch's neurons at other layers: a neuron at layer 3
@@ -206,6 +211,11 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
                                                near, objects, earlier=list(dict.fromkeys(earlier)),
                                                elsewhere=elsewhere)
                 v.patches.record_all(list(neuron_plan.ops))
+                # settled before the next layer is planned: its values are then optimised on what these
+                # neurons really do (settling all layers after the fact, against values that had learnt to
+                # live with the leaks, took 1,000 fictional facts from ES 82.1 to 53.9)
+                if neuron_threshold(model.name) and input_metric.bias is not None:
+                    settle_layer(v, model, list(neuron_plan.ops), settle_texts(facts, earlier), input_metric)
         except BaseException:  # an error or Ctrl-C: nothing half-applied
             v.patches.undo(len(v.patches.pending) - recorded)
             raise

@@ -34,6 +34,8 @@ The install, per subject (facts about one subject share a neuron):
   top-1s, benchmarks/bench_slot_cost.py); 300 fictional facts over layers 3-8 went from ES 89.7 /
   PS 55.3 / 18 of 24 unrelated top-1s kept with recycled slots to 95.0 / 81.1 / 24 of 24 added;
 - down = u / f(a): the subject's MLP output changes by exactly u at its mean input.
+Once a layer's neurons are recorded they are settled (neuron_settle.py): re-read on every subject's
+texts through the edited model, a neuron that opens on another subject's is held there.
 The result is feature inserts (PatchOp "insert") at the added ids: patches, SHOW PATCHES, COMPILE
 (a layer written that many features wider) carry it.
 """
@@ -217,6 +219,16 @@ def neuron_directions(metric: KeyMetric, fire: Sequence[F32], held: F32, owners:
     return out
 
 
+def neuron_gate(g: F32, x_fire: F32, bias: F32 | None, theta: float) -> F32:
+    """The gate of a neuron with direction g firing at the columns of `x_fire` `(hidden, n)`: a g, or
+    with a bias direction c (c·x ≈ 1 everywhere) a (g - θ c) — closed below g·x ≈ θ and
+    PRE_ACTIVATION at the subject."""
+    if bias is None:
+        return (PRE_ACTIVATION * g).astype(np.float32)
+    c_fire = float(np.mean(bias @ x_fire))
+    return ((PRE_ACTIVATION / (1.0 - theta * c_fire)) * (g - theta * bias)).astype(np.float32)
+
+
 def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metric: KeyMetric, first: int, decoys: Sequence[str],
                      neighbours: Mapping[str, Sequence[str]] | None = None,
                      objects: Mapping[str, Sequence[str]] | None = None,
@@ -266,11 +278,7 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metr
                                    thresholded=bias is not None)
     ops = []
     for group, value, feature, g, x_fire in zip(groups, values, features, directions, fire):
-        gate = PRE_ACTIVATION * g
-        if bias is not None:
-            # gate = a (g - θ c)·x with c·x ≈ 1 everywhere: closed below g·x ≈ θ, PRE_ACTIVATION at the subject
-            c_fire = float(np.mean(bias @ x_fire))
-            gate = (PRE_ACTIVATION / (1.0 - theta * c_fire)) * (g - theta * bias)
+        gate = neuron_gate(g, x_fire, bias, theta)
         new_down = (value.deltas[layer] / f_a).astype(np.float32)
         fact = group[0]
         tid = first_target_token(model, fact.target)

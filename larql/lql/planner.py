@@ -113,6 +113,10 @@ def insert_steps(stmt: ast.InsertStmt, session: Session) -> list[Step]:
                               "holds, the nearest other subjects and wherever it would fire above 0.05); "
                               "gate = 12 g, up = g, down = value / f(12)"),
                 Step("record", f"patch overlay, {n} neuron insert(s) (method neuron)", {"method": method}),
+                Step("settle", "each layer once recorded, lowest first: every subject's texts (itself, its prompts, "
+                               "two of the batch's templates) re-read through the edited model; a neuron opening "
+                               "on another subject's text (g.x > 0.5) is held there with the least change of g "
+                               "(thresholded neurons only)"),
                 Step("measure", "held-out prompts: prefixed prompt, unrelated prompts' top-1 and KL")]
     solve = "one joint solve" if method == "memit" else f"{n} solve(s), one fact after another"
     return [Step("statistics", f"E[k k^T] at {where} (cached beside the vindex, else computed)", {"layers": layers}),

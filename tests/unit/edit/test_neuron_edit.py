@@ -245,3 +245,60 @@ def test_thresholded_directions_hold_only_where_they_would_open_and_stay_short()
                                thresholded=True)[0]
     assert float(g_near @ near[:, 0]) > THRESHOLD_LEAK
     assert float(np.sqrt(g_near @ metric.cov @ g_near)) <= THRESHOLD_RMS
+
+
+def test_settling_moves_a_direction_least_to_fire_at_its_subject_and_close_on_the_others() -> None:
+    """settle_direction: g·x = 1 at its own inputs and 0 at the others' it opened on, the change the
+    smallest in Σ's norm (any other change meeting the same constraints is longer)."""
+    from larql.edit.neuron_settle import settle_direction
+    from larql.edit.rome import KeyMetric
+
+    rng = np.random.default_rng(2)
+    hidden = 48
+    text = rng.standard_normal((hidden, 3000))
+    metric = KeyMetric(text @ text.T / text.shape[1])
+    g = rng.standard_normal(hidden).astype(np.float32) / 7
+    own, leaks = rng.standard_normal((hidden, 2)).astype(np.float32), rng.standard_normal((hidden, 3)).astype(np.float32)
+    g_new, held = settle_direction(metric, g, own, leaks)
+    assert held == 3
+    assert np.allclose(g_new @ own, 1.0, atol=1e-3) and np.allclose(g_new @ leaks, 0.0, atol=1e-3)
+    d = (g_new - g).astype(np.float64)
+    x = np.concatenate([own, leaks], axis=1).astype(np.float64)
+    free = rng.standard_normal(hidden)
+    free -= x @ np.linalg.lstsq(x, free, rcond=None)[0]  # a change that leaves every constraint as it is
+    other = d + 0.1 * free
+    assert float(d @ metric.cov @ d) < float(other @ metric.cov @ other)
+
+
+def test_settling_a_layer_closes_a_neuron_on_the_other_subjects_it_opens_on(
+        vx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A neuron made to open on another subject's text ("Colour of omega") is settled on the texts as
+    the model reads them: shut there, still fully open at its own subject, and the settled insert is
+    what the patch stack holds (the model runs it)."""
+    from dataclasses import replace
+
+    import larql.edit.neuron as neuron
+    from larql.edit.neuron_settle import SETTLE_OPEN, settle_direction, settle_layer
+
+    monkeypatch.setattr(neuron, "BIAS_SPREAD", 1e9)  # take a bias direction on the tiny model (as above)
+    v = edit_vindex(vx)
+    m = v.model()
+    insert_facts(v, [Fact("zeta", PROMPT, "blue", "colour")], "neuron", layers=[2], measure=False)
+    op = v.patches.pending[-1]
+    assert isinstance(op, PatchOp)
+    metric = key_metrics(m, [2], stats_dir(v), point="input")[2]
+    own = np.stack([_input_at(m, 2, t, "zeta") for t in ("zeta", PROMPT)], axis=1)
+    other = _input_at(m, 2, "Colour of omega", "omega")[:, None]
+    leaky, _ = settle_direction(metric, op.vectors["up"], np.concatenate([own, other], axis=1), other[:, :0])
+    assert float(leaky @ other[:, 0]) == pytest.approx(1.0, abs=1e-2)  # opens on omega as on zeta
+    v.patches.undo(1)
+    v.patches.record(replace(op, vectors={**op.vectors, "up": leaky,
+                                          "gate": neuron.neuron_gate(leaky, own, metric.bias, neuron.THRESHOLD)}))
+    texts = {"zeta": ["zeta", PROMPT], "omega": ["omega", "Colour of omega"]}
+    got = settle_layer(v, m, [v.patches.pending[-1]], texts, metric)
+    assert got.moved == 1 and got.leaks >= 1
+    g = got.ops[0].vectors["up"]
+    assert float(g @ other[:, 0]) < SETTLE_OPEN and float(g @ _input_at(m, 2, "omega", "omega")) < SETTLE_OPEN
+    assert np.allclose(g @ own, 1.0, atol=0.1)
+    assert v.patches.pending[-1] is got.ops[0] and len(v.patches.pending) == 1
+    assert np.allclose(v.overlay.added(2)[op.feature].up, g)

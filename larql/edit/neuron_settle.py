@@ -1,0 +1,130 @@
+"""Settling a batch of neurons once all of them are in place (METHOD NEURON, edit/neuron.py).
+
+A batch's neurons are planned layer by layer, each held off the inputs the other subjects had when
+it was planned. But a neuron at layer 3 writes its subject's value into the residual stream, and so
+do the other layers' neurons: once all are in, a subject's input at layer 6 is not what it was when
+layer 6's neurons were planned, and a neuron may open on another subject's text (it then writes its
+own target there) or fire less on its own. Settling captures every subject's inputs in the edited
+model and moves each neuron's direction g as little as possible (in Σ's norm, Σ = E[x xᵀ]: the
+smallest change of g·x on ordinary text) so that g·x = 1 at its own subject's texts and 0 at every
+other subject's text where it opened; the gate follows g.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+from numpy.typing import NDArray
+
+from larql.edit.facts import Fact
+from larql.edit.neuron import THRESHOLD_RMS, neuron_gate, neuron_threshold
+from larql.edit.patch import PatchOp
+from larql.edit.rome import CONSTRAINT_RIDGE, KeyMetric
+from larql.edit.view import EditableVindex
+from larql.edit.weight_edit import HeldPrompt, held_keys
+from larql.model.model import Model
+
+F32 = NDArray[np.float32]
+SETTLE_OPEN = 0.5
+OWN_TOLERANCE = 0.1  # |g·x - 1| at the subject's own inputs that a settled direction may leave  # g·x at another subject's text above which the neuron counts as open there
+
+
+@dataclass(frozen=True)
+class Settled:
+    ops: list[PatchOp]
+    moved: int  # neurons whose direction changed
+    leaks: int  # (neuron, other subject's text) pairs held
+
+
+def settle_direction(metric: KeyMetric, g: F32, fire: F32, leaks: F32, max_rms: float = np.inf,
+                     per_round: int = 32) -> tuple[F32, int]:
+    """g + δ with δ the smallest in Σ's norm such that (g + δ)·x = 1 at the columns of `fire`
+    `(hidden, n)` and 0 at those of `leaks` `(hidden, m)`, the leaks taken worst first, `per_round`
+    at a time, while g's rms on ordinary text, sqrt(gᵀΣg), stays under `max_rms` (a leak nearly
+    the same as the subject's own input could only be told apart by a g that opens everywhere);
+    also returns how many leaks it holds."""
+    g64 = g.astype(np.float64)
+    order = np.argsort(-(leaks.T @ g64))
+    best, held = g.astype(np.float32), 0
+    m = leaks.shape[1]
+    for n in [0, *range(per_round, m, per_round), m] if m else [0]:
+        x = np.concatenate([fire, leaks[:, order[:n]]], axis=1).astype(np.float64)  # (hidden, k)
+        want = np.concatenate([np.ones(fire.shape[1]), np.zeros(n)]) - x.T @ g64
+        cinv_x = metric.solve(x)
+        gram = x.T @ cinv_x
+        gram += CONSTRAINT_RIDGE * float(np.mean(np.diag(gram))) * np.eye(len(gram))
+        g_new = g64 + cinv_x @ np.linalg.solve(gram, want)
+        if n and (float(g_new @ metric.cov @ g_new) > max_rms ** 2
+                  or np.any(np.abs(fire.T @ g_new - 1.0) > OWN_TOLERANCE)):
+            break  # too long, or the subject's own inputs no longer open it fully (a leak too like them)
+        best, held = g_new.astype(np.float32), n
+    return best, held
+
+
+def settle_neurons(model: Model, ops: Sequence[PatchOp], texts: Mapping[str, Sequence[str]],
+                   metrics: Mapping[int, KeyMetric], gate_of: Callable[[int, F32, F32], F32],
+                   install: Callable[[list[PatchOp]], None]) -> Settled:
+    """The neuron inserts `ops` (in place in `model`'s edits), settled one layer at a time from the
+    lowest: each direction against every subject's `texts` (its own, and those of the subjects it
+    must stay off) as the model reads them with the layers below already settled; `install(ops)`
+    puts the whole list, as settled so far, in place of the old."""
+    out = list(ops)
+    moved = held = 0
+    prompts = [HeldPrompt(t, s, s) for s, ts in texts.items() for t in ts]
+    for layer in sorted({op.layer for op in ops}):
+        inputs, owners = held_keys(model, prompts, [layer], point="input")
+        x = inputs[layer]  # (hidden, n)
+        who = np.array([o if o is not None else "" for o in owners], dtype=object)
+        metric = metrics[layer]
+        changed = False
+        for i, op in enumerate(out):
+            if op.layer != layer or op.entity is None or op.entity not in texts:
+                continue
+            g = op.vectors["up"].astype(np.float64)
+            z = g @ x
+            own = who == op.entity
+            leak = (~own) & (who != "") & (z > SETTLE_OPEN)
+            if not leak.any():
+                continue  # left as planned: a move would disturb what the plan held at 0 (decoys, objects)
+            bound = max(THRESHOLD_RMS, float(np.sqrt(g @ metric.cov @ g)))  # no longer than it was, or the bound
+            g_new, n_held = settle_direction(metric, g.astype(np.float32), x[:, own], x[:, leak], bound)
+            moved, held, changed = moved + 1, held + n_held, True
+            out[i] = replace(op, vectors={**op.vectors, "up": g_new, "gate": gate_of(layer, g_new, x[:, own])})
+        if changed:
+            install(out)
+    return Settled(out, moved, held)
+
+
+SETTLE_TEMPLATES = 2  # the batch's relation templates, besides its own prompts, each subject is read in
+
+
+def settle_texts(facts: Sequence[Fact], earlier: Sequence[str], templates: int = SETTLE_TEMPLATES,
+                 ) -> dict[str, list[str]]:
+    """Each subject's texts to settle on: the subject opening a text, its facts' prompts and the
+    batch's first `templates` relation templates; subjects of neurons already in place (`earlier`)
+    in the templates alone."""
+    forms = list(dict.fromkeys(f.prompt.replace(f.subject, "{}", 1) for f in facts))[:templates]
+    texts: dict[str, list[str]] = {}
+    for f in facts:
+        texts.setdefault(f.subject, [f.subject]).append(f.prompt)
+    for subject in earlier:
+        texts.setdefault(subject, [subject])
+    for subject, own in texts.items():
+        own += [t.format(subject) for t in forms if t.format(subject) not in own]
+    return texts
+
+
+def settle_layer(v: EditableVindex, model: Model, ops: list[PatchOp], texts: Mapping[str, Sequence[str]],
+                 metric: KeyMetric) -> Settled:
+    """Settle one layer's new neuron inserts `ops`, the last ones recorded on `v`'s patch stack, in place."""
+    theta = neuron_threshold(model.name)
+    layer = ops[0].layer
+
+    def install(new: list[PatchOp]) -> None:
+        v.patches.undo(len(ops))
+        v.patches.record_all(list(new))
+
+    return settle_neurons(model, ops, texts, {layer: metric},
+                          lambda _layer, g, x_fire: neuron_gate(g, x_fire, metric.bias, theta), install)
