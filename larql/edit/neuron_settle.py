@@ -1,18 +1,22 @@
-"""Settling a batch of neurons once all of them are in place (METHOD NEURON, edit/neuron.py).
+"""Settling a layer's new neurons against the texts of every subject (METHOD NEURON, edit/neuron.py).
 
-A batch's neurons are planned layer by layer, each held off the inputs the other subjects had when
-it was planned. But a neuron at layer 3 writes its subject's value into the residual stream, and so
-do the other layers' neurons: once all are in, a subject's input at layer 6 is not what it was when
-layer 6's neurons were planned, and a neuron may open on another subject's text (it then writes its
-own target there) or fire less on its own. Settling captures every subject's inputs in the edited
-model and moves each neuron's direction g as little as possible (in Σ's norm, Σ = E[x xᵀ]: the
-smallest change of g·x on ordinary text) so that g·x = 1 at its own subject's texts and 0 at every
-other subject's text where it opened; the gate follows g.
+A neuron is planned to be 0 at the other subjects' inputs where it would open (`neuron_directions`),
+but on inputs taken one way (the mean over the optimised prompts, the subject opening a text) and
+within bounds (a few solves, a bounded rms), and a neuron that opens on another subject's prompt
+writes its own target there: on 1,000 fictional facts over layers 3-8, ES was 97% where no other
+neuron opened at the fact's prompt and 34% where four or more did. So once a layer's neurons are
+recorded, every subject's texts (itself, its prompts, two of the batch's templates) are read through
+the edited model, and a neuron that opens on another subject's text (g·x > SETTLE_OPEN) has its
+direction moved as little as possible (in Σ's norm, Σ = E[x xᵀ]: the least change of g·x on
+ordinary text) to be 0 there and still 1 at its own subject's texts; the gate follows g. Layers go
+lowest first and each is settled before the next is planned, so that the next layer's values are
+optimised on what these neurons really do (settling all layers after the fact, against values that
+had learnt to live with the leaks, took those 1,000 facts from ES 82.1 to 53.9).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -27,8 +31,8 @@ from larql.edit.weight_edit import HeldPrompt, held_keys
 from larql.model.model import Model
 
 F32 = NDArray[np.float32]
-SETTLE_OPEN = 0.5
-OWN_TOLERANCE = 0.1  # |g·x - 1| at the subject's own inputs that a settled direction may leave  # g·x at another subject's text above which the neuron counts as open there
+SETTLE_OPEN = 0.5  # g·x at another subject's text above which the neuron counts as open there (θ)
+OWN_TOLERANCE = 0.1  # |g·x - 1| at the subject's own inputs that a settled direction may leave
 
 
 @dataclass(frozen=True)
@@ -63,40 +67,6 @@ def settle_direction(metric: KeyMetric, g: F32, fire: F32, leaks: F32, max_rms: 
     return best, held
 
 
-def settle_neurons(model: Model, ops: Sequence[PatchOp], texts: Mapping[str, Sequence[str]],
-                   metrics: Mapping[int, KeyMetric], gate_of: Callable[[int, F32, F32], F32],
-                   install: Callable[[list[PatchOp]], None]) -> Settled:
-    """The neuron inserts `ops` (in place in `model`'s edits), settled one layer at a time from the
-    lowest: each direction against every subject's `texts` (its own, and those of the subjects it
-    must stay off) as the model reads them with the layers below already settled; `install(ops)`
-    puts the whole list, as settled so far, in place of the old."""
-    out = list(ops)
-    moved = held = 0
-    prompts = [HeldPrompt(t, s, s) for s, ts in texts.items() for t in ts]
-    for layer in sorted({op.layer for op in ops}):
-        inputs, owners = held_keys(model, prompts, [layer], point="input")
-        x = inputs[layer]  # (hidden, n)
-        who = np.array([o if o is not None else "" for o in owners], dtype=object)
-        metric = metrics[layer]
-        changed = False
-        for i, op in enumerate(out):
-            if op.layer != layer or op.entity is None or op.entity not in texts:
-                continue
-            g = op.vectors["up"].astype(np.float64)
-            z = g @ x
-            own = who == op.entity
-            leak = (~own) & (who != "") & (z > SETTLE_OPEN)
-            if not leak.any():
-                continue  # left as planned: a move would disturb what the plan held at 0 (decoys, objects)
-            bound = max(THRESHOLD_RMS, float(np.sqrt(g @ metric.cov @ g)))  # no longer than it was, or the bound
-            g_new, n_held = settle_direction(metric, g.astype(np.float32), x[:, own], x[:, leak], bound)
-            moved, held, changed = moved + 1, held + n_held, True
-            out[i] = replace(op, vectors={**op.vectors, "up": g_new, "gate": gate_of(layer, g_new, x[:, own])})
-        if changed:
-            install(out)
-    return Settled(out, moved, held)
-
-
 SETTLE_TEMPLATES = 2  # the batch's relation templates, besides its own prompts, each subject is read in
 
 
@@ -116,15 +86,30 @@ def settle_texts(facts: Sequence[Fact], earlier: Sequence[str], templates: int =
     return texts
 
 
-def settle_layer(v: EditableVindex, model: Model, ops: list[PatchOp], texts: Mapping[str, Sequence[str]],
+def settle_layer(v: EditableVindex, model: Model, ops: Sequence[PatchOp], texts: Mapping[str, Sequence[str]],
                  metric: KeyMetric) -> Settled:
-    """Settle one layer's new neuron inserts `ops`, the last ones recorded on `v`'s patch stack, in place."""
-    theta = neuron_threshold(model.name)
-    layer = ops[0].layer
-
-    def install(new: list[PatchOp]) -> None:
+    """Settle one layer's new neuron inserts `ops` — the last ones recorded on `v`'s patch stack, put
+    back settled — against every subject's `texts` (its own, and those of the subjects it must stay
+    off) as the edited model reads them now."""
+    layer, theta = ops[0].layer, neuron_threshold(model.name)
+    inputs, owners = held_keys(model, [HeldPrompt(t, s, s) for s, ts in texts.items() for t in ts], [layer],
+                               point="input")
+    x = inputs[layer]  # (hidden, n)
+    who = np.array([o if o is not None else "" for o in owners], dtype=object)
+    out, moved, held = list(ops), 0, 0
+    for i, op in enumerate(ops):
+        if op.entity is None or op.entity not in texts:
+            continue
+        g = op.vectors["up"].astype(np.float64)
+        own = who == op.entity
+        leak = (~own) & (who != "") & (g @ x > SETTLE_OPEN)
+        if not leak.any():
+            continue  # left as planned: a move would disturb what the plan held at 0 (decoys, objects)
+        bound = max(THRESHOLD_RMS, float(np.sqrt(g @ metric.cov @ g)))  # no longer than it was, or the bound
+        g_new, n_held = settle_direction(metric, g.astype(np.float32), x[:, own], x[:, leak], bound)
+        moved, held = moved + 1, held + n_held
+        out[i] = replace(op, vectors={**op.vectors, "up": g_new, "gate": neuron_gate(g_new, x[:, own], metric.bias, theta)})
+    if moved:
         v.patches.undo(len(ops))
-        v.patches.record_all(list(new))
-
-    return settle_neurons(model, ops, texts, {layer: metric},
-                          lambda _layer, g, x_fire: neuron_gate(g, x_fire, metric.bias, theta), install)
+        v.patches.record_all(list(out))
+    return Settled(out, moved, held)
