@@ -193,6 +193,8 @@ def test_browsing_and_filtered_deletes_skip_a_removed_feature_s_number(vx: Path)
     v.patches.record_all([_insert(1, FFN_WIDTH + j, _feature(rng, v.hidden), tid=9) for j in range(2)])
     v.patches.record(PatchOp("delete", 1, FFN_WIDTH))  # leaves a hole at 64
     assert list(v.feature_ids(1))[-2:] == [FFN_WIDTH - 1, FFN_WIDTH + 1]
+    v.patches.record_all([_insert(2, FFN_WIDTH + j, _feature(rng, v.hidden), tid=9) for j in (1, 0)])
+    assert list(v.feature_ids(2))[-3:] == [FFN_WIDTH - 1, FFN_WIDTH, FFN_WIDTH + 1]  # id order, not the patch's
     execute("DELETE FROM EDGES WHERE layer = 1 AND score < 100", s)
     assert not v.overlay.added(1) and len(v.overlay.deleted(1)) == FFN_WIDTH  # every feature, the hole skipped
 
