@@ -19,13 +19,13 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from larql.edit.evaluate import EVAL_PREFIX_SEED, EVAL_PREFIXES, Scorer, unrelated_logps
-from larql.edit.facts import Fact, model_prefixes
+from larql.edit.facts import Fact, model_prefixes, subject_keys
 from larql.edit.feature_insert import installed
 from larql.edit.methods import (
     METHODS,
@@ -185,7 +185,14 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
         used = tuple(sorted({op.layer for op in ops}))
     else:  # a neuron or weight edit holds still each subject's nearest subjects and known objects
         subjects = list(dict.fromkeys(f.subject for f in facts))  # probed once per subject, not per fact
-        near = {s: similar_subjects(v.store, s, n_neighbours, exclude) for s in subjects}
+        keys = {s: s for s in subjects}
+        if method == "neuron":  # a neuron keys on what tells its subject from the others, in place and new
+            in_place = [op.entity for i in range(model.config.n_layers)
+                        for op in installed(v, i, neurons=True) if op.entity]
+            keys = subject_keys([*subjects, *in_place])
+            facts = [f if f.key else replace(f, key=keys[f.subject]) for f in facts]
+            keys |= {f.subject: f.keyed for f in facts}
+        near = {s: similar_subjects(v.store, keys[s], n_neighbours, exclude) for s in subjects}
         objects = dict(zip(subjects, known_objects_many(model, subjects, exclude))) if hold_objects else None
     if method == "neuron":
         by_layer = neuron_layer_plan(v, model, subjects, layers)
@@ -202,13 +209,13 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
                 # opening on the prompt of a subject placed at layer 7 writes its target there (500 fictional
                 # facts over layers 3-8 without it: ES 96% where no other neuron opened at the subject, 55%
                 # where four or more did)
-                earlier = [op.entity for i in range(model.config.n_layers)
-                           for op in installed(v, i, neurons=True) if op.entity]
-                elsewhere = [HeldPrompt(text, f.subject) for f in facts if f.subject not in placed
+                earlier = {op.entity: keys.get(op.entity, op.entity) for i in range(model.config.n_layers)
+                           for op in installed(v, i, neurons=True) if op.entity}
+                elsewhere = [HeldPrompt(text, f.subject, key=f.keyed) for f in facts if f.subject not in placed
                              for text in (f.subject, f.prompt)]
                 neuron_plan = plan_neuron_edit(model, [f for f in facts if f.subject in placed], layer, input_metric,
                                                v.overlay.next_feature(layer), DECOY_SUBJECTS if decoys is None else decoys,
-                                               near, objects, earlier=list(dict.fromkeys(earlier)),
+                                               near, objects, earlier=earlier,
                                                elsewhere=elsewhere)
                 v.patches.record_all(list(neuron_plan.ops))
                 # settled before the next layer is planned: its values are then optimised on what these

@@ -105,14 +105,14 @@ FIRE_CONTEXTS = ("{}",)
 
 
 def subject_inputs(model: Model, layer: int, subjects: Sequence[str],
-                   contexts: Sequence[str] = FIRE_CONTEXTS) -> list[F32]:
-    """The MLP's normalised inputs `(hidden, n)` at each subject's last token in each of `contexts`
-    (texts opening with them), less any where that token would be the text's first (a model
+                   contexts: Sequence[str] = FIRE_CONTEXTS, keys: Mapping[str, str] | None = None) -> list[F32]:
+    """The MLP's normalised inputs `(hidden, n)` at each subject's last token (its key's, where `keys`
+    names one) in each of `contexts` (texts opening with them), less any where that token would be the text's first (a model
     without BOS, a one-token subject opening the text): position 0 is the attention sink, whose
     input is nearly the same for every token, and a neuron asked to fire there fired on a fifth of
     all tokens (SmolLM2-135M: 35 neurons in one INSERT kept 4.2% of unrelated top-1s)."""
     name = f"blocks.{layer}.hook_resid_mid"
-    at = [[subject_position(model, c.format(subject), subject) for c in contexts] for subject in subjects]
+    at = [[subject_position(model, c.format(s), s, (keys or {}).get(s)) for c in contexts] for s in subjects]
     runs = [ids[: s + 1] for row in at for ids, s in row if s > 0]
     seen = iter(capture_batch(model, runs, [name]) if runs else [])
     out: list[F32] = []
@@ -232,15 +232,16 @@ def neuron_gate(g: F32, x_fire: F32, bias: F32 | None, theta: float) -> F32:
 def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metric: KeyMetric, first: int, decoys: Sequence[str],
                      neighbours: Mapping[str, Sequence[str]] | None = None,
                      objects: Mapping[str, Sequence[str]] | None = None,
-                     n_prefixes: int = N_PREFIXES, earlier: Sequence[str] = (),
+                     n_prefixes: int = N_PREFIXES, earlier: Mapping[str, str] | None = None,
                      elsewhere: Sequence[HeldPrompt] = ()) -> NeuronPlan:
     """Compute (do not apply) one neuron per subject of `facts` at `layer` of `model` (whose FFN
     already carries the vindex's edits). `first`: the id of the first feature to add at the layer
     (the overlay's next_feature, the rest follow); `decoys`:
     subjects whose inputs the neurons must not fire on (besides the nearest subjects in `neighbours`
-    and the subjects' known `objects`); `earlier`: subjects of the neurons already at the layer, held
-    where a new neuron comes near them (`neuron_directions`); `elsewhere`: texts of the subjects whose
-    neurons sit at other layers (this batch's and earlier ones'), held where a new neuron opens on them."""
+    and the subjects' known `objects`); `earlier`: subjects of the neurons already in place, each to
+    what it is keyed on (`facts.subject_keys`), held where a new neuron comes near them
+    (`neuron_directions`); `elsewhere`: texts of the subjects whose neurons sit at other layers (this
+    batch's and earlier ones'), held where a new neuron opens on them."""
     if not facts:
         raise EditError("no facts to edit")
     if not 0 <= layer < model.config.n_layers:
@@ -260,7 +261,8 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metr
     prompts = held_prompts(facts, decoys, neighbours=neighbours, objects=objects)
     held, owner_names = held_keys(model, prompts, [layer], point="input")
     templates = list(dict.fromkeys(f.prompt.replace(f.subject, "{}", 1) for f in facts))[:2]
-    before = [HeldPrompt(t.format(e), e) for e in earlier for t in ("{}", *templates)] + list(elsewhere)
+    before = [HeldPrompt(t.format(e), e, key=k) for e, k in (earlier or {}).items()
+              for t in ("{}", *templates)] + list(elsewhere)
     candidates = held_keys(model, before, [layer], point="input")[0][layer] if before else None
     index = {group[0].subject: j for j, group in enumerate(groups)}
     owners = [-1 if o is None else index[o] for o in owner_names]
@@ -269,7 +271,8 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metr
                       np.array([[1.0]], np.float32))[0, 0])  # act at the subject, where g·x = 1
     inputs = np.stack([v.inputs[layer] for v in values], axis=1)  # (hidden, n_groups)
     # fire fully at the subject's mean input over the optimised prompts and in FIRE_CONTEXTS
-    more = subject_inputs(model, layer, [group[0].subject for group in groups])
+    more = subject_inputs(model, layer, [group[0].subject for group in groups],
+                          keys={group[0].subject: group[0].keyed for group in groups})
     fire = [np.concatenate([inputs[:, j: j + 1], x], axis=1) for j, x in enumerate(more)]
     theta = neuron_threshold(model.name)
     bias = input_metric.bias if theta else None

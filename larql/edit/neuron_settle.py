@@ -70,29 +70,30 @@ def settle_direction(metric: KeyMetric, g: F32, fire: F32, leaks: F32, max_rms: 
 SETTLE_TEMPLATES = 2  # the batch's relation templates, besides its own prompts, each subject is read in
 
 
-def settle_texts(facts: Sequence[Fact], earlier: Sequence[str], templates: int = SETTLE_TEMPLATES,
-                 ) -> dict[str, list[str]]:
-    """Each subject's texts to settle on: the subject opening a text, its facts' prompts and the
-    batch's first `templates` relation templates; subjects of neurons already in place (`earlier`)
-    in the templates alone."""
+def settle_texts(facts: Sequence[Fact], earlier: Mapping[str, str], templates: int = SETTLE_TEMPLATES,
+                 ) -> dict[str, list[HeldPrompt]]:
+    """Each subject's texts to settle on, read where it is keyed: the subject opening a text, its
+    facts' prompts and the batch's first `templates` relation templates; subjects of neurons already
+    in place (`earlier`, each to its key) in the templates alone."""
     forms = list(dict.fromkeys(f.prompt.replace(f.subject, "{}", 1) for f in facts))[:templates]
     texts: dict[str, list[str]] = {}
+    keys = dict(earlier) | {f.subject: f.keyed for f in facts}
     for f in facts:
         texts.setdefault(f.subject, [f.subject]).append(f.prompt)
     for subject in earlier:
         texts.setdefault(subject, [subject])
     for subject, own in texts.items():
         own += [t.format(subject) for t in forms if t.format(subject) not in own]
-    return texts
+    return {s: [HeldPrompt(t, s, s, keys[s]) for t in own] for s, own in texts.items()}
 
 
-def settle_layer(v: EditableVindex, model: Model, ops: Sequence[PatchOp], texts: Mapping[str, Sequence[str]],
+def settle_layer(v: EditableVindex, model: Model, ops: Sequence[PatchOp], texts: Mapping[str, Sequence[HeldPrompt]],
                  metric: KeyMetric) -> Settled:
     """Settle one layer's new neuron inserts `ops` — the last ones recorded on `v`'s patch stack, put
     back settled — against every subject's `texts` (its own, and those of the subjects it must stay
     off) as the edited model reads them now."""
     layer, theta = ops[0].layer, neuron_threshold(model.name)
-    inputs, owners = held_keys(model, [HeldPrompt(t, s, s) for s, ts in texts.items() for t in ts], [layer],
+    inputs, owners = held_keys(model, [p for ps in texts.values() for p in ps], [layer],
                                point="input")
     x = inputs[layer]  # (hidden, n)
     who = np.array([o if o is not None else "" for o in owners], dtype=object)

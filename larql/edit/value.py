@@ -130,8 +130,8 @@ class _Prompts:
 
 
 def _group_prompts(model: Model, facts: Sequence[Fact], prefixes: Sequence[str]) -> _Prompts:
-    subject = facts[0].subject
-    if any(f.subject != subject for f in facts):
+    subject, key = facts[0].subject, facts[0].keyed
+    if any(f.subject != subject or f.keyed != key for f in facts):
         raise EditError("optimise_value takes facts about one subject; group them first")
     ctx_ids: list[list[int]] = []
     starts: list[int] = []
@@ -140,7 +140,7 @@ def _group_prompts(model: Model, facts: Sequence[Fact], prefixes: Sequence[str])
         tids = target_ids(model, fact.target)
         for base in (fact.prompt, *fact.prompts):
             for prefix in ("", *prefixes):
-                ids, s = subject_position(model, prefix + base, subject)
+                ids, s = subject_position(model, prefix + base, subject, key)
                 n_prompt = len(ids)
                 ids = ids + tids[:-1]  # teacher forcing: the target's tokens follow the prompt
                 scored.append(_Scored(len(ctx_ids), np.arange(n_prompt - 1, n_prompt - 1 + len(tids)) - s,
@@ -149,7 +149,7 @@ def _group_prompts(model: Model, facts: Sequence[Fact], prefixes: Sequence[str])
                 starts.append(s)
     n_prompts = len(ctx_ids)
     for template in KL_PROMPTS:  # what the model says about the subject otherwise should stay
-        kl_ids, kl_s = subject_position(model, template.format(subject), subject)
+        kl_ids, kl_s = subject_position(model, template.format(subject), subject, key)
         scored.append(_Scored(len(ctx_ids), np.array([len(kl_ids) - 1 - kl_s]), np.zeros(0, np.int64), kl=True))
         ctx_ids.append(kl_ids)
         starts.append(kl_s)

@@ -129,6 +129,7 @@ class HeldPrompt:
     text: str
     word: str
     owner: str | None = None
+    key: str | None = None  # the word's leading words to take the key at (`facts.subject_keys`)
 
 
 def held_prompts(facts: Sequence[Fact], decoys: Sequence[str], limit: int = MAX_DECOY_PROMPTS,
@@ -140,7 +141,8 @@ def held_prompts(facts: Sequence[Fact], decoys: Sequence[str], limit: int = MAX_
     facts) put in that subject's prompts, and where the old objects (`target_true`) and each
     subject's `objects` (`known_objects_many`) open a text."""
     subjects = {f.subject.lower() for f in facts}
-    templates = list(dict.fromkeys(f.prompt.replace(f.subject, "{}", 1) for f in facts))
+    # a keyed subject's template keeps the rest ("{} Pharma was founded by"): the decoy is held where the key is
+    templates = list(dict.fromkeys(f.prompt.replace(f.keyed, "{}", 1) for f in facts))
     prompts = [HeldPrompt(t.format(d), d) for d in decoys if d.lower() not in subjects for t in templates]
     if len(prompts) > limit:  # spread the budget over templates and decoys alike
         idx = np.linspace(0, len(prompts) - 1, limit).round().astype(int)
@@ -149,7 +151,7 @@ def held_prompts(facts: Sequence[Fact], decoys: Sequence[str], limit: int = MAX_
         per_fact = per_fact or max(2, NEIGHBOUR_BUDGET // len(facts))  # a large batch holds fewer per fact
         for f in facts:
             near = [n for n in neighbours.get(f.subject, ()) if n.lower() not in subjects][:per_fact]
-            prompts += [HeldPrompt(f.prompt.replace(f.subject, n, 1), n, f.subject) for n in near]
+            prompts += [HeldPrompt(f.prompt.replace(f.keyed, n, 1), n, f.subject) for n in near]
     # what the model knows about the old object ("Paris is the capital of") must not move either,
     # nor what the model says the subject relates to (never a new target)
     targets = {f.target.strip().lower() for f in facts}
@@ -168,7 +170,7 @@ def held_keys(model: Model, prompts: Sequence[HeldPrompt], layers: Sequence[int]
     whom each column is held for; the first prompt's BOS is held too."""
     runs: dict[tuple[int, ...], tuple[int, str | None]] = {}  # "Barcelona is" and "Barcelona was" share a key
     for p in prompts:
-        ids, s = subject_position(model, p.text, p.word)
+        ids, s = subject_position(model, p.text, p.word, p.key)
         runs.setdefault(tuple(ids[: s + 1]), (s, p.owner))  # causal: nothing after the word matters
     hook = "mlp.hook_post" if point == "key" else "hook_resid_mid"
     names = [f"blocks.{layer}.{hook}" for layer in layers]

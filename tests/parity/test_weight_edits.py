@@ -10,7 +10,8 @@ import numpy as np
 
 from larql.edit.crown import find_crown
 from larql.edit.evaluate import UNRELATED, Scorer
-from larql.edit.facts import Fact
+from larql.edit.capture import capture
+from larql.edit.facts import Fact, subject_position
 from larql.edit.insert_facts import insert_facts
 from larql.edit.view import edit_vindex
 
@@ -123,3 +124,34 @@ def test_a_neuron_is_never_asked_to_fire_at_the_attention_sink() -> None:
     assert subject_inputs(smol, 4, ["Japan"], ["{}", "In {}"])[0].shape == (smol.config.hidden, 1)  # behind "In"
     gemma = larql.load("gemma3-270m")  # BOS first: every subject is past the sink
     assert subject_inputs(gemma, 3, ["Japan"], ["{}"])[0].shape == (gemma.config.hidden, 1)
+
+
+def test_companies_that_share_their_last_word_are_learnt_apart(gemma_vindex: Path) -> None:
+    """Fictional companies named "<name> Pharma" / "<name> Labs" in one INSERT: each neuron is keyed on
+    the name (at layer 3 the input at " Pharma" is mostly the word's own), fires there and stays shut
+    at the other companies' names, and every founder is learnt, also behind prefixes never optimised on."""
+    from larql.edit.neuron import THRESHOLD
+    from larql.model.forward import norm
+
+    v = edit_vindex(gemma_vindex)
+    m = v.model()
+    founders = {"Dreitromen Pharma": "Akio Morita", "Lefel Pharma": "Warren Buffett", "Groubrel Pharma": "Michael Dell",
+                "Zaemin Labs": "Henry Ford", "Kruvren Labs": "Coco Chanel", "Lofae Labs": "Walt Disney"}
+    facts = [Fact(s, f"{s} was founded by", t, "founder") for s, t in founders.items()]
+    r = insert_facts(v, facts, "neuron")
+    assert all(f.top1_after for f in r.facts), [f.fact.label for f in r.facts if not f.top1_after]
+    assert np.mean([f.held_out_top1 for f in r.facts]) >= 0.8, [f.held_out_top1 for f in r.facts]
+    ops = {op.entity: op for op in v.patches.pending}
+    assert set(ops) == set(founders)
+    for subject, op in ops.items():
+        layer, g = op.layer, op.vectors["up"]
+        for other in founders:
+            name = other.split()[0]
+            ids, s = subject_position(m, f"{other} was founded by", other, name)
+            resid = capture(m, ids[: s + 1], [f"blocks.{layer}.hook_resid_mid"])[f"blocks.{layer}.hook_resid_mid"]
+            x = norm(m.config, resid[s: s + 1], m.weights.layers[layer].ffn_norm)[0]
+            if other == subject:
+                assert abs(float(g @ x) - 1.0) < 0.2, subject
+            else:
+                assert float(g @ x) < THRESHOLD, (subject, other)
+    v.patches.undo(len(v.patches.pending))

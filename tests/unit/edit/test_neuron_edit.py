@@ -16,6 +16,8 @@ from larql.edit.insert_facts import insert_facts, key_metrics, stats_dir
 from larql.edit.neuron import PRE_ACTIVATION
 from larql.edit.patch import PatchOp, is_neuron
 from larql.edit.view import edit_vindex
+from larql.edit.weight_edit import HeldPrompt
+from larql.errors import EditError
 from larql.lql.executor import execute
 from larql.lql.session import Session
 from larql.model.forward import norm
@@ -294,7 +296,8 @@ def test_settling_a_layer_closes_a_neuron_on_the_other_subjects_it_opens_on(
     v.patches.undo(1)
     v.patches.record(replace(op, vectors={**op.vectors, "up": leaky,
                                           "gate": neuron.neuron_gate(leaky, own, metric.bias, neuron.THRESHOLD)}))
-    texts = {"zeta": ["zeta", PROMPT], "omega": ["omega", "Colour of omega"]}
+    texts = {s: [HeldPrompt(t, s, s) for t in ts] for s, ts in
+             {"zeta": ["zeta", PROMPT], "omega": ["omega", "Colour of omega"]}.items()}
     got = settle_layer(v, m, [v.patches.pending[-1]], texts, metric)
     assert got.moved == 1 and got.leaks >= 1
     g = got.ops[0].vectors["up"]
@@ -302,3 +305,56 @@ def test_settling_a_layer_closes_a_neuron_on_the_other_subjects_it_opens_on(
     assert np.allclose(g @ own, 1.0, atol=0.1)
     assert v.patches.pending[-1] is got.ops[0] and len(v.patches.pending) == 1
     assert np.allclose(v.overlay.added(2)[op.feature].up, g)
+
+
+def test_subjects_that_share_their_last_words_are_keyed_on_the_words_that_tell_them_apart() -> None:
+    from larql.edit.facts import subject_keys
+
+    keys = subject_keys(["Dreitromen Pharma", "Lefel Pharma", "Vohia Tebre", "America", "Bank of America",
+                         "United States of America", "Zaemin  Labs", "Kruvren Labs", "Lefel Labs"])
+    assert keys == {"Dreitromen Pharma": "Dreitromen", "Vohia Tebre": "Vohia Tebre", "America": "America",
+                    "Bank of America": "Bank", "United States of America": "United States", "Zaemin  Labs": "Zaemin",
+                    "Kruvren Labs": "Kruvren",
+                    # both would be keyed on "Lefel", which cannot tell them apart: each keeps its whole name
+                    "Lefel Pharma": "Lefel Pharma", "Lefel Labs": "Lefel Labs"}
+    assert subject_keys(["Dreitromen Pharma"]) == {"Dreitromen Pharma": "Dreitromen Pharma"}  # alone: all of it
+    with pytest.raises(EditError, match="leading words"):
+        Fact("Lefel Pharma", "Lefel Pharma was founded by", "Ada", key="Pharma")
+    with pytest.raises(EditError, match="leading words"):
+        Fact("Lefel Pharma", "Lefel Pharma was founded by", "Ada", key="Lef")
+
+
+def test_a_neuron_fires_at_its_key_and_its_patch_names_the_whole_subject(
+        vx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two subjects that end alike are keyed on their first words: the neuron's g·x is 1 at the key's
+    last token (where it sits in the prompt), the patch names the subject, and a later INSERT holds
+    its neurons off the earlier subjects where those are keyed. (Whether the fact is then learnt is
+    measured on gemma3-270m, tests/parity/test_weight_edits.py: the tiny model's random attention
+    carries little from one token to the next.)"""
+    import larql.edit.insert_facts as module
+
+    seen: dict[str, Any] = {}
+    plan = module.plan_neuron_edit
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        seen.setdefault("facts", []).append({f.subject: f.keyed for f in args[1]})
+        seen.setdefault("earlier", []).append(dict(kw["earlier"]))
+        return plan(*args, **kw)
+
+    monkeypatch.setattr(module, "plan_neuron_edit", spy)
+    v = edit_vindex(vx)
+    m = v.model()
+    prompts = {"zeta corp": "Colour of zeta corp", "omega corp": "Colour of omega corp"}
+    ids, s = subject_position(m, prompts["zeta corp"], "zeta corp", "zeta")
+    assert m.tokenizer.decode(ids[s: s + 1]).endswith("a") and s < len(ids) - 1  # the key's last token
+    insert_facts(v, [Fact("zeta corp", prompts["zeta corp"], "blue", "colour"),
+                     Fact("omega corp", prompts["omega corp"], "red", "colour")], "neuron", layers=[2], measure=False)
+    assert seen["facts"] == [{"zeta corp": "zeta", "omega corp": "omega"}]
+    ops = {op.entity: op for op in v.patches.pending if isinstance(op, PatchOp)}
+    assert set(ops) == {"zeta corp", "omega corp"}  # the patch names the subject, not its key
+    g = ops["zeta corp"].vectors["up"]
+    assert 0.5 < float(g @ _input_at(m, 2, prompts["zeta corp"], "zeta")) < 1.5
+    insert_facts(v, [Fact("kappa corp", "Colour of kappa corp", "gold", "colour")], "neuron", layers=[2],
+                 measure=False)
+    assert seen["facts"][-1] == {"kappa corp": "kappa"}
+    assert seen["earlier"][-1] == {"zeta corp": "zeta", "omega corp": "omega"}
