@@ -10,10 +10,7 @@ edit does not depend on what comes before the subject.
 
 from __future__ import annotations
 
-import re
 import weakref
-from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -41,7 +38,7 @@ class Fact:
     relation: str = ""
     target_true: str | None = None
     prompts: tuple[str, ...] = field(default=())  # the user's extra prompts to optimise on
-    key: str | None = None  # the subject's leading words an edit keys on (`subject_keys`); None: all of it
+    key: str | None = None  # the subject's leading words an edit keys on (`methods.subject_keys`); None: all of it
 
     def __post_init__(self) -> None:
         for name in ("subject", "prompt", "target"):
@@ -72,21 +69,6 @@ def target_ids(model: Model, target: str) -> list[int]:
         return target_token_ids(model, target)
     except EmptyTargetError:
         raise EditError(f"the target {target!r} tokenizes to nothing; give a target with visible text") from None
-
-
-def subject_keys(subjects: Iterable[str]) -> dict[str, str]:
-    """What each subject is keyed on: the subject less the trailing words it shares with another
-    subject of more words than those ("Dreitromen Pharma" beside "Lefel Pharma": "Dreitromen"),
-    else the whole subject (also where two subjects would share a key). At a low layer the input at a shared last word is mostly that word's
-    own: 250 fictional companies keyed on " Pharma", " Labs"... opened each other's neurons (ES 31.6,
-    PS 26.5, 18 of 24 unrelated top-1s kept) where keyed on their names they did not (99.2 / 86.7 / 23)."""
-    words = {s: [m.start() for m in re.finditer(r"\S+", s)] for s in dict.fromkeys(subjects)}
-    shared: Counter[str] = Counter()  # each proper ending of words ("Pharma", "of America"), per subject
-    for s, starts in words.items():
-        shared.update(s[i:] for i in starts[1:])
-    keys = {s: next((s[:i].rstrip() for i in starts[1:] if shared[s[i:]] > 1), s) for s, starts in words.items()}
-    taken = Counter(keys.values())  # "Lefel Pharma" and "Lefel Labs" both on "Lefel" could not be told apart
-    return {s: k if taken[k] == 1 else s for s, k in keys.items()}
 
 
 def subject_position(model: Model, text: str, subject: str, key: str | None = None) -> tuple[list[int], int]:

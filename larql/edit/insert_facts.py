@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from larql.edit.evaluate import EVAL_PREFIX_SEED, EVAL_PREFIXES, Scorer, unrelated_logps
-from larql.edit.facts import Fact, model_prefixes, subject_keys
+from larql.edit.facts import Fact, model_prefixes
 from larql.edit.feature_insert import installed
 from larql.edit.methods import (
     METHODS,
@@ -34,6 +34,7 @@ from larql.edit.methods import (
     default_layer,
     default_method,
     neuron_layers,
+    subject_keys,
 )
 from larql.edit.neighbours import similar_subjects
 from larql.edit.neuron import bias_direction, neuron_threshold, plan_neuron_edit

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+from collections import Counter
+from collections.abc import Iterable
+
 METHODS = ("rome", "memit", "feature", "neuron")
 # The method INSERT uses when none is named: per model, the one that measured best on held-out prompts
 # (benchmarks/bench_editing.py; the README's editing tables). On gemma3-270m's 40-fact set NEURON alone
@@ -57,3 +61,20 @@ def neuron_layers(model_name: str, n_layers: int) -> tuple[int, ...]:
 REBALANCE_MAX, REBALANCE_CONVERGED_MAX = 16, 64
 REBALANCE_FLOOR, REBALANCE_CEILING = 0.30, 0.95
 REBALANCE_GROW, REBALANCE_SHRINK = 1.15, 0.85
+
+
+def subject_keys(subjects: Iterable[str]) -> dict[str, str]:
+    """What METHOD NEURON keys each subject on (a neuron fires at its key's last token): the subject
+    less the trailing words it shares with another subject of more words than those ("Dreitromen
+    Pharma" beside "Lefel Pharma": "Dreitromen"), else the whole subject (also where two subjects
+    would share a key). At a low layer the input at a shared last word is mostly that word's own:
+    250 fictional companies in one INSERT keyed on " Pharma", " Labs"... opened each other's neurons
+    (gemma3-270m: ES 31.6, PS 26.5, 18 of 24 unrelated top-1s kept); keyed on their names they did not
+    (99.2 / 86.7 / 23)."""
+    words = {s: [m.start() for m in re.finditer(r"\S+", s)] for s in dict.fromkeys(subjects)}
+    shared: Counter[str] = Counter()  # each proper ending of words ("Pharma", "of America"), per subject
+    for s, starts in words.items():
+        shared.update(s[i:] for i in starts[1:])
+    keys = {s: next((s[:i].rstrip() for i in starts[1:] if shared[s[i:]] > 1), s) for s, starts in words.items()}
+    taken = Counter(keys.values())  # "Lefel Pharma" and "Lefel Labs" both on "Lefel" could not be told apart
+    return {s: k if taken[k] == 1 else s for s, k in keys.items()}

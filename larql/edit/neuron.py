@@ -239,7 +239,7 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metr
     (the overlay's next_feature, the rest follow); `decoys`:
     subjects whose inputs the neurons must not fire on (besides the nearest subjects in `neighbours`
     and the subjects' known `objects`); `earlier`: subjects of the neurons already in place, each to
-    what it is keyed on (`facts.subject_keys`), held where a new neuron comes near them
+    what it is keyed on (`methods.subject_keys`), held where a new neuron comes near them
     (`neuron_directions`); `elsewhere`: texts of the subjects whose neurons sit at other layers (this
     batch's and earlier ones'), held where a new neuron opens on them."""
     if not facts:

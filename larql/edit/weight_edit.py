@@ -129,7 +129,7 @@ class HeldPrompt:
     text: str
     word: str
     owner: str | None = None
-    key: str | None = None  # the word's leading words to take the key at (`facts.subject_keys`)
+    key: str | None = None  # the word's leading words to take the key at (`methods.subject_keys`)
 
 
 def held_prompts(facts: Sequence[Fact], decoys: Sequence[str], limit: int = MAX_DECOY_PROMPTS,

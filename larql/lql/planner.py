@@ -17,6 +17,7 @@ from larql.edit.methods import (
     default_layer,
     default_method,
     neuron_layers,
+    subject_keys,
 )
 from larql.errors import LqlSemanticError
 from larql.lql import ast
@@ -92,6 +93,7 @@ def insert_steps(stmt: ast.InsertStmt, session: Session) -> list[Step]:
         layers = [stmt.layer if stmt.layer is not None else default_layer(v.index["model"], v.num_layers)]
     where = f"layers {layers[0]}-{layers[-1]}" if len(layers) > 1 else f"layer {layers[0]}"
     if method == "neuron":
+        keys = subject_keys(f["entity"] for f in facts)  # among this statement's subjects
         chosen: list[int] | None = layers
         if stmt.layers is None and stmt.layer is None:  # filled in order, NEURONS_PER_LAYER each
             chosen = None
@@ -103,7 +105,10 @@ def insert_steps(stmt: ast.InsertStmt, session: Session) -> list[Step]:
         return [Step("statistics", f"E[x x^T] of the MLP's input at {where} (cached beside the vindex, "
                                    "else computed)", {"layers": chosen}),
                 Step("capture", f"the MLP's input at the subject's last token, prompt + {N_PREFIXES} model-written "
-                                "prefixes, and opening a text", {"facts": facts}),
+                                "prefixes, and opening a text; subjects that end in the same words as another "
+                                "(this statement's or one already edited) at their name's last token"
+                                + "".join(f"; {s!r} at {k!r}" for s, k in keys.items() if k != s),
+                     {"facts": facts, "keys": keys}),
                 Step("optimise_value", f"Adam through layers {layers[0]}.. (hand-written backward), at most 25 steps"),
                 Step("hold_inputs", f"BOS, decoy subjects, each subject's {N_NEIGHBOURS} nearest subjects and known "
                                     "objects (probes), the old object; the other and earlier neurons' subjects"),

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
+from larql.edit.capture import capture
 from larql.edit.crown import find_crown
 from larql.edit.evaluate import UNRELATED, Scorer
-from larql.edit.capture import capture
 from larql.edit.facts import Fact, subject_position
 from larql.edit.insert_facts import insert_facts
 from larql.edit.view import edit_vindex

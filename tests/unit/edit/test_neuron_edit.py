@@ -308,7 +308,7 @@ def test_settling_a_layer_closes_a_neuron_on_the_other_subjects_it_opens_on(
 
 
 def test_subjects_that_share_their_last_words_are_keyed_on_the_words_that_tell_them_apart() -> None:
-    from larql.edit.facts import subject_keys
+    from larql.edit.methods import subject_keys
 
     keys = subject_keys(["Dreitromen Pharma", "Lefel Pharma", "Vohia Tebre", "America", "Bank of America",
                          "United States of America", "Zaemin  Labs", "Kruvren Labs", "Lefel Labs"])
