@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from larql.edit.methods import is_key_of
 from larql.errors import EditError, EmptyTargetError
 from larql.model.interp import target_token_ids
 
@@ -49,7 +50,7 @@ class Fact:
             if self.subject not in p:
                 raise EditError(f"the subject {self.subject!r} does not occur in the prompt {p!r}; weight edits "
                                 f"key on the subject's last token, so every prompt must contain it")
-        if self.key is not None and not (self.key == self.subject or self.subject.startswith(self.key + " ")):
+        if self.key is not None and not is_key_of(self.key, self.subject):
             raise EditError(f"the key {self.key!r} is not the leading words of the subject {self.subject!r}")
 
     @property

@@ -63,6 +63,11 @@ REBALANCE_FLOOR, REBALANCE_CEILING = 0.30, 0.95
 REBALANCE_GROW, REBALANCE_SHRINK = 1.15, 0.85
 
 
+def is_key_of(key: str, subject: str) -> bool:
+    """Whether `key` is the subject's leading whole words (or all of it): what a neuron can key on."""
+    return key == subject or subject.startswith(key + " ")
+
+
 def subject_keys(subjects: Iterable[str]) -> dict[str, str]:
     """What METHOD NEURON keys each subject on (a neuron fires at its key's last token): the subject
     less the trailing words it shares with another subject of more words than those ("Dreitromen

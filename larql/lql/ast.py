@@ -186,13 +186,14 @@ class TraceStmt(Statement):
     span: Span = _span()
 
 
-INSERT_COLUMNS = ("entity", "relation", "target", "prompt")
+INSERT_COLUMNS = ("entity", "relation", "target", "prompt", "key")
 
 
 @dataclass(frozen=True)
 class InsertStmt(Statement):
     """INSERT INTO EDGES (columns) VALUES (row), (row)...: columns are entity, relation and target
-    (required, LARQL's) and prompt (optional: the user's own prompt for the fact)."""
+    (required, LARQL's), prompt (optional: the user's own prompt for the fact) and key (optional, METHOD
+    NEURON: the entity's leading words its neuron keys on, instead of `methods.subject_keys`' choice)."""
 
     columns: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]

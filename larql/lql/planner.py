@@ -16,6 +16,7 @@ from larql.edit.methods import (
     NEURONS_PER_LAYER,
     default_layer,
     default_method,
+    is_key_of,
     neuron_layers,
     subject_keys,
 )
@@ -76,6 +77,9 @@ def insert_steps(stmt: ast.InsertStmt, session: Session) -> list[Step]:
     method = stmt.method or default_method(v.index["model"])
     n = len(stmt.rows)
     facts = tuple(stmt.values(i) for i in range(n))  # entity, relation, target[, prompt] per row
+    if "key" in stmt.columns and method != "neuron":
+        raise _error(session, stmt, f"the key column is METHOD NEURON's (this INSERT is METHOD {method.upper()})",
+                     "add METHOD NEURON, or leave the key column out")
     if method == "feature":
         alone = n == 1 and "prompt" not in stmt.columns  # LARQL's INSERT, with its own report
         goal = stmt.confidence or 0.9
@@ -93,7 +97,12 @@ def insert_steps(stmt: ast.InsertStmt, session: Session) -> list[Step]:
         layers = [stmt.layer if stmt.layer is not None else default_layer(v.index["model"], v.num_layers)]
     where = f"layers {layers[0]}-{layers[-1]}" if len(layers) > 1 else f"layer {layers[0]}"
     if method == "neuron":
-        keys = subject_keys(f["entity"] for f in facts)  # among this statement's subjects
+        keys = subject_keys(f["entity"] for f in facts) | {f["entity"]: f["key"] for f in facts if f.get("key")}
+        for f in facts:
+            entity, key = f["entity"], keys[f["entity"]]
+            if not is_key_of(key, entity):
+                raise _error(session, stmt, f"the key {key!r} is not the leading words of the entity {entity!r}",
+                             f"give whole words the entity starts with, e.g. {entity.split()[0]!r}")
         chosen: list[int] | None = layers
         if stmt.layers is None and stmt.layer is None:  # filled in order, NEURONS_PER_LAYER each
             chosen = None
@@ -106,7 +115,7 @@ def insert_steps(stmt: ast.InsertStmt, session: Session) -> list[Step]:
                                    "else computed)", {"layers": chosen}),
                 Step("capture", f"the MLP's input at the subject's last token, prompt + {N_PREFIXES} model-written "
                                 "prefixes, and opening a text; subjects that end in the same words as another "
-                                "(this statement's or one already edited) at their name's last token"
+                                "(this statement's or one already edited) at their name's last token, or at the key given"
                                 + "".join(f"; {s!r} at {k!r}" for s, k in keys.items() if k != s),
                      {"facts": facts, "keys": keys}),
                 Step("optimise_value", f"Adam through layers {layers[0]}.. (hand-written backward), at most 25 steps"),

@@ -50,7 +50,7 @@ STATEMENTS: tuple[StatementHelp, ...] = (
     StatementHelp("CROWN", 'CROWN "prompt" FOR "token" [SUBJECT "subject"]',
                   'CROWN "The capital of France is" FOR "Paris" SUBJECT "France";',
                   "which layer's MLP carries the fact (ablation per layer)"),
-    StatementHelp("INSERT", 'INSERT INTO EDGES (entity, relation, target [, prompt]) VALUES ("...", ...) [, (...)] '
+    StatementHelp("INSERT", 'INSERT INTO EDGES (entity, relation, target [, prompt] [, key]) VALUES ("...", ...) [, (...)] '
                   "[AT LAYER n | LAYERS a-b] [CONFIDENCE x] [METHOD {ROME | MEMIT | FEATURE | NEURON}]",
                   'INSERT INTO EDGES (entity, relation, target) VALUES ("France", "capital", "Rome");',
                   "teach the model a fact (measured on prompts the edit never saw)"),

@@ -510,7 +510,7 @@ class ToAst(Transformer):
         if (len(set(columns)) != len(columns) or any(c not in ast.INSERT_COLUMNS for c in columns)
                 or any(c not in columns for c in required)):
             raise LqlSyntaxError(f"INSERT INTO EDGES takes the columns (entity, relation, target) and optionally "
-                                 f"prompt, not ({', '.join(columns)})", self.text, meta.line, meta.column)
+                                 f"prompt and key, not ({', '.join(columns)})", self.text, meta.line, meta.column)
         rows = tuple(c for c in children if isinstance(c, tuple))
         for r in rows:
             if len(r) != len(columns):

@@ -85,7 +85,7 @@ def _insert_facts(stmt: ast.InsertStmt, session: Session, result: Result, run: P
     facts = []
     for row in rows:
         prompt = row.get("prompt") or feature_insert.relation_prompt(row["entity"], row["relation"])
-        facts.append(Fact(row["entity"], prompt, row["target"], row["relation"]))
+        facts.append(Fact(row["entity"], prompt, row["target"], row["relation"], key=row.get("key") or None))
     r = insert_facts(v, facts, method, layers, progress=session.progress)
     insert_result(r, result)
     _recording_note(v, result)

@@ -358,3 +358,35 @@ def test_a_neuron_fires_at_its_key_and_its_patch_names_the_whole_subject(
                  measure=False)
     assert seen["facts"][-1] == {"kappa corp": "kappa"}
     assert seen["earlier"][-1] == {"zeta corp": "zeta", "omega corp": "omega"}
+
+
+def test_insert_takes_a_key_column_for_neuron_edits(vx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user names the words a neuron keys on (a lone "X Pharma" would otherwise key on " Pharma",
+    which every other "... Pharma" shares); a key that is not the entity's leading words, or a key
+    for another method, is refused before anything runs."""
+    import larql.edit.insert_facts as module
+    from larql.errors import LqlSemanticError
+
+    seen: list[dict[str, str]] = []
+    plan = module.plan_neuron_edit
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        seen.append({f.subject: f.keyed for f in args[1]})
+        return plan(*args, **kw)
+
+    monkeypatch.setattr(module, "plan_neuron_edit", spy)
+    s = Session()
+    execute(f'USE "{vx}"', s)
+    insert = ('INSERT INTO EDGES (entity, relation, target, key) VALUES ("zeta corp", "colour", "blue", "{}") '
+              'AT LAYER 2 METHOD {}')
+    execute(insert.format("zeta", "NEURON"), s)
+    assert seen == [{"zeta corp": "zeta"}]
+    op = s.vindex.patches.pending[-1]
+    assert isinstance(op, PatchOp) and op.entity == "zeta corp"
+    m = s.vindex.model()
+    assert 0.5 < float(op.vectors["up"] @ _input_at(m, 2, "Colour of zeta corp", "zeta")) < 1.5
+    with pytest.raises(LqlSemanticError, match="not the leading words"):
+        execute(insert.format("corp", "NEURON"), s)
+    with pytest.raises(LqlSemanticError, match="METHOD NEURON's"):
+        execute(insert.format("zeta", "ROME"), s)
+    assert len(s.vindex.patches.pending) == 1  # nothing else recorded
