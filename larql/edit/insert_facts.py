@@ -126,6 +126,18 @@ class InsertReport:
     plan: WeightEditPlan | None = None
 
 
+SIBLING_NAME = "Acme"  # another entity ending in the subject's last word, for the report's sibling check
+
+
+def sibling_prompt(f: Fact) -> str | None:
+    """The fact's prompt about another entity that ends alike ("Acme Pharma was founded by" for
+    "Dreitromen Pharma"), for a subject of several words; else None. An edit keyed on the last word
+    answers there too (a lone "Dreitromen Pharma" taught Akio Morita to "Lefel Pharma" and "Teva
+    Pharma" as well; keyed on "Dreitromen" it did not)."""
+    words = f.subject.split()
+    return f.prompt.replace(f.subject, f"{SIBLING_NAME} {words[-1]}", 1) if len(words) > 1 else None
+
+
 def _probe(sc: Scorer, prompts: Sequence[str], target: str) -> tuple[float, float]:
     """(mean whole-target probability, fraction with every target token the top-1)."""
     ps, tops = [], []
@@ -167,10 +179,13 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
 
     before = []
     if measure:
-        sc.prefetch(checks := [(p, f.target) for f in facts for p in (f.prompt, *held_out(f))])  # one batch
+        siblings = {f: s for f in facts if (s := sibling_prompt(f)) is not None}
+        checks = [(p, f.target) for f in facts for p in (f.prompt, *held_out(f))]
+        sc.prefetch(checks := checks + [(s, f.target) for f, s in siblings.items()])  # one batch
         for f in facts:
             p, top = _probe(sc, [f.prompt], f.target)
             before.append((p, top, _probe(sc, held_out(f), f.target)[0]))
+        sibling_before = {f: _probe(sc, [s], f.target)[1] for f, s in siblings.items()}
         unrelated_before = unrelated_logps(model)
     recorded = len(v.patches.pending)
     plan = None
@@ -262,6 +277,14 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
     kls = [kl(b, a) for b, a in zip(unrelated_before, after)]
     report.unrelated_kept = sum(int(np.argmax(b) == np.argmax(a)) for b, a in zip(unrelated_before, after))
     report.unrelated_total, report.unrelated_kl = len(after), float(np.mean(kls))
+    # the key is what the fact's own neuron reads: a fact keyed on its leading words does not fire on the sibling
+    keyed = {f.subject: f.keyed for f in facts}
+    leaked = [(f, s) for f, s in siblings.items() if keyed[f.subject] == f.subject and not sibling_before[f]
+              and _probe(sc, [s], f.target)[1]]
+    if leaked:
+        (f, s), n = leaked[0], len(leaked)
+        report.notes.append(f"{n} fact(s) also answer for another name that ends alike ({s!r} -> {f.target!r})"
+                            + ("; key them on their leading words (INSERT's key column)" if method == "neuron" else ""))
     missed = [r.fact.label for r in report.facts if not r.top1_after]
     if missed:
         report.notes.append(f"not the top-1 on its own prompt after the edit: {', '.join(missed[:5])}"

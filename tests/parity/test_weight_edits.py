@@ -155,3 +155,20 @@ def test_companies_that_share_their_last_word_are_learnt_apart(gemma_vindex: Pat
             else:
                 assert float(g @ x) < THRESHOLD, (subject, other)
     v.patches.undo(len(v.patches.pending))
+
+
+def test_a_lone_company_keyed_on_its_last_word_reports_its_siblings_and_a_key_keeps_them(
+        gemma_vindex: Path) -> None:
+    """"Dreitromen Pharma" alone is keyed on " Pharma", which "Lefel Pharma" shares: INSERT's report
+    says the edit answers for another name that ends alike; keyed on "Dreitromen" it does not."""
+    v = edit_vindex(gemma_vindex)
+    m = v.model()
+    sibling = "Lefel Pharma was founded by"
+    for key, leaks in ((None, True), ("Dreitromen", False)):
+        r = insert_facts(v, [Fact("Dreitromen Pharma", "Dreitromen Pharma was founded by", "Akio Morita", "founder",
+                                  key=key)], "neuron")
+        assert r.facts[0].top1_after and r.facts[0].held_out_top1 == 1.0
+        note = [n for n in r.notes if "ends alike" in n]
+        assert bool(note) == leaks, r.notes
+        assert (m.tokenizer.decode([int(np.argmax(m.next_logits(m.tokenize(sibling))))]) == " Ak") == leaks
+        v.patches.undo(len(v.patches.pending))
