@@ -107,10 +107,11 @@ FIRE_CONTEXTS = ("{}",)
 def subject_inputs(model: Model, layer: int, subjects: Sequence[str],
                    contexts: Sequence[str] = FIRE_CONTEXTS, keys: Mapping[str, str] | None = None) -> list[F32]:
     """The MLP's normalised inputs `(hidden, n)` at each subject's last token (its key's, where `keys`
-    names one) in each of `contexts` (texts opening with them), less any where that token would be the text's first (a model
-    without BOS, a one-token subject opening the text): position 0 is the attention sink, whose
-    input is nearly the same for every token, and a neuron asked to fire there fired on a fifth of
-    all tokens (SmolLM2-135M: 35 neurons in one INSERT kept 4.2% of unrelated top-1s)."""
+    names one) in each of `contexts` (texts opening with them), less any where that token would be
+    the text's first (a model without BOS, a one-token subject opening the text): position 0 is the
+    attention sink, whose input is nearly the same for every token, and a neuron asked to fire there
+    fired on a fifth of all tokens (SmolLM2-135M: 35 neurons in one INSERT kept 4.2% of unrelated
+    top-1s)."""
     name = f"blocks.{layer}.hook_resid_mid"
     at = [[subject_position(model, c.format(s), s, (keys or {}).get(s)) for c in contexts] for s in subjects]
     runs = [ids[: s + 1] for row in at for ids, s in row if s > 0]
