@@ -31,6 +31,7 @@ from larql.errors import EditError
 from larql.model.forward import norm
 from larql.model.grad import DenseLayer, Tail, TailContext
 from larql.model.model import Model
+from larql.quant.tensor import QuantMatrix
 
 F32 = NDArray[np.float32]
 KL_WEIGHT = 0.0625  # ROME's, per prompt below
@@ -105,7 +106,7 @@ class _Group:
     deltas: dict[int, F32] = field(default_factory=dict)
     m1: dict[int, NDArray[np.float64]] = field(default_factory=dict)
     m2: dict[int, NDArray[np.float64]] = field(default_factory=dict)
-    ref: F32 | None = None  # (n_kl, vocab) the KL prompts' logits before the edit
+    y_ref: F32 | None = None  # (n_kl, hidden) the KL prompts' final-normed rows before the edit
     cand: NDArray[np.int64] | None = None
     e_c: F32 | None = None
     ref_p: NDArray[np.float64] | None = None
@@ -243,13 +244,6 @@ def _optimise_values(model: Model, groups: Sequence[Sequence[Fact]], layers: Seq
     tail = Tail(cfg, model.weights, first, layers=dense)
     tail.prepare([c for g in todo for c in g.contexts], [r for _, resid in built for r in resid])
     out = model.weights.output
-
-    def full_logits(y: F32) -> F32:
-        logits = out.matmul(np.ascontiguousarray(y))  # (R, vocab)
-        if cfg.final_softcap:
-            logits = np.tanh(logits / np.float32(cfg.final_softcap)) * np.float32(cfg.final_softcap)
-        return logits
-
     active = list(todo)
     for step in range(1, max_steps + 1):
         if not active:
@@ -261,23 +255,13 @@ def _optimise_values(model: Model, groups: Sequence[Sequence[Fact]], layers: Seq
             ctxs += g.contexts
         stacked = {layer: np.stack([g.deltas[layer] for g in active]) for layer in layers}  # (G, hidden)
         y, saves = tail.forward(ctxs, stacked)
+        offsets = np.cumsum([0] + [g.n_rows for g in active])
+        ys = [y[row: row + g.n_rows][g.all_rows] for g, row in zip(active, offsets)]  # (R_g, hidden) each
+        if step == 1 or step % REFRESH == 0:
+            _refresh_candidates(out, active, ys, cfg.final_softcap)
         d_rows = np.zeros_like(y)
-        row = 0
         still = []
-        for g in active:
-            y_g = y[row: row + g.n_rows][g.all_rows]  # (R_g, hidden)
-            if step == 1 or step % REFRESH == 0:
-                logits = full_logits(y_g)
-                if step == 1:
-                    g.cand = _candidates(logits, np.concatenate([sc.tokens for sc in g.scored]))
-                    g.ref = logits[len(g.all_rows) - len(KL_PROMPTS):]  # the KL prompts are scored last
-                else:
-                    assert g.cand is not None and g.ref is not None  # set at step 1
-                    g.cand = np.union1d(g.cand, _candidates(logits, np.zeros(0, np.int64)))
-                g.e_c = out.rows(g.cand)  # (K, hidden), dequantized once per candidate set, not per step
-                ref_c = g.ref[:, g.cand].astype(np.float64)
-                ref_p = np.exp(ref_c - ref_c.max(axis=1, keepdims=True))
-                g.ref_p = ref_p / ref_p.sum(axis=1, keepdims=True)  # (n_kl, K)
+        for g, y_g, row in zip(active, ys, offsets):
             assert g.e_c is not None and g.cand is not None and g.ref_p is not None  # set at step 1
             g.nll, g.top1, dy = _loss_grad(y_g, g.e_c, g.cand, g.scored, cfg.final_softcap, g.ref_p, kl_weight,
                                            g.n_prompts)
@@ -290,7 +274,6 @@ def _optimise_values(model: Model, groups: Sequence[Sequence[Fact]], layers: Seq
                     g.done = True
             if not g.done:
                 np.add.at(d_rows, row + g.all_rows, dy)
-            row += g.n_rows
         if all(g.done for g in active):
             break
         grads = tail.backward(ctxs, stacked, saves, d_rows)
@@ -319,10 +302,25 @@ def _optimise_values(model: Model, groups: Sequence[Sequence[Fact]], layers: Seq
     return results
 
 
-def _candidates(logits: F32, must: NDArray[np.int64]) -> NDArray[np.int64]:
-    k = min(CANDIDATES, logits.shape[1] - 1)
-    top = np.argpartition(-logits, k, axis=1)[:, :k]
-    return np.union1d(top.reshape(-1), must).astype(np.int64)
+def _refresh_candidates(out: QuantMatrix, groups: Sequence[_Group], ys: Sequence[F32], softcap: float) -> None:
+    """Each group's candidate tokens: its targets and the CANDIDATES likeliest tokens at each of its
+    scored rows `ys[g]` (from the full vocabulary, every group's rows in one pass), added to those it
+    had; at the first call also the KL prompts' reference distribution, over the candidates."""
+    top = out.top_k(np.concatenate(ys), CANDIDATES)  # (sum of R_g, CANDIDATES)
+    bounds = np.cumsum([0] + [len(y_g) for y_g in ys])
+    for g, y_g, lo, hi in zip(groups, ys, bounds[:-1], bounds[1:]):
+        if g.cand is None:
+            g.cand = np.union1d(top[lo:hi].reshape(-1), np.concatenate([sc.tokens for sc in g.scored]))
+            g.y_ref = y_g[len(y_g) - len(KL_PROMPTS):]  # the KL prompts are scored last, before any edit
+        else:
+            g.cand = np.union1d(g.cand, top[lo:hi].reshape(-1))
+        assert g.y_ref is not None
+        g.e_c = out.rows(g.cand)  # (K, hidden), dequantized once per candidate set, not per step
+        ref_c = (g.y_ref @ g.e_c.T).astype(np.float64)  # (n_kl, K)
+        if softcap:
+            ref_c = np.tanh(ref_c / softcap) * softcap
+        ref_p = np.exp(ref_c - ref_c.max(axis=1, keepdims=True))
+        g.ref_p = ref_p / ref_p.sum(axis=1, keepdims=True)
 
 
 def _loss_grad(y: F32, e_c: F32, cand: NDArray[np.int64], scored: list[_Scored], softcap: float,

@@ -107,6 +107,7 @@ class TailContext:
     inject_rows: I64 = field(default_factory=lambda: np.zeros(1, np.int64))  # rows of the suffix that get delta
     group: int = 0  # which row of a `(G, hidden)` delta this context receives (several edits in one pass)
     prefix_kv: list[tuple[F32, F32]] = field(default_factory=list)  # per tail layer above the first: (K, V) `(start, n_kv, d)`
+    first_mlp: F32 | None = None  # (n, hidden) the first tail layer's MLP output, which no delta changes
 
     @property
     def n(self) -> int:
@@ -319,7 +320,7 @@ class Tail:
             if i > self.first:
                 sv.x_in = x
                 x = x + self._attention(i, dl, x, ctxs, slot - 1, sv)
-            m = self._mlp(dl, x, sv)
+            m = self._first_mlp(dl, x, ctxs, offsets) if i == self.first else self._mlp(dl, x, sv)
             if i in deltas:
                 m = m.copy()
                 m[rows] += deltas[i] if deltas[i].ndim == 1 else deltas[i][row_group]
@@ -328,6 +329,17 @@ class Tail:
         y, n, inv = _rms(x, self.w.output_norm, cfg.norm_eps)
         saves.append(_Saved(mlp={"n": n, "inv": inv}))
         return y, saves
+
+    def _first_mlp(self, dl: DenseLayer, x: F32, ctxs: Sequence[TailContext], offsets: I64) -> F32:
+        """The first layer's MLP output at the stacked rows `x`: its input is the residual entering the
+        tail, the same at every step, so each context's is computed once (the backward stops there)."""
+        todo = [j for j, c in enumerate(ctxs) if c.first_mlp is None]
+        if todo:
+            m = self._mlp(dl, x[np.concatenate([np.arange(offsets[j], offsets[j] + ctxs[j].n) for j in todo])], _Saved())
+            at = np.cumsum([0] + [ctxs[j].n for j in todo])
+            for j, lo, hi in zip(todo, at[:-1], at[1:]):
+                ctxs[j].first_mlp = m[lo:hi]
+        return np.concatenate([c.first_mlp for c in ctxs])  # type: ignore[misc]
 
     def backward(self, ctxs: Sequence[TailContext], deltas: dict[int, F32], saves: list[_Saved],
                  dy: F32) -> dict[int, F32]:

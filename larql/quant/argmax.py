@@ -231,3 +231,26 @@ def row_norms(raw: NDArray[np.uint8], chunk: int = 8192) -> NDArray[np.float64]:
         q = blocks[:, :, 2:].view(np.int8).astype(np.float32)
         out[a:a + chunk] = np.sqrt((d * d * np.einsum("rbi,rbi->rb", q, q).astype(np.float64)).sum(axis=1))
     return out * (1 + 1e-12)
+
+
+@njit(cache=True, parallel=True)
+def topk_update(scores: NDArray[np.float32], base: int, top_ids: NDArray[np.uint32],
+                top_vals: NDArray[np.float32]) -> None:  # pragma: no cover - numba
+    """Merge scores `(features, chunk)` for tokens base.. into each feature's running top-k.
+
+    Kept sorted by score descending; an equal score never displaces an earlier (lower) token id.
+    """
+    k = top_ids.shape[1]
+    for f in prange(scores.shape[0]):
+        threshold = top_vals[f, k - 1]
+        for c in range(scores.shape[1]):
+            s = scores[f, c]
+            if s > threshold:
+                j = k - 1
+                while j > 0 and top_vals[f, j - 1] < s:
+                    top_vals[f, j] = top_vals[f, j - 1]
+                    top_ids[f, j] = top_ids[f, j - 1]
+                    j -= 1
+                top_vals[f, j] = s
+                top_ids[f, j] = base + c
+                threshold = top_vals[f, k - 1]

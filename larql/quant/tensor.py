@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -65,6 +66,19 @@ def _take_budget(size: int) -> bool:
 def _release_budget(size: int) -> None:
     with _repack_lock:
         _repack_budget[0] += size
+
+
+@contextmanager
+def _one_numba_thread() -> Iterator[None]:
+    """Dequantize on this thread only around BLAS calls: numba's OpenMP workers spin after a
+    parallel region and would steal the cores BLAS is about to use (measured: prefill 165 -> 400+
+    tok/s)."""
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(threads)
 
 
 def _scratch_rows(n_rows: int, n_cols: int) -> NDArray[np.float32]:
@@ -238,18 +252,37 @@ class QuantMatrix:
                 kernels.matmul_small_generic(*args, x, out)
             return out
         out = np.empty((x.shape[0], self.n_rows), dtype=np.float32)
-        # Dequantize on this thread only: numba's OpenMP workers spin after a parallel region and
-        # would steal the cores BLAS is about to use (measured: prefill 165 -> 400+ tok/s).
-        threads = numba.get_num_threads()
-        numba.set_num_threads(1)
-        try:
-            for start in range(0, self.n_rows, CHUNK_ROWS):
-                rows = slice(start, min(start + CHUNK_ROWS, self.n_rows))
-                scratch = _scratch_rows(rows.stop - start, self.n_cols)
-                packed = self._repacked[0] if self._repacked else None  # made by a decode step before
-                weights = (self.dequantize(rows, out=scratch) if packed is None
-                           else repack.dequantize_into(packed, rows, scratch))
+        with _one_numba_thread():
+            for rows, weights in self._float_chunks():
                 np.matmul(x, weights.T, out=out[:, rows])
-        finally:
-            numba.set_num_threads(threads)
         return out
+
+    def top_k(self, x: NDArray[np.float32], k: int) -> NDArray[np.int64]:
+        """Per row of x `[t, n_cols]`, the ids of the k largest entries of x @ W.T `[t, k]` (descending;
+        an equal value keeps the lower id), a chunk of weight rows at a time: the `[t, n_rows]`
+        product is never held (an edit's candidate tokens over Gemma's 262k-row unembedding)."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != self.n_cols:
+            raise QuantError(f"{self.name}: top_k takes rows of {self.n_cols} values, not shape {list(x.shape)}")
+        k = min(k, self.n_rows)
+        ids = np.zeros((len(x), k), np.uint32)
+        vals = np.full((len(x), k), -np.inf, np.float32)
+        scores = np.empty((len(x), min(CHUNK_ROWS, self.n_rows)), np.float32)
+        with _one_numba_thread():
+            for rows, weights in self._float_chunks():
+                part = scores[:, : rows.stop - rows.start]
+                np.matmul(x, weights.T, out=part)
+                argmax.topk_update(part, rows.start, ids, vals)
+        return ids.astype(np.int64)
+
+    def _float_chunks(self) -> Iterator[tuple[slice, NDArray[np.float32]]]:
+        """The weights as float32, CHUNK_ROWS rows at a time (dequantized into a reused scratch)."""
+        for start in range(0, self.n_rows, CHUNK_ROWS):
+            rows = slice(start, min(start + CHUNK_ROWS, self.n_rows))
+            if self.qtype == GGMLType.F32:
+                yield rows, self.raw[rows].view(np.float32)
+                continue
+            scratch = _scratch_rows(rows.stop - start, self.n_cols)
+            packed = self._repacked[0] if self._repacked else None  # made by a decode step before
+            yield rows, (self.dequantize(rows, out=scratch) if packed is None
+                         else repack.dequantize_into(packed, rows, scratch))

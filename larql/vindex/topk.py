@@ -14,7 +14,7 @@ import numba
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.quant.argmax import HAVE_VNNI
+from larql.quant.argmax import HAVE_VNNI, topk_update
 from larql.vindex import topk_kernels as tk
 
 VOCAB_CHUNK = 16384  # rows per GEMM / per quantization step
@@ -186,4 +186,4 @@ def _plain(u: NDArray[np.float32], wt: NDArray[np.float32], top_ids: NDArray[np.
         out = scores[:, :len(u[start:start + VOCAB_CHUNK])]
         with np.errstate(invalid="ignore", over="ignore"):  # inf x 0 is nan, which never ranks
             np.matmul(wt, u[start:start + VOCAB_CHUNK].T, out=out)
-        tk.topk_update(out, start, top_ids, top_vals)
+        topk_update(out, start, top_ids, top_vals)

@@ -92,6 +92,22 @@ def test_a_small_batch_is_each_row_alone(qtype: GGMLType) -> None:
     np.testing.assert_allclose(m.matmul(x), alone, rtol=0, atol=2e-6 * np.abs(alone).max())
 
 
+@pytest.mark.parametrize("qtype", [GGMLType.F32, GGMLType.Q8_0, GGMLType.Q6_K], ids=lambda t: t.name)
+def test_top_k_is_the_k_largest_of_the_product(qtype: GGMLType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """top_k over weight-row chunks (three chunks here, the last one short) equals ranking the
+    whole product: the same ids, by value descending."""
+    monkeypatch.setattr(tensor, "CHUNK_ROWS", 32)
+    m = random_matrix(qtype, 70, 512, seed=11 + int(qtype))
+    x = np.random.default_rng(8).standard_normal((5, 512)).astype(np.float32)
+    full = x @ m.dequantize().T  # (5, 70)
+    got = m.top_k(x, 9)
+    assert got.shape == (5, 9) and got.dtype == np.int64
+    assert np.array_equal(got, np.argsort(-full, axis=1, kind="stable")[:, :9])
+    assert np.array_equal(np.sort(m.top_k(x, 500), axis=1), np.tile(np.arange(70), (5, 1)))  # k past the rows: all
+    with pytest.raises(QuantError, match="top_k takes rows of 512 values"):
+        m.top_k(x[0], 3)
+
+
 def test_rows_gathers_embeddings() -> None:
     m = random_matrix(GGMLType.Q8_0, 50, 64)
     full = m.dequantize()
