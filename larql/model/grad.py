@@ -339,7 +339,7 @@ class Tail:
             at = np.cumsum([0] + [ctxs[j].n for j in todo])
             for j, lo, hi in zip(todo, at[:-1], at[1:]):
                 ctxs[j].first_mlp = m[lo:hi]
-        return np.concatenate([c.first_mlp for c in ctxs])  # type: ignore[misc]
+        return np.concatenate([c.first_mlp for c in ctxs])
 
     def backward(self, ctxs: Sequence[TailContext], deltas: dict[int, F32], saves: list[_Saved],
                  dy: F32) -> dict[int, F32]:
