@@ -34,8 +34,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.edit.overlay import MetaOverride
-from larql.edit.patch import PatchOp, is_neuron
-from larql.edit.view import EditableVindex
+from larql.edit.patch import PatchOp
+from larql.edit.view import EditableVindex, installed
 from larql.errors import VindexError
 from larql.model.ffn import gated
 from larql.model.forward import norm
@@ -146,22 +146,6 @@ def target_direction(model: object, layer: int, target_id: int) -> F32:
 
 def _distributions(model: object, prompts: tuple[str, ...]) -> list[F32]:
     return [log_softmax(model.next_logits(model.tokenize(p))) for p in prompts]  # type: ignore[attr-defined]
-
-
-def installed(vindex: EditableVindex, layer: int, neurons: bool = False) -> list[PatchOp]:
-    """The feature inserts live at `layer` (METHOD NEURON's with `neurons`): the last insert op per
-    slot over the applied patches and the unsaved edits, for slots the overlay still holds."""
-    stack = vindex.patches
-    live: dict[int, PatchOp] = {}
-    for op in [o for p in stack.applied for o in p.ops] + stack.pending:
-        if op.layer != layer:
-            continue
-        if isinstance(op, PatchOp) and op.op == "insert" and op.entity is not None:
-            live[op.feature] = op
-        elif op.op == "delete":
-            live.pop(op.feature, None)
-    overlay = vindex.overlay
-    return [op for f, op in live.items() if (layer, f) in overlay and is_neuron(op) == neurons]
 
 
 def _selective(h_all: F32, suppress: F32, common: F32) -> tuple[F32, F32]:

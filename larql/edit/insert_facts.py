@@ -26,7 +26,6 @@ import numpy as np
 
 from larql.edit.evaluate import EVAL_PREFIX_SEED, EVAL_PREFIXES, Scorer, unrelated_logps
 from larql.edit.facts import Fact, model_prefixes
-from larql.edit.feature_insert import installed
 from larql.edit.methods import (
     METHODS,
     N_NEIGHBOURS,
@@ -41,7 +40,7 @@ from larql.edit.neuron import bias_direction, neuron_threshold, plan_neuron_edit
 from larql.edit.neuron_settle import settle_layer, settle_texts
 from larql.edit.rome import KeyMetric
 from larql.edit.stats import second_moments, token_budget
-from larql.edit.view import EditableVindex
+from larql.edit.view import EditableVindex, installed, neuron_subjects
 from larql.edit.weight_edit import DECOY_SUBJECTS, HeldPrompt, WeightEditPlan, known_objects_many, plan_weight_edit
 from larql.edit.weight_op import WeightOp
 from larql.errors import EditError
@@ -203,9 +202,7 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
         subjects = list(dict.fromkeys(f.subject for f in facts))  # probed once per subject, not per fact
         keys = {s: s for s in subjects}
         if method == "neuron":  # a neuron keys on what tells its subject from the others, in place and new
-            in_place = [op.entity for i in range(model.config.n_layers)
-                        for op in installed(v, i, neurons=True) if op.entity]
-            keys = subject_keys([*subjects, *in_place])
+            keys = subject_keys([*subjects, *neuron_subjects(v)])
             facts = [f if f.key else replace(f, key=keys[f.subject]) for f in facts]
             keys |= {f.subject: f.keyed for f in facts}
         near = {s: similar_subjects(v.store, keys[s], n_neighbours, exclude) for s in subjects}

@@ -26,7 +26,6 @@ from larql.edit.feature_insert import (
     MAX_SCALE,
     _ffn_inputs,
     _selective,
-    installed,
     relation_prompt,
 )
 from larql.edit.methods import (
@@ -39,7 +38,7 @@ from larql.edit.methods import (
 )
 from larql.edit.overlay import MetaOverride
 from larql.edit.patch import PatchOp
-from larql.edit.view import EditableVindex
+from larql.edit.view import EditableVindex, installed
 from larql.errors import EditError, VindexError
 from larql.model.generate import log_softmax
 from larql.model.interp import first_target_token

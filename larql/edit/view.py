@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.edit.overlay import PatchOverlay
-from larql.edit.patch import PatchStack
+from larql.edit.patch import PatchOp, PatchStack, is_neuron
 from larql.vindex import knn
 from larql.vindex.store import FeatureMeta, Vindex, feature_meta, open_vindex
 
@@ -161,3 +161,26 @@ class EditableVindex:
 def edit_vindex(path: str | Path) -> EditableVindex:
     """Open the vindex at `path` read-only and wrap it in an editable view with an empty overlay."""
     return EditableVindex(open_vindex(path))
+
+
+def installed(vindex: EditableVindex, layer: int, neurons: bool = False) -> list[PatchOp]:
+    """The feature inserts live at `layer` (METHOD NEURON's with `neurons`): the last insert op per
+    slot over the applied patches and the unsaved edits, for slots the overlay still holds."""
+    stack = vindex.patches
+    live: dict[int, PatchOp] = {}
+    for op in [o for p in stack.applied for o in p.ops] + stack.pending:
+        if op.layer != layer:
+            continue
+        if isinstance(op, PatchOp) and op.op == "insert" and op.entity is not None:
+            live[op.feature] = op
+        elif op.op == "delete":
+            live.pop(op.feature, None)
+    overlay = vindex.overlay
+    return [op for f, op in live.items() if (layer, f) in overlay and is_neuron(op) == neurons]
+
+
+def neuron_subjects(vindex: EditableVindex) -> list[str]:
+    """The subjects of the METHOD NEURON features in place, at every layer (what a new neuron's key
+    must tell its subject from, `methods.subject_keys`)."""
+    return [op.entity for layer in range(vindex.num_layers) for op in installed(vindex, layer, neurons=True)
+            if op.entity]

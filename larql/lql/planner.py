@@ -97,7 +97,11 @@ def insert_steps(stmt: ast.InsertStmt, session: Session) -> list[Step]:
         layers = [stmt.layer if stmt.layer is not None else default_layer(v.index["model"], v.num_layers)]
     where = f"layers {layers[0]}-{layers[-1]}" if len(layers) > 1 else f"layer {layers[0]}"
     if method == "neuron":
-        keys = subject_keys(f["entity"] for f in facts) | {f["entity"]: f["key"] for f in facts if f.get("key")}
+        from larql.edit.view import neuron_subjects  # numpy: an INSERT's session has the vindex open already
+
+        entities = [f["entity"] for f in facts]
+        keys = ({e: k for e, k in subject_keys([*entities, *neuron_subjects(v)]).items() if e in entities}
+                | {f["entity"]: f["key"] for f in facts if f.get("key")})
         for f in facts:
             entity, key = f["entity"], keys[f["entity"]]
             if not is_key_of(key, entity):

@@ -390,3 +390,9 @@ def test_insert_takes_a_key_column_for_neuron_edits(vx: Path, monkeypatch: pytes
     with pytest.raises(LqlSemanticError, match="METHOD NEURON's"):
         execute(insert.format("zeta", "ROME"), s)
     assert len(s.vindex.patches.pending) == 1  # nothing else recorded
+    # EXPLAIN keys a new subject as INSERT will: against the neuron in place ("zeta corp") too
+    from larql.lql.parser import parse
+    from larql.lql.planner import plan as plan_statement
+
+    lone = 'INSERT INTO EDGES (entity, relation, target) VALUES ("omega corp", "colour", "red") AT LAYER 2 METHOD NEURON'
+    assert "'omega corp' at 'omega'" in plan_statement(parse(lone)[0], s).to_text()

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from larql.edit.view import edit_vindex
 from larql.errors import LqlSemanticError
 from larql.lql.executor import execute
 from larql.lql.parser import parse
 from larql.lql.planner import plan
 from larql.lql.session import Session
 from larql.vindex import browse
-from larql.vindex.store import open_vindex
 
 
 def run(vx: Path, text: str):  # type: ignore[no-untyped-def]
@@ -27,7 +27,7 @@ def test_use_and_stats(vx: Path) -> None:
 
 
 def test_select_edges_filters_orders_and_limits(vx: Path) -> None:
-    v = open_vindex(vx)
+    v = edit_vindex(vx)
     (res,) = run(vx, "SELECT * FROM EDGES WHERE layer = 2 AND score > 0 ORDER BY score DESC LIMIT 5")
     expected = sorted((h for h in browse.iter_features(v, [2]) if h.score > 0), key=lambda h: -h.score)[:5]
     assert [(r[0], r[1]) for r in res.rows] == [(h.layer, h.feature) for h in expected]
@@ -67,7 +67,7 @@ def test_layer_out_of_range_and_plans(vx: Path) -> None:
     with pytest.raises(LqlSemanticError) as e:
         run(vx, 'DESCRIBE "x" AT LAYER 9')
     assert "layer 9 is out of range: this vindex has layers 0-3" in str(e.value) and e.value.column > 1
-    session = Session(vindex=open_vindex(vx))
+    session = Session(vindex=edit_vindex(vx))
     (stmt,) = parse('WALK "The capital of France is" TOP 3 LAYERS 1-2')
     assert plan(stmt, session).to_text() == (
         'PLAN WALK "The capital of France is" TOP 3 LAYERS 1-2\n'
@@ -77,7 +77,7 @@ def test_layer_out_of_range_and_plans(vx: Path) -> None:
 
 
 def test_plans_are_golden(vx: Path, vxi: Path, update_golden: bool) -> None:
-    session = Session(vindex=open_vindex(vx))
+    session = Session(vindex=edit_vindex(vx))
     texts = ['USE "x.vindex"', 'EXTRACT MODEL "m" INTO "o.vindex" WITH INFERENCE', "STATS", "SHOW MODELS",
              'DESCRIBE "France" VERBOSE', 'DESCRIBE "France" AT LAYER 2', 'WALK "The capital" TOP 3 LAYERS 0-1',
              'EXPLAIN WALK "x" VERBOSE', 'SELECT * FROM EDGES WHERE entity = "Par" AND score > 0.1 ORDER BY score DESC',
@@ -112,7 +112,7 @@ def test_plans_are_golden(vx: Path, vxi: Path, update_golden: bool) -> None:
              'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B") AT LAYER 2 METHOD ROME',
              'INSERT INTO EDGES (entity, relation, target, prompt) VALUES ("A", "capital", "B", "A is in") '
              'METHOD FEATURE']
-    with_weights = Session(vindex=open_vindex(vxi))
+    with_weights = Session(vindex=edit_vindex(vxi))
     got = "\n".join([plan(parse(t)[0], session).to_text() for t in texts]
                     + [plan(parse(t)[0], with_weights).to_text() for t in weights]) + "\n"
     path = Path(__file__).resolve().parents[2] / "golden" / "plans" / "plans.txt"
