@@ -21,6 +21,7 @@ Three things keep it cheap on a CPU:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -40,6 +41,8 @@ I64 = NDArray[np.int64]
 # (gate, up, down) dense float32 matrices `(ffn, hidden)`, `(ffn, hidden)`, `(hidden, ffn)` of a layer's
 # FFN as the model runs it now (edits included); None: the stored weights
 FFNMatrices = Callable[[int], tuple[F32, F32, F32] | None]
+# Prefixes sharing at least this many leading tokens run those once (`Tail.prepare`)
+MIN_STEM = 4
 
 
 # -- elementwise pieces and their derivatives -------------------------------------------------------
@@ -266,37 +269,64 @@ class Tail:
     def prepare(self, ctxs: Sequence[TailContext], full_resid: Sequence[F32]) -> None:
         """Fill each context's prefix keys/values for the layers above `first`, from the residual
         entering `first`'s MLP at its positions (`full_resid[c]`, `(T, hidden)`), with nothing
-        injected. Positions before the subject see nothing after them (causal), so only those run,
-        each distinct prefix once (a batch's contexts share the model-written prefixes and each
-        relation's template), all of them stacked in each matmul."""
-        cfg = self.cfg
-        empty = np.zeros((0, cfg.n_kv_heads, cfg.head_dim), np.float32)
+        injected. Positions before the subject see nothing after them (causal), so only those run:
+        each distinct prefix once, and the leading part it shares with another prefix (a model-written
+        prefix and the template's words before the subject: most of its rows) once for all of them —
+        those stems first, then each prefix's other rows after its stem's keys and values."""
+        empty = np.zeros((0, self.cfg.n_kv_heads, self.cfg.head_dim), np.float32)
+        none = [(empty, empty)] * (self.cfg.n_layers - self.first - 1)
         prefixes = [tuple(c.ids[: c.start].tolist()) for c in ctxs]
         first_of: dict[tuple[int, ...], int] = {}
         for j, prefix in enumerate(prefixes):
             first_of.setdefault(prefix, j)
-        runs = [j for j in first_of.values() if ctxs[j].start]  # one context per distinct, non-empty prefix
-        kv: dict[int, list[tuple[F32, F32]]] = {j: [] for j in runs}
-        if runs:
-            fulls = [TailContext(ctxs[j].ids[: ctxs[j].start], 0, full_resid[j][: ctxs[j].start],
-                                 np.zeros(0, np.int64)) for j in runs]
-            bounds = np.cumsum([0] + [f.n for f in fulls])
-            positions = np.concatenate([np.arange(f.n) for f in fulls])
-            x = np.concatenate([f.resid for f in fulls]).astype(np.float32)  # (sum of prefixes, hidden)
-            dl = self.layers[self.first]
-            x = x + self._post_ffn(dl, self._mlp(dl, x, _Saved()))
-            for slot, i in enumerate(range(self.first + 1, cfg.n_layers)):
-                dl = self.layers[i]
-                h, _, _ = _rms(x, dl.attn_norm, cfg.norm_eps)
-                _, k, v, _ = self._qkv(i, dl, h, positions)  # (sum of prefixes, n_kv, d)
-                for f, j, lo, hi in zip(fulls, runs, bounds[:-1], bounds[1:]):
-                    kv[j].append((k[lo:hi].copy(), v[lo:hi].copy()))
-                    f.prefix_kv.append((empty, empty))
-                if i < cfg.n_layers - 1:  # the last layer's output feeds nothing here
-                    x = x + self._attention(i, dl, x, fulls, slot, _Saved())
-                    x = x + self._post_ffn(dl, self._mlp(dl, x, _Saved()))
+        distinct = sorted(p for p in first_of if p)
+        stem = dict.fromkeys(distinct, 0)  # the longest part each shares with another (sorted: a neighbour)
+        for a, b in itertools.pairwise(distinct):
+            n = next((i for i, (u, w) in enumerate(zip(a, b)) if u != w), min(len(a), len(b)))
+            if n >= MIN_STEM:
+                stem[a], stem[b] = max(stem[a], n), max(stem[b], n)
+        stems: dict[tuple[int, ...], int] = {}  # stem -> a context that starts with it
+        for p in distinct:
+            if stem[p]:
+                stems.setdefault(p[: stem[p]], first_of[p])
+        stem_kv = dict(zip(stems, self._prefix_kv([TailContext(np.asarray(s, np.int64), 0, full_resid[j][: len(s)],
+                                                               prefix_kv=none) for s, j in stems.items()])))
+        rest = [p for p in distinct if stem[p] < len(p)]
+        rest_kv = dict(zip(rest, self._prefix_kv([TailContext(np.asarray(p, np.int64), stem[p],
+                                                              full_resid[first_of[p]][stem[p]: len(p)],
+                                                              prefix_kv=stem_kv.get(p[: stem[p]], none)) for p in rest])))
+        kv: dict[tuple[int, ...], list[tuple[F32, F32]]] = {}
+        for p in distinct:
+            own, before = rest_kv.get(p), stem_kv[p[: stem[p]]] if stem[p] else None
+            if before is None or own is None:
+                kv[p] = before or own or none
+            else:
+                kv[p] = [(np.concatenate([bk, k]), np.concatenate([bv, v])) for (bk, bv), (k, v) in zip(before, own)]
         for c, prefix in zip(ctxs, prefixes):
-            c.prefix_kv = kv.get(first_of[prefix], [(empty, empty)] * (cfg.n_layers - self.first - 1))
+            c.prefix_kv = kv.get(prefix, none)
+
+    def _prefix_kv(self, parts: Sequence[TailContext]) -> list[list[tuple[F32, F32]]]:
+        """Keys and values `(n, n_kv, d)` of each part's rows (`start..`, after its `prefix_kv`) at every
+        layer above `first`, with nothing injected; all parts stacked in each matmul."""
+        if not parts:
+            return []
+        cfg = self.cfg
+        kv: list[list[tuple[F32, F32]]] = [[] for _ in parts]
+        bounds = np.cumsum([0] + [p.n for p in parts])
+        positions = np.concatenate([np.arange(p.start, len(p.ids)) for p in parts])
+        x = np.concatenate([p.resid for p in parts]).astype(np.float32)  # (sum of rows, hidden)
+        dl = self.layers[self.first]
+        x = x + self._post_ffn(dl, self._mlp(dl, x, _Saved()))
+        for slot, i in enumerate(range(self.first + 1, cfg.n_layers)):
+            dl = self.layers[i]
+            h, _, _ = _rms(x, dl.attn_norm, cfg.norm_eps)
+            _, k, v, _ = self._qkv(i, dl, h, positions)  # (sum of rows, n_kv, d)
+            for out, lo, hi in zip(kv, bounds[:-1], bounds[1:]):
+                out.append((k[lo:hi].copy(), v[lo:hi].copy()))
+            if i < cfg.n_layers - 1:  # the last layer's output feeds nothing here
+                x = x + self._attention(i, dl, x, parts, slot, _Saved())
+                x = x + self._post_ffn(dl, self._mlp(dl, x, _Saved()))
+        return kv
 
     def _post_ffn(self, dl: DenseLayer, m: F32, sv: _Saved | None = None) -> F32:
         if dl.post_ffn_norm is None:

@@ -79,12 +79,13 @@ def test_backward_matches_finite_differences(deep_tiny: larql.Model) -> None:
 
 def test_tail_over_several_contexts_is_the_model_on_each(deep_tiny: larql.Model) -> None:
     """Contexts of different lengths and subject positions share each matmul (prepare and forward
-    stack their rows; prepare runs a prefix two contexts share once); every context must still see
+    stack their rows; prepare runs a prefix two contexts share once, and the leading tokens several
+    prefixes share once: IDS[:4] whole, then IDS[:5] for the last two); every context must still see
     only its own tokens."""
     name = "blocks.1.hook_resid_mid"
     seqs = [IDS, IDS[:6][::-1].copy(), np.array([7, 8, 250, 31, 2, 60, 61]), np.array([*IDS[:4], 99, 98, 97]),
-            np.array([4, 3])]
-    starts = [4, 2, 5, 4, 0]
+            np.array([4, 3]), np.array([*IDS[:5], 77, 76, 75]), np.array([*IDS[:5], 40, 41])]
+    starts = [4, 2, 5, 4, 0, 6, 6]
     resids = [deep_tiny.run_with_cache(s, names=[name])[1][name] for s in seqs]
     ctxs = [TailContext(s, st, r[st:]) for s, st, r in zip(seqs, starts, resids)]
     tail = Tail(deep_tiny.config, deep_tiny.weights, 1)
