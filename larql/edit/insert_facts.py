@@ -36,7 +36,7 @@ from larql.edit.methods import (
     subject_keys,
 )
 from larql.edit.neighbours import similar_subjects
-from larql.edit.neuron import bias_direction, neuron_threshold, plan_neuron_edit
+from larql.edit.neuron import bias_direction, plan_neuron_edit
 from larql.edit.neuron_settle import settle_layer, settle_texts
 from larql.edit.rome import KeyMetric
 from larql.edit.stats import second_moments, token_budget
@@ -233,7 +233,7 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
                 # settled before the next layer is planned: its values are then optimised on what these
                 # neurons really do (settling all layers after the fact, against values that had learnt to
                 # live with the leaks, took 1,000 fictional facts from ES 82.1 to 53.9)
-                if neuron_threshold(model.name) and input_metric.bias is not None:
+                if input_metric.bias is not None:
                     settle_layer(v, model, list(neuron_plan.ops), settle_texts(facts, earlier), input_metric)
         except BaseException:  # an error or Ctrl-C: nothing half-applied
             v.patches.undo(len(v.patches.pending) - recorded)

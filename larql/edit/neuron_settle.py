@@ -23,7 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.edit.facts import Fact
-from larql.edit.neuron import THRESHOLD_RMS, neuron_gate, neuron_threshold
+from larql.edit.neuron import THRESHOLD, THRESHOLD_RMS, neuron_gate
 from larql.edit.patch import PatchOp
 from larql.edit.rome import CONSTRAINT_RIDGE, KeyMetric
 from larql.edit.view import EditableVindex
@@ -92,7 +92,7 @@ def settle_layer(v: EditableVindex, model: Model, ops: Sequence[PatchOp], texts:
     """Settle one layer's new neuron inserts `ops` — the last ones recorded on `v`'s patch stack, put
     back settled — against every subject's `texts` (its own, and those of the subjects it must stay
     off) as the edited model reads them now."""
-    layer, theta = ops[0].layer, neuron_threshold(model.name)
+    layer, theta = ops[0].layer, THRESHOLD
     inputs, owners = held_keys(model, [p for ps in texts.values() for p in ps], [layer],
                                point="input")
     x = inputs[layer]  # (hidden, n)
