@@ -351,8 +351,7 @@ class Tail:
                 sv.x_in = x
                 x = x + self._attention(i, dl, x, ctxs, slot - 1, sv)
             m = self._first_mlp(dl, x, ctxs, offsets) if i == self.first else self._mlp(dl, x, sv)
-            if i in deltas:
-                m = m.copy()
+            if i in deltas:  # m is this step's own array (both MLP paths return a new one), never saved
                 m[rows] += deltas[i] if deltas[i].ndim == 1 else deltas[i][row_group]
             x = x + self._post_ffn(dl, m, sv)
             saves.append(sv)
