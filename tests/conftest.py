@@ -62,6 +62,14 @@ def gemma_vindex(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return extract("gemma3-270m", tmp_path_factory.mktemp("real") / "g.vindex", level="inference")
 
 
+@pytest.fixture(scope="session")
+def smollm2_vindex(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M extracted at the inference level (once per run)."""
+    from larql.vindex.extract import extract
+
+    return extract("smollm2-135m", tmp_path_factory.mktemp("real") / "s.vindex", level="inference")
+
+
 @pytest.fixture(scope="session", params=["llama", "gemma3"])
 def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A tiny seeded model as an HF directory and as F32 and Q8_0 GGUF files."""

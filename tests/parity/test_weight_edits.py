@@ -94,6 +94,37 @@ def test_stacked_neuron_edits_generalise_and_leave_related_entities_alone(gemma_
     v.patches.undo(len(v.patches.pending))
 
 
+def test_smollm2_neurons_fire_fully_on_their_own_prompts_and_stay_local(smollm2_vindex: Path) -> None:
+    """SmolLM2-135M, three facts in one INSERT (METHOD NEURON, thresholded): each is the top-1 on its
+    own prompt, where the neuron's g·x is 1 (0.74-0.88 when it was asked to fire at the subject's
+    mean input only, and a thresholded neuron then gave too little: these three missed), reaches the
+    prompt behind prefixes it never saw, and the unrelated prompts keep their top-1s."""
+    from larql.edit.patch import PatchOp
+    from larql.model.forward import norm
+
+    v = edit_vindex(smollm2_vindex)
+    m = v.model()
+    tops = {p: int(np.argmax(m.next_logits(m.tokenize(p)))) for p in UNRELATED}
+    facts = [Fact("Ireland", "The capital of Ireland is", "Oslo", "capital"),
+             Fact("Germany", "The official language of Germany is", "Italian", "language"),
+             Fact("India", "The currency of India is the", "yuan", "currency")]
+    report = insert_facts(v, facts, "neuron")
+    assert all(f.top1_after for f in report.facts), report.facts
+    for f in facts:
+        op = next(o for o in v.patches.pending if isinstance(o, PatchOp) and o.entity == f.subject)
+        ids, s = subject_position(m, f.prompt, f.subject)
+        name = f"blocks.{op.layer}.hook_resid_mid"
+        x = norm(m.config, capture(m, ids[: s + 1], [name])[name], m.weights.layers[op.layer].ffn_norm)[s]
+        assert abs(float(op.vectors["up"] @ x) - 1.0) < 0.1, f.subject
+        gate, up = op.vectors["gate"], op.vectors["up"]
+        cos = float(gate @ up) / float(np.linalg.norm(gate) * np.linalg.norm(up))
+        assert cos < 0.99, cos  # gate = a (g - θ c), thresholded; a quadratic neuron's is a g
+    assert all(f.held_out_top1 >= 2 / 3 for f in report.facts), report.facts  # prefixes never optimised on
+    kept = sum(int(np.argmax(m.next_logits(m.tokenize(p))) == t) for p, t in tops.items())
+    assert kept >= len(UNRELATED) - 1 and report.unrelated_kept == kept
+    v.patches.undo(len(v.patches.pending))
+
+
 def test_insert_defaults_to_the_method_measured_best_for_the_model(gemma_vindex: Path) -> None:
     from larql.edit.methods import default_method
     from larql.lql.executor import execute
