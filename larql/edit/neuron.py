@@ -277,13 +277,13 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metr
                           keys={group[0].subject: group[0].keyed for group in groups},
                           texts={group[0].subject: list(dict.fromkeys(f.prompt for f in group)) for group in groups})
     fire = [np.concatenate([inputs[:, j: j + 1], x], axis=1) for j, x in enumerate(more)]
-    theta, bias = THRESHOLD, input_metric.bias
+    bias = input_metric.bias
     holds = (THRESHOLD_NEAR_OTHERS, THRESHOLD_LEAK) if bias is not None else (NEAR_OTHERS, LEAK)
     directions = neuron_directions(input_metric, fire, held[layer], owners, candidates, *holds,
                                    thresholded=bias is not None)
     ops = []
     for group, value, feature, g, x_fire in zip(groups, values, features, directions, fire):
-        gate = neuron_gate(g, x_fire, bias, theta)
+        gate = neuron_gate(g, x_fire, bias, THRESHOLD)
         new_down = (value.deltas[layer] / f_a).astype(np.float32)
         fact = group[0]
         tid = first_target_token(model, fact.target)

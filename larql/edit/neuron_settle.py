@@ -92,7 +92,7 @@ def settle_layer(v: EditableVindex, model: Model, ops: Sequence[PatchOp], texts:
     """Settle one layer's new neuron inserts `ops` — the last ones recorded on `v`'s patch stack, put
     back settled — against every subject's `texts` (its own, and those of the subjects it must stay
     off) as the edited model reads them now."""
-    layer, theta = ops[0].layer, THRESHOLD
+    layer = ops[0].layer
     inputs, owners = held_keys(model, [p for ps in texts.values() for p in ps], [layer],
                                point="input")
     x = inputs[layer]  # (hidden, n)
@@ -109,7 +109,7 @@ def settle_layer(v: EditableVindex, model: Model, ops: Sequence[PatchOp], texts:
         bound = max(THRESHOLD_RMS, float(np.sqrt(g @ metric.cov @ g)))  # no longer than it was, or the bound
         g_new, n_held = settle_direction(metric, g.astype(np.float32), x[:, own], x[:, leak], bound)
         moved, held = moved + 1, held + n_held
-        out[i] = replace(op, vectors={**op.vectors, "up": g_new, "gate": neuron_gate(g_new, x[:, own], metric.bias, theta)})
+        out[i] = replace(op, vectors={**op.vectors, "up": g_new, "gate": neuron_gate(g_new, x[:, own], metric.bias, THRESHOLD)})
     if moved:
         v.patches.undo(len(ops))
         v.patches.record_all(list(out))
