@@ -1,10 +1,12 @@
-"""act(g) and act'(g) in one pass over the gate scores, for the hand-written backward (grad.py).
+"""A gated MLP's act(g) * u with what its backward needs, act(g) and act'(g) * u, in one call over the
+gate and up scores, for the hand-written backward (grad.py).
 
-numpy spent ~45 ms on a value step's (1090, 2048) gate scores (a dozen passes, tanh in float32): half
-of each MLP block of the tail. One numba pass takes ~14 ms — on one thread: on both cores it took 7 ms
-alone but numba's workers, spinning after the parallel loop, slowed the BLAS calls around it. tanh is written with exp (tanh u = sign(u) (1 - e) / (1 + e), e = exp(-2|u|)), which
-numba inlines: within ~1e-6 of numpy's (test); fast-math without the no-NaN/no-Inf assumptions, so
-a gate far below 0 (an inserted neuron's) still gives exp overflow -> 0 as it should.
+The transcendental goes to numpy's SIMD tanh / exp (0.6 ms over a value step's (768, 2048) gate
+scores), the polynomial parts to two numba passes that LLVM vectorises because they call nothing:
+~3 ms in all, where one numba pass calling a scalar exp per element took 10 ms (7% of a 1,000-fact
+INSERT) and numpy's dozen passes ~45 ms. One thread: numba's workers, spinning after a parallel
+loop, slowed the BLAS calls around it. A gate far below 0 (an inserted neuron's) gives exp
+overflow -> inf -> act 0, as it should.
 """
 
 from __future__ import annotations
@@ -14,35 +16,55 @@ from numba import njit
 from numpy.typing import NDArray
 
 F32 = NDArray[np.float32]
-_FAST = {"nsz", "arcp", "contract", "afn", "reassoc"}
+_FAST = {"nsz", "arcp", "contract", "reassoc"}  # no no-NaN/no-Inf assumption: exp may overflow to inf
 _C = np.float32(np.sqrt(2.0 / np.pi))
-_CHUNK = 4096
+_K = np.float32(0.044715)
 
 
 @njit(cache=True, fastmath=_FAST)
-def _act_and_grad(g, a, da, silu):
-    n = g.shape[0]
-    for b in range((n + _CHUNK - 1) // _CHUNK):
-        for i in range(b * _CHUNK, min(n, (b + 1) * _CHUNK)):
-            x = g[i]
-            if silu:
-                s = np.float32(1.0) / (np.float32(1.0) + np.exp(-x))
-                a[i] = x * s
-                da[i] = s * (np.float32(1.0) + x * (np.float32(1.0) - s))
-                continue
-            u = _C * (x + np.float32(0.044715) * x * x * x)
-            e = np.exp(np.float32(-2.0) * np.abs(u))
-            t = (np.float32(1.0) - e) / (np.float32(1.0) + e)
-            if u < 0:
-                t = -t
-            a[i] = np.float32(0.5) * x * (np.float32(1.0) + t)
-            da[i] = (np.float32(0.5) * (np.float32(1.0) + t) + np.float32(0.5) * x * (np.float32(1.0) - t * t)
-                     * _C * (np.float32(1.0) + np.float32(3 * 0.044715) * x * x))
+def _gelu_inner(g, u):
+    for i in range(g.shape[0]):
+        x = g[i]
+        u[i] = _C * (x + _K * x * x * x)
 
 
-def act_and_grad(kind: str, g: F32) -> tuple[F32, F32]:
-    """act(g) and act'(g), float32 of g's shape, for "gelu_tanh" or "silu"."""
+@njit(cache=True, fastmath=_FAST)
+def _gelu_outer(g, u, t, a, ud):
+    """t = tanh(inner) in; a = act(g) out, and in t: a * u; ud = act'(g) * u."""
+    for i in range(g.shape[0]):
+        x, th = g[i], t[i]
+        half = np.float32(0.5) * (np.float32(1.0) + th)
+        a[i] = x * half
+        t[i] = a[i] * u[i]
+        ud[i] = u[i] * (half + np.float32(0.5) * x * (np.float32(1.0) - th * th) * _C
+                        * (np.float32(1.0) + np.float32(3.0) * _K * x * x))
+
+
+@njit(cache=True, fastmath=_FAST)
+def _silu_outer(g, u, e, a, ud):
+    """e = exp(-g) in; a = act(g) out, and in e: a * u; ud = act'(g) * u."""
+    for i in range(g.shape[0]):
+        x = g[i]
+        s = np.float32(1.0) / (np.float32(1.0) + e[i])
+        a[i] = x * s
+        e[i] = a[i] * u[i]
+        ud[i] = u[i] * s * (np.float32(1.0) + x * (np.float32(1.0) - s))
+
+
+def gated_and_grad(kind: str, g: F32, u: F32) -> tuple[F32, F32, F32]:
+    """(act(g) * u, act(g), act'(g) * u), float32 of g's shape, for "gelu_tanh" or "silu": the MLP's
+    hidden activations and the two factors of its backward (d g = d h * act'(g) u, d u = d h * act(g))."""
     flat = np.ascontiguousarray(g, dtype=np.float32).reshape(-1)
-    a, da = np.empty_like(flat), np.empty_like(flat)
-    _act_and_grad(flat, a, da, kind != "gelu_tanh")
-    return a.reshape(g.shape), da.reshape(g.shape)
+    uf = np.ascontiguousarray(u, dtype=np.float32).reshape(-1)
+    if uf.shape != flat.shape:
+        raise ValueError(f"gate scores {g.shape} and up scores {u.shape} differ in shape")
+    a, ud, out = np.empty_like(flat), np.empty_like(flat), np.empty_like(flat)
+    if kind == "gelu_tanh":
+        _gelu_inner(flat, out)
+        np.tanh(out, out=out)
+        _gelu_outer(flat, uf, out, a, ud)
+    else:
+        with np.errstate(over="ignore"):  # exp(-g) of a gate far below 0: inf, and act 0
+            np.exp(np.negative(flat, out=out), out=out)
+        _silu_outer(flat, uf, out, a, ud)
+    return out.reshape(g.shape), a.reshape(g.shape), ud.reshape(g.shape)

@@ -30,7 +30,7 @@ from numpy.typing import NDArray
 
 from larql.errors import UnsupportedError
 from larql.model import packed_attention as packed
-from larql.model.activation_grad import act_and_grad
+from larql.model.activation_grad import gated_and_grad
 from larql.model.attention import RopeTable, apply_rope
 from larql.model.config import ModelConfig
 from larql.model.weights import LayerWeights, Weights
@@ -252,14 +252,14 @@ class Tail:
         h, hn, hinv = _rms(x, dl.ffn_norm, self.cfg.norm_eps)
         g = h @ dl.gate.T  # (N, ffn)
         u = h @ dl.up.T
-        a, da = act_and_grad(self.cfg.activation, g)
-        sv.mlp = {"h": h, "hn": hn, "hinv": hinv, "a": a, "da": da, "u": u}
-        return (a * u) @ dl.down.T  # (N, hidden), before any post-FFN norm
+        p, a, ud = gated_and_grad(self.cfg.activation, g, u)  # act(g) u, act(g), act'(g) u: (N, ffn) each
+        sv.mlp = {"h": h, "hn": hn, "hinv": hinv, "a": a, "ud": ud}
+        return p @ dl.down.T  # (N, hidden), before any post-FFN norm
 
     def _mlp_back(self, dl: DenseLayer, dm: F32, sv: _Saved) -> F32:
         s = sv.mlp
         dact = dm @ dl.down  # (N, ffn)
-        dg = dact * s["u"] * s["da"]  # type: ignore[operator]
+        dg = dact * s["ud"]  # type: ignore[operator]
         du = dact * s["a"]  # type: ignore[operator]
         dh = dg @ dl.gate + du @ dl.up
         return _rms_back(dh, dl.ffn_norm, s["hn"], s["hinv"])  # type: ignore[arg-type]
