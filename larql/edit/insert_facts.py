@@ -225,16 +225,17 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
                 earlier = {e: keys.get(e, e) for e in neuron_subjects(v)}
                 elsewhere = [HeldPrompt(text, f.subject, key=f.keyed) for f in facts if f.subject not in placed
                              for text in (f.subject, f.prompt)]
+                memo: dict[tuple[str, tuple[int, ...]], dict[int, np.ndarray]] = {}  # this layer's inputs, read once
                 neuron_plan = plan_neuron_edit(model, [f for f in facts if f.subject in placed], layer, input_metric,
                                                v.overlay.next_feature(layer), DECOY_SUBJECTS if decoys is None else decoys,
                                                near, objects, earlier=earlier,
-                                               elsewhere=elsewhere)
+                                               elsewhere=elsewhere, memo=memo)
                 v.patches.record_all(list(neuron_plan.ops))
                 # settled before the next layer is planned: its values are then optimised on what these
                 # neurons really do (settling all layers after the fact, against values that had learnt to
                 # live with the leaks, took 1,000 fictional facts from ES 82.1 to 53.9)
                 if input_metric.bias is not None:
-                    settle_layer(v, model, list(neuron_plan.ops), settle_texts(facts, earlier), input_metric)
+                    settle_layer(v, model, list(neuron_plan.ops), settle_texts(facts, earlier), input_metric, memo)
         except BaseException:  # an error or Ctrl-C: nothing half-applied
             v.patches.undo(len(v.patches.pending) - recorded)
             raise

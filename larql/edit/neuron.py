@@ -232,7 +232,8 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metr
                      neighbours: Mapping[str, Sequence[str]] | None = None,
                      objects: Mapping[str, Sequence[str]] | None = None,
                      n_prefixes: int = N_PREFIXES, earlier: Mapping[str, str] | None = None,
-                     elsewhere: Sequence[HeldPrompt] = ()) -> NeuronPlan:
+                     elsewhere: Sequence[HeldPrompt] = (),
+                     memo: dict[tuple[str, tuple[int, ...]], dict[int, F32]] | None = None) -> NeuronPlan:
     """Compute (do not apply) one neuron per subject of `facts` at `layer` of `model` (whose FFN
     already carries the vindex's edits). `first`: the id of the first feature to add at the layer
     (the overlay's next_feature, the rest follow); `decoys`:
@@ -240,7 +241,8 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metr
     and the subjects' known `objects`); `earlier`: subjects of the neurons already in place, each to
     what it is keyed on (`methods.subject_keys`), held where a new neuron comes near them
     (`neuron_directions`); `elsewhere`: texts of the subjects whose neurons sit at other layers (this
-    batch's and earlier ones'), held where a new neuron opens on them."""
+    batch's and earlier ones'), held where a new neuron opens on them; `memo`: `held_keys`' columns
+    at this layer read before (and kept for settling)."""
     if not facts:
         raise EditError("no facts to edit")
     if not 0 <= layer < model.config.n_layers:
@@ -258,11 +260,11 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metr
     for i in range(0, len(groups), VALUE_BATCH):
         values += optimise_values(model, groups[i: i + VALUE_BATCH], [layer], prefixes, ffn_layers)
     prompts = held_prompts(facts, decoys, neighbours=neighbours, objects=objects)
-    held, owner_names = held_keys(model, prompts, [layer], point="input")
+    held, owner_names = held_keys(model, prompts, [layer], point="input", memo=memo)
     templates = list(dict.fromkeys(f.prompt.replace(f.subject, "{}", 1) for f in facts))[:2]
     before = [HeldPrompt(t.format(e), e, key=k) for e, k in (earlier or {}).items()
               for t in ("{}", *templates)] + list(elsewhere)
-    candidates = held_keys(model, before, [layer], point="input")[0][layer] if before else None
+    candidates = held_keys(model, before, [layer], point="input", memo=memo)[0][layer] if before else None
     index = {group[0].subject: j for j, group in enumerate(groups)}
     owners = [-1 if o is None else index[o] for o in owner_names]
     features = list(range(first, first + len(groups)))

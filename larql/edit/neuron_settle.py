@@ -88,13 +88,13 @@ def settle_texts(facts: Sequence[Fact], earlier: Mapping[str, str], templates: i
 
 
 def settle_layer(v: EditableVindex, model: Model, ops: Sequence[PatchOp], texts: Mapping[str, Sequence[HeldPrompt]],
-                 metric: KeyMetric) -> Settled:
+                 metric: KeyMetric, memo: dict[tuple[str, tuple[int, ...]], dict[int, F32]] | None = None) -> Settled:
     """Settle one layer's new neuron inserts `ops` — the last ones recorded on `v`'s patch stack, put
     back settled — against every subject's `texts` (its own, and those of the subjects it must stay
     off) as the edited model reads them now."""
     layer = ops[0].layer
     inputs, owners = held_keys(model, [p for ps in texts.values() for p in ps], [layer],
-                               point="input")
+                               point="input", memo=memo)
     x = inputs[layer]  # (hidden, n)
     who = np.array([o if o is not None else "" for o in owners], dtype=object)
     out, moved, held = list(ops), 0, 0

@@ -164,32 +164,46 @@ def held_prompts(facts: Sequence[Fact], decoys: Sequence[str], limit: int = MAX_
 
 
 def held_keys(model: Model, prompts: Sequence[HeldPrompt], layers: Sequence[int], point: str = "key",
+              memo: dict[tuple[str, tuple[int, ...]], dict[int, F32]] | None = None,
               ) -> tuple[dict[int, F32], list[str | None]]:
     """Keys `(ffn, n)` per layer at the last token of each prompt's word (with `point="input"`, the
     MLP's normalised inputs `(hidden, n)` there instead), one per distinct text up to that token, and
-    whom each column is held for; the first prompt's BOS is held too."""
+    whom each column is held for; the first prompt's BOS is held too. `memo`: columns read before
+    from the model as it still is at these layers, read again from there and added to (a caller
+    keeps one while nothing below the layers changes: METHOD NEURON's plan and settling of a layer
+    read many of the same texts, and a layer's own neurons do not change its input)."""
     runs: dict[tuple[int, ...], tuple[int, str | None]] = {}  # "Barcelona is" and "Barcelona was" share a key
     for p in prompts:
         ids, s = subject_position(model, p.text, p.word, p.key)
         runs.setdefault(tuple(ids[: s + 1]), (s, p.owner))  # causal: nothing after the word matters
     hook = "mlp.hook_post" if point == "key" else "hook_resid_mid"
     names = [f"blocks.{layer}.{hook}" for layer in layers]
-    got: dict[int, list[F32]] = {layer: [] for layer in layers}
-    owners: list[str | None] = []
-    for j, (seen, (s, owner)) in enumerate(zip(capture_batch(model, list(runs), names), runs.values())):
+    memo = {} if memo is None else memo
+    first = next(iter(runs), ())
+    bos = first[:1] if len(first) > 1 else None  # position 0 reads the same in every run: one entry
+    def known(run: tuple[int, ...]) -> bool:
+        return all(layer in memo.get((point, run), {}) for layer in layers)
+
+    todo = [r for r in runs if not known(r) or (r == first and bos is not None and not known(bos))]
+    for run, seen in zip(todo, capture_batch(model, todo, names)):
         if point == "input":
             seen = {name: norm(model.config, seen[name], model.weights.layers[layer].ffn_norm)
                     for layer, name in zip(layers, names)}
-        if j == 0 and s > 0:
-            # the first position (BOS, the attention sink) has one large key shared by every prompt:
-            # left free, a 1-rank edit moved its MLP output by 66% at layer 3 and flipped unrelated
-            # answers ("Bees make" honey -> up), so it is held like a decoy
-            owners.append(None)
-            for layer, name in zip(layers, names):
-                got[layer].append(seen[name][0])
+        memo.setdefault((point, run), {}).update({layer: seen[name][-1] for layer, name in zip(layers, names)})
+        memo.setdefault((point, run[:1]), {}).update({layer: seen[name][0] for layer, name in zip(layers, names)})
+    got: dict[int, list[F32]] = {layer: [] for layer in layers}
+    owners: list[str | None] = []
+    if bos is not None:
+        # the first position (BOS, the attention sink) has one large key shared by every prompt:
+        # left free, a 1-rank edit moved its MLP output by 66% at layer 3 and flipped unrelated
+        # answers ("Bees make" honey -> up), so it is held like a decoy
+        owners.append(None)
+        for layer in layers:
+            got[layer].append(memo[(point, bos)][layer])
+    for run, (_, owner) in runs.items():
         owners.append(owner)
-        for layer, name in zip(layers, names):
-            got[layer].append(seen[name][s])
+        for layer in layers:
+            got[layer].append(memo[(point, run)][layer])
     width = model.config.ffn if point == "key" else model.config.hidden
     return {layer: (np.stack(ks, axis=1) if ks else np.zeros((width, 0), np.float32))
             for layer, ks in got.items()}, owners

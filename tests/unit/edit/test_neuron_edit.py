@@ -399,3 +399,32 @@ def test_insert_takes_a_key_column_for_neuron_edits(vx: Path, monkeypatch: pytes
 
     lone = 'INSERT INTO EDGES (entity, relation, target) VALUES ("omega corp", "colour", "red") AT LAYER 2 METHOD NEURON'
     assert "'omega corp' at 'omega'" in plan_statement(parse(lone)[0], s).to_text()
+
+
+def test_a_layers_inputs_read_once_serve_its_plan_and_settling(vx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`held_keys` with a memo gives the columns a fresh read gives, reading only the texts it has not
+    seen; and the memo may outlive the layer's own neurons: they come after its input."""
+    import larql.edit.weight_edit as weight_edit
+    from larql.edit.weight_edit import held_keys
+
+    v = edit_vindex(vx)
+    m = v.model()
+    prompts = [HeldPrompt(t, w, o) for t, w, o in [("zeta", "zeta", "zeta"), (PROMPT, "zeta", "zeta"),
+                                                   ("Colour of omega", "omega", "omega")]]
+    fresh, owners = held_keys(m, prompts, [2], point="input")
+    read: list[int] = []
+    real = weight_edit.capture_batch
+    monkeypatch.setattr(weight_edit, "capture_batch", lambda model, runs, names: (read.append(len(runs)),
+                                                                                  real(model, runs, names))[1])
+    memo: dict[Any, Any] = {}
+    first, _ = held_keys(m, prompts[:2], [2], point="input", memo=memo)
+    got, got_owners = held_keys(m, prompts, [2], point="input", memo=memo)
+    assert read == [2, 1] and got_owners == owners  # omega's text alone read the second time
+    np.testing.assert_allclose(got[2], fresh[2], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got[2][:, :3], first[2])  # BOS and zeta's two, from the memo
+    insert_facts(v, [Fact("zeta", PROMPT, "blue", "colour")], "neuron", layers=[2], measure=False)
+    after, _ = held_keys(m, prompts, [2], point="input")
+    np.testing.assert_allclose(after[2], fresh[2], rtol=1e-5, atol=1e-6)  # the neuron at 2 comes after 2's input
+    assert not np.allclose(held_keys(m, prompts, [3], point="input")[0][3],
+                           held_keys(edit_vindex(vx).model(), prompts, [3], point="input")[0][3], atol=1e-4)
+    v.patches.undo(len(v.patches.pending))
