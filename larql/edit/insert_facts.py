@@ -33,6 +33,7 @@ from larql.edit.methods import (
     default_layer,
     default_method,
     neuron_layers,
+    neuron_prefixes,
     subject_keys,
 )
 from larql.edit.neighbours import similar_subjects
@@ -229,7 +230,8 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
                 neuron_plan = plan_neuron_edit(model, [f for f in facts if f.subject in placed], layer, input_metric,
                                                v.overlay.next_feature(layer), DECOY_SUBJECTS if decoys is None else decoys,
                                                near, objects, earlier=earlier,
-                                               elsewhere=elsewhere, memo=memo)
+                                               n_prefixes=neuron_prefixes(len(subjects)), elsewhere=elsewhere,
+                                               memo=memo)
                 v.patches.record_all(list(neuron_plan.ops))
                 # settled before the next layer is planned: its values are then optimised on what these
                 # neurons really do (settling all layers after the fact, against values that had learnt to

@@ -25,6 +25,21 @@ def default_method(model_name: str) -> str:
 # facts tried (no other layer comes close); SmolLM2-135M's, measured the same way, is CROWN_LAYERS'.
 CROWN_LAYERS = {"gemma3-270m": 3, "smollm2-135m": 4}
 N_PREFIXES = 6  # model-written prefixes each fact is optimised behind (ROME: 20, MEMIT: 5)
+# METHOD NEURON in a large batch, where the INSERT's time is minutes, optimises each value behind fewer:
+# each prefix is another context of every value step. gemma3-270m, 300 fictional facts in one INSERT
+# (ES / PS / natural paraphrases; unrelated top-1s kept 24 of 24 in each): 6 prefixes 100 / 86.0 /
+# 67.8, 4 100 / 86.7 / 68.0, 3 100 / 86.3 / 67.3, 2 100 / 84.7 / 65.0. Not in small ones: on real
+# subjects 3 cost PS (CounterFact-40 each alone 96.9 -> 95.3, all 40 in one INSERT 95.3 -> 93.4;
+# SmolLM2-135M's 35: 67.9 -> 65.3, 64.6 -> 62.8), where the time is seconds
+LARGE_BATCH, LARGE_BATCH_PREFIXES = 100, 3
+
+
+def neuron_prefixes(n_subjects: int) -> int:
+    """How many model-written prefixes METHOD NEURON optimises each value behind, in an INSERT of
+    `n_subjects` subjects."""
+    return LARGE_BATCH_PREFIXES if n_subjects > LARGE_BATCH else N_PREFIXES
+
+
 # nearest subjects (edit/neighbours.py) whose keys an edit holds still; NS of single ROME edits on
 # the five hardest records of benchmarks/data: 0 -> 57, 16 -> 80, 48 -> 87
 N_NEIGHBOURS = 32

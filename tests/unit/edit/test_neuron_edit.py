@@ -428,3 +428,25 @@ def test_a_layers_inputs_read_once_serve_its_plan_and_settling(vx: Path, monkeyp
     assert not np.allclose(held_keys(m, prompts, [3], point="input")[0][3],
                            held_keys(edit_vindex(vx).model(), prompts, [3], point="input")[0][3], atol=1e-4)
     v.patches.undo(len(v.patches.pending))
+
+
+def test_a_large_insert_optimises_its_values_behind_fewer_prefixes(vx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import larql.edit.insert_facts as insert_module
+    import larql.edit.methods as methods
+
+    seen: list[int] = []
+    real = insert_module.plan_neuron_edit
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["n_prefixes"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(insert_module, "plan_neuron_edit", spy)
+    facts = [Fact("zeta", PROMPT, "blue", "colour"), Fact("omega", "Colour of omega", "red", "colour")]
+    for large, want in ((2, methods.N_PREFIXES), (1, methods.LARGE_BATCH_PREFIXES)):
+        monkeypatch.setattr(methods, "LARGE_BATCH", large)
+        v = edit_vindex(vx)
+        insert_facts(v, facts, "neuron", layers=[2], measure=False)
+        assert seen.pop() == want and not seen
+        v.patches.undo(len(v.patches.pending))
+    assert methods.LARGE_BATCH_PREFIXES < methods.N_PREFIXES
