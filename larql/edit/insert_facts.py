@@ -42,7 +42,14 @@ from larql.edit.neuron_settle import settle_layer, settle_texts
 from larql.edit.rome import KeyMetric
 from larql.edit.stats import second_moments, token_budget
 from larql.edit.view import EditableVindex, installed, neuron_subjects
-from larql.edit.weight_edit import DECOY_SUBJECTS, HeldPrompt, WeightEditPlan, known_objects_many, plan_weight_edit
+from larql.edit.weight_edit import (
+    DECOY_SUBJECTS,
+    HeldMemo,
+    HeldPrompt,
+    WeightEditPlan,
+    known_objects_many,
+    plan_weight_edit,
+)
 from larql.edit.weight_op import WeightOp
 from larql.errors import EditError
 from larql.model.grad import require_backward
@@ -210,6 +217,7 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
         objects = dict(zip(subjects, known_objects_many(model, subjects, exclude))) if hold_objects else None
     if method == "neuron":
         by_layer = neuron_layer_plan(v, model, subjects, layers)
+        n_prefixes = neuron_prefixes(len(subjects))  # of the whole INSERT, not of one layer's share
         used = tuple(sorted(by_layer))
         try:
             # lowest layer first: a layer's inputs depend on the neurons below it, so each layer is planned
@@ -226,11 +234,11 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
                 earlier = {e: keys.get(e, e) for e in neuron_subjects(v)}
                 elsewhere = [HeldPrompt(text, f.subject, key=f.keyed) for f in facts if f.subject not in placed
                              for text in (f.subject, f.prompt)]
-                memo: dict[tuple[str, tuple[int, ...]], dict[int, np.ndarray]] = {}  # this layer's inputs, read once
+                memo: HeldMemo = {}  # this layer's inputs, read once for its plan and its settling
                 neuron_plan = plan_neuron_edit(model, [f for f in facts if f.subject in placed], layer, input_metric,
                                                v.overlay.next_feature(layer), DECOY_SUBJECTS if decoys is None else decoys,
                                                near, objects, earlier=earlier,
-                                               n_prefixes=neuron_prefixes(len(subjects)), elsewhere=elsewhere,
+                                               n_prefixes=n_prefixes, elsewhere=elsewhere,
                                                memo=memo)
                 v.patches.record_all(list(neuron_plan.ops))
                 # settled before the next layer is planned: its values are then optimised on what these

@@ -57,7 +57,15 @@ from larql.edit.overlay import MetaOverride
 from larql.edit.patch import NEURON_REASON, PatchOp
 from larql.edit.rome import CONSTRAINT_RIDGE, KeyMetric
 from larql.edit.value import ValueResult, optimise_values
-from larql.edit.weight_edit import VALUE_BATCH, HeldPrompt, dense_layers, group_by_subject, held_keys, held_prompts
+from larql.edit.weight_edit import (
+    VALUE_BATCH,
+    HeldMemo,
+    HeldPrompt,
+    dense_layers,
+    group_by_subject,
+    held_keys,
+    held_prompts,
+)
 from larql.errors import EditError
 from larql.model.ffn import gated
 from larql.model.forward import norm
@@ -233,7 +241,7 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metr
                      objects: Mapping[str, Sequence[str]] | None = None,
                      n_prefixes: int = N_PREFIXES, earlier: Mapping[str, str] | None = None,
                      elsewhere: Sequence[HeldPrompt] = (),
-                     memo: dict[tuple[str, tuple[int, ...]], dict[int, F32]] | None = None) -> NeuronPlan:
+                     memo: HeldMemo | None = None) -> NeuronPlan:
     """Compute (do not apply) one neuron per subject of `facts` at `layer` of `model` (whose FFN
     already carries the vindex's edits). `first`: the id of the first feature to add at the layer
     (the overlay's next_feature, the rest follow); `decoys`:

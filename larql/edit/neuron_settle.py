@@ -27,7 +27,7 @@ from larql.edit.neuron import THRESHOLD, THRESHOLD_RMS, neuron_gate
 from larql.edit.patch import PatchOp
 from larql.edit.rome import CONSTRAINT_RIDGE, KeyMetric
 from larql.edit.view import EditableVindex
-from larql.edit.weight_edit import HeldPrompt, held_keys
+from larql.edit.weight_edit import HeldMemo, HeldPrompt, held_keys
 from larql.model.model import Model
 
 F32 = NDArray[np.float32]
@@ -88,7 +88,7 @@ def settle_texts(facts: Sequence[Fact], earlier: Mapping[str, str], templates: i
 
 
 def settle_layer(v: EditableVindex, model: Model, ops: Sequence[PatchOp], texts: Mapping[str, Sequence[HeldPrompt]],
-                 metric: KeyMetric, memo: dict[tuple[str, tuple[int, ...]], dict[int, F32]] | None = None) -> Settled:
+                 metric: KeyMetric, memo: HeldMemo | None = None) -> Settled:
     """Settle one layer's new neuron inserts `ops` — the last ones recorded on `v`'s patch stack, put
     back settled — against every subject's `texts` (its own, and those of the subjects it must stay
     off) as the edited model reads them now."""

@@ -163,8 +163,12 @@ def held_prompts(facts: Sequence[Fact], decoys: Sequence[str], limit: int = MAX_
     return list(dict.fromkeys(prompts))
 
 
+# held_keys' columns already read, by (point, token ids up to the word) -> {layer: column}
+HeldMemo = dict[tuple[str, tuple[int, ...]], dict[int, F32]]
+
+
 def held_keys(model: Model, prompts: Sequence[HeldPrompt], layers: Sequence[int], point: str = "key",
-              memo: dict[tuple[str, tuple[int, ...]], dict[int, F32]] | None = None,
+              memo: HeldMemo | None = None,
               ) -> tuple[dict[int, F32], list[str | None]]:
     """Keys `(ffn, n)` per layer at the last token of each prompt's word (with `point="input"`, the
     MLP's normalised inputs `(hidden, n)` there instead), one per distinct text up to that token, and
@@ -181,6 +185,7 @@ def held_keys(model: Model, prompts: Sequence[HeldPrompt], layers: Sequence[int]
     memo = {} if memo is None else memo
     first = next(iter(runs), ())
     bos = first[:1] if len(first) > 1 else None  # position 0 reads the same in every run: one entry
+
     def known(run: tuple[int, ...]) -> bool:
         return all(layer in memo.get((point, run), {}) for layer in layers)
 
