@@ -264,9 +264,11 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metr
     def ffn_layers(i: int) -> DenseLayer:
         return dense(i, edits)
 
+    # a subject DESCRIBE's probes found nothing about has no other facts for the KL prompts to guard
+    unknown = {s for s, objs in objects.items() if not objs} if objects is not None else set()
     values: list[ValueResult] = []
     for i in range(0, len(groups), VALUE_BATCH):
-        values += optimise_values(model, groups[i: i + VALUE_BATCH], [layer], prefixes, ffn_layers)
+        values += optimise_values(model, groups[i: i + VALUE_BATCH], [layer], prefixes, ffn_layers, unknown=unknown)
     prompts = held_prompts(facts, decoys, neighbours=neighbours, objects=objects)
     held, owner_names = held_keys(model, prompts, [layer], point="input", memo=memo)
     templates = list(dict.fromkeys(f.prompt.replace(f.subject, "{}", 1) for f in facts))[:2]

@@ -119,6 +119,30 @@ def test_values_of_several_subjects_in_one_pass_equal_each_alone(deep_tiny: larq
             assert np.abs(got.deltas[layer] - alone.deltas[layer]).max() <= 1e-3 * scale
 
 
+def test_a_subject_the_model_knows_nothing_about_is_held_by_romes_kl_prompt_alone(
+        deep_tiny: larql.Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`unknown` subjects get UNKNOWN_KL_PROMPTS (fewer contexts), the others all of KL_PROMPTS, side
+    by side in one batch: each value is the one optimised alone with its own KL prompts."""
+    from larql.edit import value
+    from larql.edit.facts import Fact
+
+    known, unknown = [Fact("ab", "xx ab yy", "qq", "r")], [Fact("cd", "zz cd ww", "rs", "r")]
+    got = value.optimise_values(deep_tiny, [known, unknown], [1, 2], ["pp "], max_steps=8, unknown={"cd"})
+    assert len(value._group_prompts(deep_tiny, unknown, ["pp "], value.UNKNOWN_KL_PROMPTS).ctx_ids) == 2 + 1
+    alone_known = value.optimise_value(deep_tiny, known, [1, 2], ["pp "], max_steps=8)
+    monkeypatch.setattr(value, "KL_PROMPTS", value.UNKNOWN_KL_PROMPTS)
+    alone_unknown = value.optimise_value(deep_tiny, unknown, [1, 2], ["pp "], max_steps=8)
+    for batched, alone in ((got[0], alone_known), (got[1], alone_unknown)):
+        assert batched.steps == alone.steps
+        for layer in (1, 2):
+            scale = float(np.abs(alone.deltas[layer]).max())
+            assert np.abs(batched.deltas[layer] - alone.deltas[layer]).max() <= 1e-3 * scale
+    with_all = value.optimise_values(deep_tiny, [unknown], [1, 2], ["pp "], max_steps=8)[0]  # KL_PROMPTS patched
+    monkeypatch.undo()
+    with_three = value.optimise_values(deep_tiny, [unknown], [1, 2], ["pp "], max_steps=8)[0]
+    assert not np.allclose(with_three.deltas[1], with_all.deltas[1])  # the KL prompts do shape the value
+
+
 def test_a_value_that_cannot_win_within_the_small_bounds_is_optimised_again_with_romes(
         deep_tiny: larql.Model, monkeypatch: pytest.MonkeyPatch) -> None:
     """Values are kept small (value.CLAMP); a subject whose target cannot win within that clamp gets
