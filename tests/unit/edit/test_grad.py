@@ -143,6 +143,41 @@ def test_a_subject_the_model_knows_nothing_about_is_held_by_romes_kl_prompt_alon
     assert not np.allclose(with_three.deltas[1], with_all.deltas[1])  # the KL prompts do shape the value
 
 
+def test_the_value_step_makes_its_extra_steps_and_no_forward_pass_only_to_see_the_last(
+        deep_tiny: larql.Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After every target token wins (here: from the 3rd step on, as the loss says), EXTRA_STEPS more
+    updates are made and the loop ends: one forward and one backward pass per step, the last update
+    not run forward again only to be seen."""
+    from larql.edit import value
+    from larql.edit.facts import Fact
+
+    calls = {"loss": 0, "forward": 0, "backward": 0}
+    loss_grad, forward, backward = value._loss_grad, Tail.forward, Tail.backward
+
+    def wins_from_the_third(*a, **k):  # type: ignore[no-untyped-def]
+        calls["loss"] += 1
+        nll, _, dy = loss_grad(*a, **k)
+        return nll, calls["loss"] >= 3, dy
+
+    def count(name, fn):  # type: ignore[no-untyped-def]
+        def run(*a, **k):  # type: ignore[no-untyped-def]
+            calls[name] += 1
+            return fn(*a, **k)
+        return run
+
+    monkeypatch.setattr(value, "_loss_grad", wins_from_the_third)
+    monkeypatch.setattr(Tail, "forward", count("forward", forward))
+    monkeypatch.setattr(Tail, "backward", count("backward", backward))
+    for extra in (2, 1, 0):
+        monkeypatch.setattr(value, "EXTRA_STEPS", extra)
+        calls.update(loss=0, forward=0, backward=0)
+        got = value._optimise_values(deep_tiny, [[Fact("cd", "zz cd ww", "rs", "r")]], [1, 2], ["pp "], None, 25,
+                                     value.KL_WEIGHT, None, value.WEIGHT_DECAY, value.CLAMP)[0]
+        updates = 2 + extra  # two before the first top-1, then the extra ones
+        assert got.top1 and calls["backward"] == updates
+        assert got.steps == calls["forward"] == calls["loss"] == (updates if extra else 3)
+
+
 def test_a_value_that_cannot_win_within_the_small_bounds_is_optimised_again_with_romes(
         deep_tiny: larql.Model, monkeypatch: pytest.MonkeyPatch) -> None:
     """Values are kept small (value.CLAMP); a subject whose target cannot win within that clamp gets
