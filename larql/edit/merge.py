@@ -253,14 +253,19 @@ def _relocate(v: EditableVindex, ops: list[PatchOp | WeightOp], cur_facts: dict[
     feature): the incoming fact's operations move to the next least-used feature nobody edits; an
     added feature (both sessions numbered theirs from the layer's width) to the next free number."""
     in_facts = _facts(ops)
-    clash = sorted(slot for slot, op in in_facts.items() if slot in cur_facts
-                   and _key(op.entity, op.relation) != _key(cur_facts[slot].entity, cur_facts[slot].relation))
+    ov = v.overlay
+    clash = {slot for slot, op in in_facts.items() if slot in cur_facts
+             and _key(op.entity, op.relation) != _key(cur_facts[slot].entity, cur_facts[slot].relation)}
+    # an added feature without a fact (a DIFF of a vindex compiled with neurons) on one the session added
+    # too is another feature, not the same slot edited twice: it moves like a clashing fact
+    clash |= {(op.layer, op.feature) for op in ops if isinstance(op, PatchOp) and op.op == "insert"
+              and op.feature >= ov.widths[op.layer] and (op.layer, op.feature) not in in_facts
+              and _other_added(ov.added(op.layer).get(op.feature), op)}
     if not clash:
         return ops, []
     taken = {(op.layer, op.feature) for op in ops if isinstance(op, PatchOp)}
-    ov = v.overlay
     where: dict[tuple[int, int], int] = {}
-    for layer, feature in clash:
+    for layer, feature in sorted(clash):
         if feature >= ov.widths[layer]:  # both added a feature (METHOD NEURON): the incoming one goes after all
             mine = [f for l, f in taken if l == layer] + [new for (l, _), new in where.items() if l == layer]
             where[(layer, feature)] = max([ov.next_feature(layer) - 1, *mine]) + 1
@@ -272,11 +277,24 @@ def _relocate(v: EditableVindex, ops: list[PatchOp | WeightOp], cur_facts: dict[
             raise EditError(f"MERGE: layer {layer} has no free feature left for "
                             f"{in_facts[(layer, feature)].entity}; DELETE some inserted facts first")
         where[(layer, feature)] = free
-    moved = [(l, f, where[(l, f)], _label(cur_facts[(l, f)], v, _state(ov, l, f)),
-              f"{in_facts[(l, f)].entity} -[{in_facts[(l, f)].relation}]-> {in_facts[(l, f)].target}") for l, f in clash]
+    moved = [(l, f, where[(l, f)], _label(cur_facts.get((l, f)), v, _state(ov, l, f)),
+              f"{op.entity} -[{op.relation}]-> {op.target}" if (op := in_facts.get((l, f))) is not None
+              else _label(None, v, _incoming(ops, l, f))) for l, f in sorted(clash)]
     out = [dataclasses.replace(op, feature=where[(op.layer, op.feature)])
            if isinstance(op, PatchOp) and (op.layer, op.feature) in where else op for op in ops]
     return out, moved
+
+
+def _other_added(current: FeatureOverride | None, op: PatchOp) -> bool:
+    """Whether the session's added feature `current` is there and is not what `op` inserts."""
+    return current is not None and any(op.vectors.get(k) is None or not np.array_equal(op.vectors[k], getattr(current, k))
+                                       for k in ("gate", "up", "down"))
+
+
+def _incoming(ops: list[PatchOp | WeightOp], layer: int, feature: int) -> SlotState:
+    """What the last incoming insert at the slot says of it (for its label)."""
+    op = [o for o in ops if isinstance(o, PatchOp) and o.op == "insert" and (o.layer, o.feature) == (layer, feature)][-1]
+    return None, op.meta, False
 
 
 def _least_used(v: EditableVindex, layer: int) -> list[int]:

@@ -273,3 +273,31 @@ def test_merge_numbers_an_added_feature_after_the_ones_in_place(vxi: Path, tmp_p
     assert list(ov.added(2)) == [mine.feature, mine.feature + 1] and not ov.layer(2)
     assert np.array_equal(ov[(2, mine.feature)].down, mine.vectors["down"])
     assert np.array_equal(ov[(2, mine.feature + 1)].down, theirs.vectors["down"])
+
+
+def test_merge_moves_an_added_feature_without_a_fact_off_the_session_s_own(vxi: Path, tmp_path: Path) -> None:
+    """A DIFF of a vindex compiled with neurons gives its added features as inserts with no fact: one at
+    a number the session added a different feature at is another feature and goes after it; the
+    same feature merged again is already present."""
+    rng = np.random.default_rng(8)
+    other = session(vxi, f'BEGIN PATCH "{tmp_path / "d.vlp"}"')
+    width = other.vindex.overlay.widths[2]
+    theirs = PatchOp("insert", 2, width, {k: (3.0 * rng.standard_normal(64)).astype(np.float32)
+                                          for k in ("gate", "up", "down")}, MetaOverride((70,), (0.5,)), reason="DIFF")
+    other.vindex.patches.record(theirs)
+    execute("SAVE PATCH", other)
+    s = session(vxi)
+    vec = {k: (3.0 * rng.standard_normal(64)).astype(np.float32) for k in ("gate", "up", "down")}
+    s.vindex.patches.record(PatchOp("insert", 2, width, vec, MetaOverride((71,), (0.5,)), "omega", "colour", "blue",
+                                    reason="neuron: x"))
+    (res,) = execute(f'MERGE "{tmp_path / "d.vlp"}"', s)
+    ((layer, moved, kind, current, incoming, winner),) = res.rows
+    assert (layer, moved, kind, winner) == (2, f"{width} -> {width + 1}", "moved", "both")
+    assert "omega -[colour]-> blue" in current and incoming.startswith("writes ")
+    ov = s.vindex.overlay
+    assert list(ov.added(2)) == [width, width + 1]
+    assert np.array_equal(ov[(2, width)].down, vec["down"]) and np.array_equal(ov[(2, width + 1)].down, theirs.vectors["down"])
+    again = session(vxi)
+    again.vindex.patches.record(theirs)
+    (res,) = execute(f'MERGE "{tmp_path / "d.vlp"}"', again)
+    assert not res.rows and list(again.vindex.overlay.added(2)) == [width]
