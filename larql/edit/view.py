@@ -23,9 +23,12 @@ from larql.edit.patch import PatchOp, PatchStack, is_neuron
 from larql.vindex import knn
 from larql.vindex.store import FeatureMeta, Vindex, feature_meta, open_vindex
 
+F32 = NDArray[np.float32]
+
 if TYPE_CHECKING:  # the runtime (numba) is imported by model() only: USE and --plan do not need it
     from larql.model.model import Model
     from larql.model.tokenizer import TextTokenizer
+    from larql.quant import QuantMatrix
 
 
 class EditableVindex:
@@ -39,6 +42,8 @@ class EditableVindex:
         self.overlay = PatchOverlay(store.num_layers, max(widths), store.hidden, widths)
         self.patches = PatchStack(store, self.overlay)
         self._model: Model | None = None  # the walk model, built on first use (it repacks weights once)
+        # layer -> ((overlay revision, top_k), feature -> down_meta row computed from its down vector)
+        self._written_rows: dict[int, tuple[tuple[int, int], dict[int, tuple[NDArray[np.int64], F32]]]] = {}
 
     # -- read through to the store --------------------------------------------------------------
 
@@ -133,7 +138,39 @@ class EditableVindex:
             k = min(len(m.token_ids), top_k)
             ids[f], scores[f] = 0, 0.0
             ids[f, :k], scores[f, :k] = m.token_ids[:k], m.scores[:k]
+        for f, (row_ids, row_scores) in self._written(layer, set(metas) | gone, top_k).items():
+            ids[f], scores[f] = row_ids, row_scores
         return ids, scores
+
+    def _written(self, layer: int, skip: AbstractSet[int], top_k: int) -> dict[int, tuple[NDArray[np.int64], F32]]:
+        """down_meta rows of the features whose down vector the overlay holds and whose metadata it does
+        not (an added feature from a patch without down_meta, a down vector REBALANCE scaled): the
+        top_k tokens t by U[t] . down, as extraction computes them; kept until the overlay changes."""
+        edited = {**self.overlay.layer(layer), **self.overlay.added(layer)}
+        todo = sorted(f for f, ov in edited.items() if ov.down is not None and f not in skip)
+        kept = self._written_rows.get(layer)
+        if kept is not None and kept[0] == (self.overlay.revision, top_k):
+            return kept[1]
+        rows: dict[int, tuple[NDArray[np.int64], F32]] = {}
+        if todo:
+            unembed = self._unembedding()
+            downs = np.stack([edited[f].down for f in todo]).astype(np.float32)  # type: ignore[misc]  # (n, hidden)
+            top = unembed.top_k(downs, top_k)  # (n, k) by score, descending
+            exact = np.einsum("nkh,nh->nk", unembed.rows(top.reshape(-1)).reshape(*top.shape, -1), downs)
+            rows = {f: (top[i], exact[i].astype(np.float32)) for i, f in enumerate(todo)}
+        self._written_rows[layer] = ((self.overlay.revision, top_k), rows)
+        return rows
+
+    def _unembedding(self) -> QuantMatrix:
+        """What extraction scored down vectors against: the model's unembedding, or with no weights
+        the stored embeddings (a browse vindex; its model ties them)."""
+        from larql.quant import GGMLType, QuantMatrix  # numba: only when a row must be computed
+
+        if self.has_model_weights:
+            return self.model().weights.output
+        e = self.store.embeddings
+        qtype = GGMLType.F16 if e.dtype == np.float16 else GGMLType.F32
+        return QuantMatrix("embeddings", qtype, e.shape[0], e.shape[1], e.view(np.uint8).reshape(e.shape[0], -1))
 
     def feature_meta(self, layer: int, feature: int) -> FeatureMeta:
         return feature_meta(self, layer, feature)

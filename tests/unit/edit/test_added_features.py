@@ -211,3 +211,38 @@ def test_a_removed_added_feature_is_named_as_such_and_long_lists_stay_one_line(v
         ov.set_meta(2, FFN_WIDTH + 400, MetaOverride((1,), (0.1,)))
     assert str(err.value) == ("feature 464 is out of range (layer 2: features 0-63, 299 added up to 363; "
                               "METHOD NEURON adds features)")
+
+
+@pytest.mark.parametrize("level", ["inference", "browse"])
+def test_a_feature_whose_down_vector_has_no_metadata_shows_the_tokens_it_writes(
+        tmp_path_factory: pytest.TempPathFactory, level: str) -> None:
+    """An added feature from a patch without down_meta, and a base feature whose down vector was
+    replaced without metadata, show the top tokens of that vector over the unembedding (extraction's
+    down_meta rule, exact scores), recomputed when the vector changes; one with metadata shows it."""
+    path = tiny_vindex(tmp_path_factory.mktemp(level), TinySpec("gemma3", n_layers=3, ffn=FFN_WIDTH), seed=3,
+                       level=level, dtype="f16")
+    v = edit_vindex(path)
+    rng = np.random.default_rng(4)
+    unembed = v.store.embeddings.astype(np.float32)  # the tiny model ties them; its Q8_0 copy rounds alike
+    if level == "inference":
+        unembed = v.model().weights.output.dequantize()
+    top_k = v.store.down_meta(1)[0].shape[1]
+
+    def expected(down: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        s = unembed @ down
+        order = np.argsort(-s, kind="stable")[:top_k]
+        return order, s[order]
+
+    added, base, labelled = _feature(rng, v.hidden), _feature(rng, v.hidden), _feature(rng, v.hidden)
+    v.patches.record(PatchOp("insert", 1, FFN_WIDTH, added, None))
+    v.patches.record(PatchOp("update", 1, 5, {"down": base["down"]}))
+    v.patches.record(_insert(1, FFN_WIDTH + 1, labelled, tid=7))
+    ids, scores = v.down_meta(1)
+    for f, down in ((FFN_WIDTH, added["down"]), (5, base["down"])):
+        want_ids, want_scores = expected(down)
+        assert list(ids[f]) == list(want_ids)
+        np.testing.assert_allclose(scores[f], want_scores, rtol=1e-4, atol=1e-4)
+    assert ids[FFN_WIDTH + 1, 0] == 7 and scores[FFN_WIDTH + 1, 0] == np.float32(0.5)
+    assert np.array_equal(ids[4], v.store.down_meta(1)[0][4])  # untouched features read the store
+    v.patches.record(PatchOp("update", 1, 5, {"down": -base["down"]}))
+    assert list(v.down_meta(1)[0][5]) == list(expected(-base["down"])[0])
