@@ -9,8 +9,9 @@ layers' MLP outputs (before Gemma's post-FFN norm) at the subject's last token, 
 - delta stays small (weight decay relative to the MLP output's norm; a hard clamp at CLAMP times it).
 Optimised with Adam through `model.grad.Tail` (an exact hand-written backward pass), stopping two
 steps after every target token is the top-1 on every optimised prompt (ENCORE's MPES) or at
-`max_steps` (the last of those steps is not run forward again only to be seen). The keys (the down projection's inputs at the same token, averaged over the same
-prompts) come out of the same forward passes.
+`max_steps` (the last of those steps is not run forward again only to be seen). The keys (the down
+projection's inputs at the same token, averaged over the same prompts) come out of the same
+forward passes.
 
 The loss reads logits over candidate tokens only (the targets and the tokens that were likely at
 the scored positions, refreshed from the full vocabulary every REFRESH steps), which keeps the
