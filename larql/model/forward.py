@@ -57,6 +57,30 @@ def rms_norm(x: F32, weight: F32, eps: float) -> F32:
     return out
 
 
+def norm_rope(x: F32, weight: F32, eps: float, cos: F32, sin: F32, interleaved: bool) -> F32:
+    """apply_rope(rms_norm(x, weight, eps), cos, sin, interleaved) of float32 x `(T, heads, d)`, the
+    same bits (fused.norm_rope_rows), in one pass."""
+    x = np.ascontiguousarray(x)
+    out = np.empty_like(x)  # (T, heads, d)
+    fused.norm_rope_rows(x, np.ascontiguousarray(weight, dtype=np.float32).reshape(-1), np.float32(eps),
+                         np.ascontiguousarray(cos, dtype=np.float32), np.ascontiguousarray(sin, dtype=np.float32),
+                         bool(interleaved), out)
+    return out
+
+
+def add_normed(x: F32, a: F32, weight: F32 | None, eps: float) -> F32:
+    """The residual x `(T, hidden)` plus a block's output a, RMS-normed first when weight is given
+    (Gemma's sandwich norms): `x + rms_norm(a, weight, eps)`, the same bits, in one pass."""
+    if weight is None:
+        return x + a
+    if not (x.dtype == a.dtype == np.float32 and x.shape == a.shape and x.ndim == 2):
+        return x + rms_norm(a, weight, eps)
+    out = np.empty_like(x)  # (T, hidden)
+    fused.add_rms_norm_rows(np.ascontiguousarray(x), np.ascontiguousarray(a), np.ascontiguousarray(weight, dtype=np.float32),
+                            np.float32(eps), out)
+    return out
+
+
 def layer_norm(x: F32, weight: F32, bias: F32 | None, eps: float) -> F32:
     """(x - mean) / sqrt(var + eps) * weight + bias over the last axis (GPT-2's LayerNorm), float32."""
     x = np.asarray(x, dtype=np.float32)
@@ -125,16 +149,23 @@ class Forward:
         v = v.reshape(t, cfg.n_kv_heads, cfg.head_dim)  # (T, n_kv, d)
         if hooks:  # TransformerLens's hook_q / hook_k: the projections, before q/k norm and rotation
             q, k, v = run_hook(hooks, n.q, q, start), run_hook(hooks, n.k, k, start), run_hook(hooks, n.v, v, start)
+        rope = cfg.positions == "rope"
+        cos, sin = self.rope(i, segs) if rope else (_NO_ROPE, _NO_ROPE)  # (T, d/2)
+        q_norm, k_norm = (lw.q_norm, lw.k_norm) if cfg.qk_norm else (None, None)
         if cfg.qk_norm:
-            assert lw.q_norm is not None and lw.k_norm is not None  # qk_norm: the loader read both
-            q = rms_norm(q, lw.q_norm, cfg.norm_eps)  # (T, n_heads, d)
-            k = rms_norm(k, lw.k_norm, cfg.norm_eps)  # (T, n_kv, d)
-        if cfg.positions == "rope":
-            cos, sin = self.rope(i, segs)  # (T, d/2)
-            q = apply_rope(q, cos, sin, cfg.rope_interleaved)  # (T, n_heads, d)
-            k = apply_rope(k, cos, sin, cfg.rope_interleaved)  # (T, n_kv, d)
-            if hooks:
-                q, k = run_hook(hooks, n.rot_q, q, start), run_hook(hooks, n.rot_k, k, start)
+            assert q_norm is not None and k_norm is not None  # qk_norm: the loader read both
+        if q_norm is not None and k_norm is not None and rope and q.dtype == k.dtype == np.float32:  # one pass each
+            q = norm_rope(q, q_norm, cfg.norm_eps, cos, sin, cfg.rope_interleaved)  # (T, n_heads, d) normed, rotated
+            k = norm_rope(k, k_norm, cfg.norm_eps, cos, sin, cfg.rope_interleaved)  # (T, n_kv, d)
+        else:
+            if q_norm is not None and k_norm is not None:
+                q = rms_norm(q, q_norm, cfg.norm_eps)  # (T, n_heads, d)
+                k = rms_norm(k, k_norm, cfg.norm_eps)  # (T, n_kv, d)
+            if rope:
+                q = apply_rope(q, cos, sin, cfg.rope_interleaved)  # (T, n_heads, d)
+                k = apply_rope(k, cos, sin, cfg.rope_interleaved)  # (T, n_kv, d)
+        if rope and hooks:
+            q, k = run_hook(hooks, n.rot_q, q, start), run_hook(hooks, n.rot_k, k, start)
         scores_hook = pattern_hook = None
         if hooks:
             if n.scores in hooks:
@@ -196,15 +227,11 @@ class Forward:
         if hooks:
             x = run_hook(hooks, n.resid_pre, x, start)
         a = self.attention_block(i, lw, x, segs, hooks)  # (T, hidden)
-        if lw.post_attn_norm is not None:
-            a = rms_norm(a, lw.post_attn_norm, eps)
-        x = x + a  # (T, hidden)
+        x = add_normed(x, a, lw.post_attn_norm, eps)  # (T, hidden) x + norm(a), or x + a
         if hooks:
             x = run_hook(hooks, n.resid_mid, x, start)
         m = self.mlp_block(i, lw, x, hooks, start)  # (T, hidden)
-        if lw.post_ffn_norm is not None:
-            m = rms_norm(m, lw.post_ffn_norm, eps)
-        x = x + m  # (T, hidden)
+        x = add_normed(x, m, lw.post_ffn_norm, eps)  # (T, hidden)
         if hooks:
             x = run_hook(hooks, n.resid_post, x, start)
         return x

@@ -9,26 +9,53 @@ accumulated in float64 (8 partial sums), which is at least as accurate as numpy'
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+_F32, _F64, _I32, _I64 = ir.FloatType(), ir.DoubleType(), ir.IntType(32), ir.IntType(64)
+
+
+@intrinsic
+def _sum_squares8(typingctx, x):
+    """The 8 partial sums of `_sum_squares` over x's first n // 8 * 8 floats, combined as
+    ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)), float64: lane j adds float64(x[8i + j])^2
+    in order of i. LLVM IR (a numba intrinsic) so that the 8 sums are one vector register: as 8
+    scalars (or numba's array of 8) they stayed scalar, one float64 multiply-add per element (a
+    prefill's 256 x 640 norm: 47 us of its 77). A multiply then an add, as the scalar code: the
+    same bits. x: a C-contiguous float32 row."""
+    if not (isinstance(x, types.Array) and x.ndim == 1 and x.layout == "C" and x.dtype == types.float32):
+        return None
+    sig = types.float64(x)
+
+    def codegen(context, builder, signature, args):
+        a = context.make_array(signature.args[0])(context, builder, args[0])
+        n8 = builder.sdiv(cgutils.unpack_tuple(builder, a.shape)[0], ir.Constant(_I64, 8))
+        v8f32, v8f64 = ir.VectorType(_F32, 8), ir.VectorType(_F64, 8)
+        acc = cgutils.alloca_once_value(builder, ir.Constant(v8f64, None))
+        with cgutils.for_range(builder, n8) as loop:
+            ptr = builder.gep(a.data, [builder.mul(loop.index, ir.Constant(_I64, 8))], source_etype=_F32)
+            v = builder.fpext(builder.load(builder.bitcast(ptr, v8f32.as_pointer()), typ=v8f32, align=4), v8f64)
+            builder.store(builder.fadd(builder.load(acc), builder.fmul(v, v)), acc)
+        p = [builder.extract_element(builder.load(acc), ir.Constant(_I32, j)) for j in range(8)]
+        return builder.fadd(builder.fadd(builder.fadd(p[0], p[1]), builder.fadd(p[2], p[3])),
+                            builder.fadd(builder.fadd(p[4], p[5]), builder.fadd(p[6], p[7])))
+
+    return sig, codegen
 
 
 @njit(cache=True, fastmath=False)
 def _sum_squares(x):
-    """sum(x*x) of a float32 row in float64, in 8 interleaved partial sums: independent additions
-    that run side by side (one running sum waited ~4 cycles per element: a prefill's 256 x 640
-    norm took 0.2 ms), each still exact to float64 rounding."""
+    """sum(x*x) of a float32 row in float64, in 8 interleaved partial sums (`_sum_squares8`) and
+    the tail: independent additions that run side by side (one running sum waited ~4 cycles per
+    element: a prefill's 256 x 640 norm took 0.2 ms), each still exact to float64 rounding."""
     n = x.shape[0]
-    part = np.zeros(8, dtype=np.float64)
-    n8 = n // 8 * 8
-    for i in range(0, n8, 8):
-        for j in range(8):
-            v = np.float64(x[i + j])
-            part[j] += v * v
     tail = 0.0
-    for i in range(n8, n):
+    for i in range(n // 8 * 8, n):
         v = np.float64(x[i])
         tail += v * v
-    return (((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]))) + tail
+    return _sum_squares8(x) + tail  # type: ignore[call-arg]
 
 
 @njit(cache=True, fastmath=False)
@@ -39,6 +66,18 @@ def rms_norm_rows(x, weight, eps, out):
         inv = np.float32(1.0) / np.sqrt(np.float32(_sum_squares(x[r]) / n) + eps)
         for i in range(n):
             out[r, i] = (x[r, i] * inv) * weight[i]
+
+
+@njit(cache=True, fastmath=False)
+def add_rms_norm_rows(x, a, weight, eps, out):
+    """out[r] = x[r] + rms_norm(a[r]) * weight, x, a, out `[rows, n]` float32: a sandwich norm and
+    the residual add in one pass (`x + rms_norm_rows(a)`'s operations, so its bits), without the
+    normed rows' temporary and numpy's second pass over them."""
+    n = a.shape[1]
+    for r in range(a.shape[0]):
+        inv = np.float32(1.0) / np.sqrt(np.float32(_sum_squares(a[r]) / n) + eps)
+        for i in range(n):
+            out[r, i] = x[r, i] + (a[r, i] * inv) * weight[i]
 
 
 @njit(cache=True, fastmath=True)
@@ -139,3 +178,15 @@ def rope_rows(x, cos, sin, interleaved, out):
     for t in range(x.shape[0]):
         for h in range(x.shape[1]):
             _rope_row(x[t, h], cos[t], sin[t], interleaved, out[t, h])
+
+
+@njit(cache=True, fastmath=False)
+def norm_rope_rows(x, weight, eps, cos, sin, interleaved, out):
+    """rms_norm_rows of every head row of x `(T, heads, d)` (weight `[d]`), then rope_rows with cos,
+    sin `(T, d/2)`, into out: per row `decode_qk`'s two steps, so the same bits as the two passes,
+    without the normed copy between them (a Gemma 3 prefill's q and k: one pass each, not two)."""
+    tmp = np.empty(x.shape[2], dtype=np.float32)
+    for t in range(x.shape[0]):
+        for h in range(x.shape[1]):
+            _rms_norm_row(x[t, h], weight, eps, tmp)
+            _rope_row(tmp, cos[t], sin[t], interleaved, out[t, h])

@@ -36,6 +36,7 @@ from numba.extending import intrinsic
 from numpy.typing import NDArray
 
 from larql.quant import kernels
+from larql.quant.ir_parts import ir_row
 
 if TYPE_CHECKING:  # argmax_tiles imports this module's IR helpers
     from larql.quant.argmax_tiles import Tiled
@@ -59,14 +60,6 @@ HAVE_VNNI = host_has_vnni()
 
 
 # LLVM IR pieces the int8 row-dot intrinsics share (here and vindex/knn_kernels.py)
-def ir_row(context, builder, arr_type, arr, r, block_bytes):
-    """(a pointer to row r of a 2-D byte-addressed array, its number of `block_bytes` blocks)."""
-    a = context.make_array(arr_type)(context, builder, arr)
-    stride0 = cgutils.unpack_tuple(builder, a.strides)[0]
-    n_blocks = builder.sdiv(cgutils.unpack_tuple(builder, a.shape)[1], ir.Constant(_I64, block_bytes))
-    return builder.gep(a.data, [builder.mul(r, stride0)], source_etype=_I8), n_blocks
-
-
 def ir_add_scaled(builder, acc, dots, scale):
     """acc (8 x float32, in memory) += float(dots) (8 x int32) * scale (float32, splat)."""
     splat = builder.insert_element(ir.Constant(_V8F32, None), scale, ir.Constant(_I32, 0))

@@ -28,7 +28,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numpy.typing import NDArray
 
-from larql.quant.argmax import _quantize_activation, ir_row
+from larql.quant.argmax import _quantize_activation
+from larql.quant.ir_parts import ir_row, splat
 
 ROWS = 16  # rows per tile: the 16 int32 lanes of one 512-bit vector
 CHUNK = 64  # tiles per unit of parallel work (1,024 rows), each keeping its best score
@@ -69,11 +70,6 @@ def tile(raw: NDArray[np.uint8], packed: NDArray[np.uint8], scales: NDArray[np.u
                         dst[o + 64 * g + m] = src[b + 2 + 4 * g + m] ^ np.uint8(0x80)
 
 
-def _splat(builder, scalar, ty):  # type: ignore[no-untyped-def]
-    v = builder.insert_element(ir.Constant(ty, None), scalar, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, ty.count), None))
-
-
 @intrinsic
 def _tile_scores(typingctx, packed, scales, xq, corr, dx, t, out):  # type: ignore[no-untyped-def]
     """A of tile t's 16 rows into out[16 t .. 16 t + 15] (float32); returns their maximum.
@@ -104,19 +100,19 @@ def _tile_scores(typingctx, packed, scales, xq, corr, dx, t, out):  # type: igno
             k = loop.index
             base = builder.mul(k, ir.Constant(_I64, 512))
             c = builder.load(builder.gep(ca, [k], source_etype=_I32), typ=_I32)
-            parts = [_splat(builder, c, _V16I32), zero, zero, zero]
+            parts = [splat(builder, c, _V16I32), zero, zero, zero]
             for g in range(8):
                 w = builder.load(builder.gep(p_row, [builder.add(base, ir.Constant(_I64, 64 * g))], source_etype=_I8),
                                  typ=_V64I8, align=1)
                 x4 = builder.load(builder.gep(xa, [builder.add(builder.mul(k, ir.Constant(_I64, 8)), ir.Constant(_I64, g))], source_etype=_I32),
                                   typ=_I32)
-                xv = builder.bitcast(_splat(builder, x4, _V16I32), _V64I8)
+                xv = builder.bitcast(splat(builder, x4, _V16I32), _V64I8)
                 parts[g % 4] = builder.call(dp, [parts[g % 4], w, xv])
             s = builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
             d16 = builder.load(builder.gep(s_row, [builder.mul(k, ir.Constant(_I64, 32))], source_etype=_I8),
                                typ=_V16F16, align=1)
             scale = builder.fmul(builder.fpext(d16, _V16F32),
-                                 _splat(builder, builder.load(builder.gep(da, [k], source_etype=_F32), typ=_F32), _V16F32))
+                                 splat(builder, builder.load(builder.gep(da, [k], source_etype=_F32), typ=_F32), _V16F32))
             builder.store(builder.call(fma, [builder.sitofp(s, _V16F32), scale, builder.load(acc)]), acc)
         v = builder.load(acc)
         dst = builder.gep(oa, [builder.mul(args[5], ir.Constant(_I64, ROWS))], source_etype=_F32)

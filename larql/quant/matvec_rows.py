@@ -24,23 +24,11 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numpy.typing import NDArray
 
-from larql.quant.argmax import ir_row
+from larql.quant.ir_parts import hsum, in_pairs, ir_row, splat
 
 AHEAD = 4  # rows ahead to prefetch
 _I8, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
 _V16I8, _V16I32, _V16F32 = ir.VectorType(_I8, 16), ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
-
-
-def _splat(builder, scalar):  # type: ignore[no-untyped-def]
-    v = builder.insert_element(ir.Constant(_V16F32, None), scalar, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(v, v, ir.Constant(_V16I32, None))
-
-
-def _hsum(builder, v):  # type: ignore[no-untyped-def]
-    """The 16 lanes' sum: halve and add."""
-    for width in (8, 4, 2, 1):
-        v = builder.fadd(v, builder.shuffle_vector(v, v, ir.Constant(_V16I32, [(j + width) % 16 for j in range(16)])))
-    return builder.extract_element(v, ir.Constant(_I32, 0))
 
 
 def _make(group: int, offset: bool):  # type: ignore[no-untyped-def]
@@ -89,23 +77,18 @@ def _make(group: int, offset: bool):  # type: ignore[no-untyped-def]
                 v = builder.load(acc[j])
                 if group == 32:  # one scale: acc += s (q . x)
                     t = builder.call(fma, [qf[1], xs[1], builder.fmul(qf[0], xs[0])])
-                    v = builder.call(fma, [t, _splat(builder, ss[0]), v])
+                    v = builder.call(fma, [t, splat(builder, ss[0], _V16F32), v])
                 else:  # 16-groups: weights 0-15 take scale 2k, 16-31 scale 2k + 1
                     for h in range(2):
-                        v = builder.call(fma, [builder.fmul(qf[h], xs[h]), _splat(builder, ss[h]), v])
+                        v = builder.call(fma, [builder.fmul(qf[h], xs[h]), splat(builder, ss[h], _V16F32), v])
                 builder.store(v, acc[j])
                 if m is not None:
                     u = builder.load(at(ua, k, _F32, 1), typ=_F32)
                     builder.store(builder.call(fma1, [m, u, builder.load(macc[j])]), macc[j])
 
-            two = ir.Constant(_I64, 2)
-            with cgutils.for_range(builder, builder.sdiv(nb, two)) as loop:
-                block(builder.mul(loop.index, two), 0)
-                block(builder.add(builder.mul(loop.index, two), ir.Constant(_I64, 1)), 1)
-            with builder.if_then(builder.icmp_signed("!=", builder.srem(nb, two), ir.Constant(_I64, 0))):
-                block(builder.sub(nb, ir.Constant(_I64, 1)), 0)
+            in_pairs(builder, nb, block)
             v = builder.fadd(builder.load(acc[0]), builder.load(acc[1]))
-            total = builder.fadd(_hsum(builder, v), builder.fadd(builder.load(macc[0]), builder.load(macc[1])))
+            total = builder.fadd(hsum(builder, v), builder.fadd(builder.load(macc[0]), builder.load(macc[1])))
             builder.store(total, builder.gep(oo, [args[5]], source_etype=_F32))
             return context.get_dummy_value()
 
