@@ -36,6 +36,8 @@ COLUMNS = ("S", "ES", "PS", "NS", "RS", "ES_first", "PS_first", "NS_first", "tok
 def machine() -> dict:
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "numba_threads": os.environ.get("NUMBA_NUM_THREADS", "default"),
+            # what configure() left BLAS (one thread when the machine looked busy at start-up)
+            "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS", "default"),
             "load_average": os.getloadavg()}
 
 
