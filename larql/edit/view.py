@@ -126,7 +126,8 @@ class EditableVindex:
         empty (zeros, as the format writes an empty feature). Unedited layers are the store's views."""
         ids, scores = self.store.down_meta(layer)
         metas, gone = self.overlay.meta(layer), self.overlay.deleted(layer)
-        if not metas and not gone and not self.overlay.added(layer):
+        written = any(ov.down is not None for ov in self.overlay.layer(layer).values())  # a base down replaced
+        if not metas and not gone and not written and not self.overlay.added(layer):
             return ids, scores
         more = self.num_features(layer) - len(ids)  # added features' rows (a removed one's stays empty)
         ids = np.concatenate([ids, np.zeros((more, ids.shape[1]), ids.dtype)]) if more else ids.copy()
@@ -146,11 +147,11 @@ class EditableVindex:
         """down_meta rows of the features whose down vector the overlay holds and whose metadata it does
         not (an added feature from a patch without down_meta, a down vector REBALANCE scaled): the
         top_k tokens t by U[t] . down, as extraction computes them; kept until the overlay changes."""
-        edited = {**self.overlay.layer(layer), **self.overlay.added(layer)}
-        todo = sorted(f for f, ov in edited.items() if ov.down is not None and f not in skip)
-        kept = self._written_rows.get(layer)
+        kept = self._written_rows.get(layer)  # `skip` comes from the overlay too: the revision covers it
         if kept is not None and kept[0] == (self.overlay.revision, top_k):
             return kept[1]
+        edited = {**self.overlay.layer(layer), **self.overlay.added(layer)}
+        todo = sorted(f for f, ov in edited.items() if ov.down is not None and f not in skip)
         rows: dict[int, tuple[NDArray[np.int64], F32]] = {}
         if todo:
             unembed = self._unembedding()

@@ -246,3 +246,5 @@ def test_a_feature_whose_down_vector_has_no_metadata_shows_the_tokens_it_writes(
     assert np.array_equal(ids[4], v.store.down_meta(1)[0][4])  # untouched features read the store
     v.patches.record(PatchOp("update", 1, 5, {"down": -base["down"]}))
     assert list(v.down_meta(1)[0][5]) == list(expected(-base["down"])[0])
+    v.patches.record(PatchOp("update", 0, 3, {"down": base["down"]}))  # a layer with nothing added
+    assert list(v.down_meta(0)[0][3]) == list(expected(base["down"])[0])
