@@ -35,7 +35,7 @@ from numba.core import cgutils, config
 from numba.extending import intrinsic
 from numpy.typing import NDArray
 
-from larql.quant import kernels
+from larql.quant import dot_kernels, kernels
 from larql.quant.ir_parts import ir_row
 
 if TYPE_CHECKING:  # argmax_tiles imports this module's IR helpers
@@ -205,11 +205,11 @@ def argmax_q8_0(raw: NDArray[np.uint8], norms: NDArray[np.float64] | None, x: ND
             rows = candidate_rows(raw, norms, x)
     if rows is None:
         out = np.empty(raw.shape[0], dtype=np.float32)
-        kernels.matvec_q8_0(raw, raw.view(np.int8), tab, x, out)
+        dot_kernels.matvec_q8_0(raw, raw.view(np.int8), tab, x, out)
         return int(np.argmax(out))
     sub = np.ascontiguousarray(raw[rows])
     exact = np.empty(len(rows), dtype=np.float32)
-    kernels.matvec_q8_0(sub, sub.view(np.int8), tab, x, exact)  # the full matvec's kernel: the same bits per row
+    dot_kernels.matvec_q8_0(sub, sub.view(np.int8), tab, x, exact)  # the full matvec's kernel: the same bits per row
     return int(rows[int(np.argmax(exact))])
 
 

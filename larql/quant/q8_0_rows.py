@@ -2,7 +2,7 @@
 prefill's last position (Gemma 3's 262,144 x 640 Q8_0 tied embedding, 178 MB) and argmax.py's exact
 rescoring of the candidate rows.
 
-kernels.py's `_dot_q8_0` keeps its 32 partial sums in a numba array, which LLVM cannot hold in
+dot_kernels.py's `_dot_q8_0` keeps its 32 partial sums in a numba array, which LLVM cannot hold in
 registers: every block's multiply-adds wait on a store and a reload of that array, and the lm_head
 took ~12 ms on one core as on two (the loop, not the memory, set the pace). Here the row loop is
 LLVM IR (a numba intrinsic, as matvec_rows.py's and argmax.py's), the accumulators are SSA values,

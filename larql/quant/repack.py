@@ -18,7 +18,8 @@ from numba import njit, prange
 from numpy.typing import NDArray
 
 from larql.quant import matvec_rows
-from larql.quant.kernels import _k_scale_min, _lane_sum, _u16, _u32
+from larql.quant.dot_kernels import _lane_sum
+from larql.quant.kernels import _k_scale_min, _u16, _u32
 from larql.quant.types import GGMLType
 
 REPACKABLE = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,

@@ -15,7 +15,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import QuantError
-from larql.quant import argmax, argmax_tiles, kernels, reference, repack
+from larql.quant import argmax, argmax_tiles, dot_kernels, kernels, reference, repack
 from larql.quant.types import BLOCK_LAYOUT, GGMLType, row_bytes
 
 # what every kernel takes first: (qtype, block_size, type_size, raw rows, the same bytes as int8, f16/bf16 table)
@@ -236,20 +236,20 @@ class QuantMatrix:
         if x.ndim == 1 or x.shape[0] == 1:
             out = np.empty(self.n_rows, dtype=np.float32)
             args = self._args(self.raw)
-            kernel = kernels.MATVEC.get(args[0])
+            kernel = dot_kernels.MATVEC.get(args[0])
             if kernel is not None:
                 kernel(*args[3:], x.reshape(-1), out)
             else:
-                kernels.matvec_generic(*args, x.reshape(-1), out)
+                dot_kernels.matvec_generic(*args, x.reshape(-1), out)
             return out if x.ndim == 1 else out.reshape(1, -1)
         if x.shape[0] <= SMALL_BATCH:
             out = np.empty((x.shape[0], self.n_rows), dtype=np.float32)
             args = self._args(self.raw)
-            small = kernels.MATMUL_SMALL.get(args[0])
+            small = dot_kernels.MATMUL_SMALL.get(args[0])
             if small is not None:
                 small(*args[3:], x, out)
             else:
-                kernels.matmul_small_generic(*args, x, out)
+                dot_kernels.matmul_small_generic(*args, x, out)
             return out
         out = np.empty((x.shape[0], self.n_rows), dtype=np.float32)
         with _one_numba_thread():

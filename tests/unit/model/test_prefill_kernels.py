@@ -10,7 +10,7 @@ import pytest
 from larql.model import attention as att
 from larql.model import fused, prefill_ops
 from larql.model.forward import add_normed, norm_rope, rms_norm
-from larql.quant import kernels, q8_0_rows
+from larql.quant import dot_kernels, kernels, q8_0_rows
 
 _C = np.float32(np.sqrt(2.0 / np.pi))
 
@@ -164,7 +164,7 @@ def test_q8_0_matvec_is_the_product_within_its_rounding_bound(rows: int, cols: i
     bound = 1.01 * (cols + 2) * 2.0 ** -24 * np.linalg.norm(w, axis=1) * np.linalg.norm(x.astype(np.float64))
     assert np.all(np.abs(out - exact) <= bound)
     via_table = np.empty(rows, dtype=np.float32)
-    kernels.matvec_q8_0(raw, raw.view(np.int8), kernels.F16_TO_F32, x, via_table)  # the MATVEC entry: this kernel
+    dot_kernels.matvec_q8_0(raw, raw.view(np.int8), kernels.F16_TO_F32, x, via_table)  # the MATVEC entry: this kernel
     assert np.array_equal(via_table, out)
     sub = np.ascontiguousarray(raw[rows // 2:])  # a row's value does not depend on the rows around it
     part = np.empty(len(sub), dtype=np.float32)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from larql.quant import GGMLType, argmax, kernels
+from larql.quant import GGMLType, argmax, dot_kernels, kernels
 from tests.unit.quant.test_kernels import random_matrix
 
 needs_vnni = pytest.mark.skipif(not argmax.HAVE_VNNI, reason="no AVX-512 VNNI: argmax_matvec is np.argmax of matmul")
@@ -13,7 +13,7 @@ needs_vnni = pytest.mark.skipif(not argmax.HAVE_VNNI, reason="no AVX-512 VNNI: a
 
 def _exact(raw: np.ndarray, x: np.ndarray) -> np.ndarray:
     out = np.empty(raw.shape[0], dtype=np.float32)
-    kernels.matvec_q8_0(raw, raw.view(np.int8), kernels.F16_TO_F32, x, out)
+    dot_kernels.matvec_q8_0(raw, raw.view(np.int8), kernels.F16_TO_F32, x, out)
     return out
 
 
