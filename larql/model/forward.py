@@ -253,6 +253,14 @@ class Forward:
         x = self.run(segs, np.concatenate(ids), None)  # (sum T_b, hidden)
         return self.logits(x if rows is None else x[rows], None, 0)  # (rows, vocab)
 
+    def batch_top1(self, ids: list[NDArray[np.int64]], caches: list[KVCache]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        """`batch` at each sequence's last row, reduced to the greedy token and its log-probability
+        `(B,)` each, the lm_head a chunk of the vocabulary at a time (QuantMatrix.top1)."""
+        bounds = np.cumsum([0, *(len(a) for a in ids)])
+        segs = [Segment(int(lo), int(hi), c, c.length) for lo, hi, c in zip(bounds[:-1], bounds[1:], caches)]
+        x = self.run(segs, np.concatenate(ids), None)  # (sum T_b, hidden)
+        return self.w.output.top1(self.final_norm(x[bounds[1:] - 1], None, 0), self.cfg.final_softcap)
+
     def observe(self, ids: list[NDArray[np.int64]], caches: list[KVCache], names: set[str], last_layer: int) -> dict[str, F32]:
         """The activations at `names` (hook points of layers <= `last_layer`, none inside attention)
         of the packed sequences `ids`, each `(sum T_b, ...)` in packing order; the pass stops after

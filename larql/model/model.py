@@ -207,6 +207,13 @@ class Model:
         arrs, caches = self._check_batch(batch, caches)
         return self._forward.batch(arrs, caches, np.cumsum([len(a) for a in arrs]) - 1)  # (batch, vocab)
 
+    def next_top1_batch(self, batch: Sequence[list[int] | NDArray[np.int64]],
+                        caches: list[KVCache] | None = None) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        """`next_logits_batch`'s argmax per sequence (exactly) and its log-probability (float64),
+        `[batch]` each, without the `[batch, vocab]` logits: many greedy continuations at once."""
+        arrs, caches = self._check_batch(batch, caches)
+        return self._forward.batch_top1(arrs, caches)
+
     def generate_batch(self, prompts: Sequence[list[int]], max_new_tokens: int = 32,
                        stop_at_eos: bool = True) -> list[list[int]]:
         """Greedy continuations of several prompts (token ids), stepped together: each the ids

@@ -275,6 +275,44 @@ class QuantMatrix:
                 argmax.topk_update(part, rows.start, ids, vals)
         return ids.astype(np.int64)
 
+    def top1(self, x: NDArray[np.float32], softcap: float = 0.0) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        """Per row of x `[t, n_cols]`: the id of the largest entry of x @ W.T — soft-capped first,
+        cap * tanh(s / cap), where `softcap` is set — and its log-probability under the row's softmax
+        `[t]` each: greedy decoding's token and its probability without holding the `[t, n_rows]`
+        product (a batch of 256 probes over Gemma's 262k-row unembedding). The scores are `matmul`'s
+        (its kernel for a small batch, the same chunks otherwise), so the id is argmax(matmul) exactly;
+        the log-probability is summed in float64 a chunk at a time."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != self.n_cols:
+            raise QuantError(f"{self.name}: top1 takes rows of {self.n_cols} values, not shape {list(x.shape)}")
+        best = np.full(len(x), -np.inf, np.float32)
+        ids = np.zeros(len(x), np.int64)
+        total = np.zeros(len(x), np.float64)  # sum of exp(score - best) so far
+
+        def update(scores: NDArray[np.float32], base: int) -> None:
+            if softcap:
+                cap = np.float32(softcap)
+                scores = np.tanh(scores / cap) * cap  # forward.logits' formula, the same bits
+            arg = scores.argmax(axis=1)
+            top = scores[np.arange(len(x)), arg]
+            better = top > best  # strictly: an equal score keeps the earlier (lower) id, as argmax
+            new_best = np.maximum(best, top)
+            total[:] = total * np.exp((best - new_best).astype(np.float64)) + np.exp(
+                scores - new_best[:, None]).sum(axis=1, dtype=np.float64)
+            ids[better] = base + arg[better]
+            best[:] = new_best
+
+        if len(x) <= SMALL_BATCH:
+            update(self.matmul(x), 0)
+        else:
+            part = np.empty((len(x), min(CHUNK_ROWS, self.n_rows)), np.float32)
+            with _one_numba_thread():
+                for rows, weights in self._float_chunks():
+                    scores = part[:, : rows.stop - rows.start]
+                    np.matmul(x, weights.T, out=scores)
+                    update(scores, rows.start)
+        return ids, -np.log(total)
+
     def _float_chunks(self) -> Iterator[tuple[slice, NDArray[np.float32]]]:
         """The weights as float32, CHUNK_ROWS rows at a time (dequantized into a reused scratch)."""
         for start in range(0, self.n_rows, CHUNK_ROWS):

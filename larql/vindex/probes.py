@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from larql.model import Model
-from larql.model.generate import log_softmax
 from larql.vindex.describe import Edge, clean_token, is_content_token
 
 # The bar a probe's first answer token must clear to be shown, chosen on measured data
@@ -85,23 +84,25 @@ def _run_pairs(model: Model, pairs: Sequence[tuple[RelationTemplate, str]],
     starts = [model.prefixes.start(model, ("probe", t.template), ids, MAX_ANSWER_TOKENS)
               for (t, _), ids in zip(pairs, prompts)]
     caches = [cache for cache, _ in starts]
-    logits = model.next_logits_batch([rest for _, rest in starts], caches)  # (pairs, vocab)
+    first, logp = model.next_top1_batch([rest for _, rest in starts], caches)  # (pairs,) each
     for (t, _), ids, cache in zip(pairs, prompts, caches):
         model.prefixes.keep(model, ("probe", t.template), ids, cache)
-    answers = [[int(t)] for t in logits.argmax(-1)]
-    probs = [float(np.exp(log_softmax(row)[a[0]])) for row, a in zip(logits, answers)]
+    answers = [[int(t)] for t in first]
+    probs = [float(p) for p in np.exp(logp)]
     running = [b for b, p in enumerate(probs) if p >= min_prob]
     for _ in range(MAX_ANSWER_TOKENS - 1):
         running = [b for b in running if not any(stop in model.detokenize(answers[b]) for stop in STOPS)]
         if not running:
             break
-        logits = model.next_logits_batch([[answers[b][-1]] for b in running], [caches[b] for b in running])
-        for b, row in zip(running, logits):
-            answers[b].append(int(np.argmax(row)))
+        step, _ = model.next_top1_batch([[answers[b][-1]] for b in running], [caches[b] for b in running])
+        for b, token in zip(running, step):
+            answers[b].append(int(token))
     return [(_answer_text(model, a), p) for a, p in zip(answers, probs)]
 
 
-PAIRS_PER_BATCH = 64  # (template, entity) probes run together by probe_edges_many
+# (template, entity) probes run together by probe_edges_many: the lm_head's chunks are dequantized once
+# a batch, and its product runs at 2.3 ms a row at 256 rows against 4.9 at 64 (gemma3-270m, two threads)
+PAIRS_PER_BATCH = 256
 
 
 def probe_edges_many(model: Model, entities: Sequence[str], templates: tuple[RelationTemplate, ...] = TEMPLATES,

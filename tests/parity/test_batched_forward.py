@@ -74,6 +74,20 @@ def test_batched_greedy_continuation_equals_one_by_one(real_model: larql.Model) 
         assert worst(logits[b], alone) <= TOL, f"sequence {b}: last step differs"
 
 
+def test_next_top1_batch_is_the_argmax_of_next_logits_batch(real_model: larql.Model) -> None:
+    """The greedy token of each sequence exactly as next_logits_batch's argmax, and its log-probability,
+    from a batch past the small-batch kernels' 16 rows (the lm_head in chunks) and from one row."""
+    m = real_model
+    batch = [m.tokenize(p) for p in PROMPTS] * 4
+    for part in (batch, batch[:1]):
+        logits = m.next_logits_batch(part).astype(np.float64)
+        ids, logp = m.next_top1_batch(part)
+        assert np.array_equal(ids, logits.argmax(-1))
+        shifted = logits - logits.max(-1, keepdims=True)
+        want = -np.log(np.exp(shifted).sum(-1))  # log p of the top token
+        np.testing.assert_allclose(logp, want, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_batch_equals_one_by_one_on_every_architecture(arch: str) -> None:
     m = larql.load(REFS / arch)

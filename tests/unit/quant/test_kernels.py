@@ -108,6 +108,31 @@ def test_top_k_is_the_k_largest_of_the_product(qtype: GGMLType, monkeypatch: pyt
         m.top_k(x[0], 3)
 
 
+@pytest.mark.parametrize("n", [3, 40], ids=["small-batch kernel", "chunks"])
+@pytest.mark.parametrize("softcap", [0.0, 4.0], ids=["plain", "soft-capped"])
+def test_top1_is_the_argmax_of_the_product_and_its_log_probability(n: int, softcap: float,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """top1 over weight-row chunks (three here, the last one short) gives matmul's argmax exactly
+    (the first on a tie, as np.argmax) and the log-softmax of the soft-capped scores there."""
+    monkeypatch.setattr(tensor, "CHUNK_ROWS", 32)
+    m = random_matrix(GGMLType.Q8_0, 70, 512, seed=5)
+    x = np.random.default_rng(9).standard_normal((n, 512)).astype(np.float32)
+    x[1] = 0.0  # every score 0: a 70-way tie, id 0
+    scores32 = m.matmul(x)  # (n, 70)
+    if softcap:  # as forward.logits caps them: saturated scores tie, and the first id wins
+        scores32 = np.tanh(scores32 / np.float32(softcap)) * np.float32(softcap)
+    scores = scores32.astype(np.float64)
+    ids, logp = m.top1(x, softcap)
+    assert ids.dtype == np.int64 and logp.dtype == np.float64
+    assert np.array_equal(ids, scores32.argmax(axis=1)) and ids[1] == 0
+    top = scores.max(axis=1)
+    want = scores[np.arange(n), ids] - top - np.log(np.exp(scores - top[:, None]).sum(axis=1))  # log-softmax there
+    np.testing.assert_allclose(logp, want, rtol=0, atol=1e-5)
+    assert logp[1] == pytest.approx(-np.log(70))
+    with pytest.raises(QuantError, match="top1 takes rows of 512 values"):
+        m.top1(x[0])
+
+
 def test_rows_gathers_embeddings() -> None:
     m = random_matrix(GGMLType.Q8_0, 50, 64)
     full = m.dequantize()
