@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from larql.edit.capture import LowerLayers
 from larql.edit.evaluate import EVAL_PREFIX_SEED, EVAL_PREFIXES, Scorer, unrelated_logps
 from larql.edit.facts import Fact, model_prefixes
 from larql.edit.methods import (
@@ -219,6 +220,7 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
         by_layer = neuron_layer_plan(v, model, subjects, layers)
         n_prefixes = neuron_prefixes(len(subjects))  # of the whole INSERT, not of one layer's share
         used = tuple(sorted(by_layer))
+        lower = LowerLayers(min(used))  # nothing below the lowest layer changes in this INSERT
         try:
             # lowest layer first: a layer's inputs depend on the neurons below it, so each layer is planned
             # on the inputs it will see (1,000 fictional facts over layers 3-8 planned in filling order,
@@ -239,13 +241,14 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
                                                v.overlay.next_feature(layer), DECOY_SUBJECTS if decoys is None else decoys,
                                                near, objects, earlier=earlier,
                                                n_prefixes=n_prefixes, elsewhere=elsewhere,
-                                               memo=memo)
+                                               memo=memo, lower=lower)
                 v.patches.record_all(list(neuron_plan.ops))
                 # settled before the next layer is planned: its values are then optimised on what these
                 # neurons really do (settling all layers after the fact, against values that had learnt to
                 # live with the leaks, took 1,000 fictional facts from ES 82.1 to 53.9)
                 if input_metric.bias is not None:
-                    settle_layer(v, model, list(neuron_plan.ops), settle_texts(facts, earlier), input_metric, memo)
+                    settle_layer(v, model, list(neuron_plan.ops), settle_texts(facts, earlier), input_metric, memo,
+                                 lower)
         except BaseException:  # an error or Ctrl-C: nothing half-applied
             v.patches.undo(len(v.patches.pending) - recorded)
             raise

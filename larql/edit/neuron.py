@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.capture import capture_batch
+from larql.edit.capture import LowerLayers, capture_batch
 from larql.edit.facts import Fact, model_prefixes, subject_position
 from larql.edit.feature_insert import target_direction
 from larql.edit.methods import N_PREFIXES
@@ -110,7 +110,7 @@ FIRE_CONTEXTS = ("{}",)
 
 def subject_inputs(model: Model, layer: int, subjects: Sequence[str],
                    contexts: Sequence[str] = FIRE_CONTEXTS, keys: Mapping[str, str] | None = None,
-                   texts: Mapping[str, Sequence[str]] | None = None) -> list[F32]:
+                   texts: Mapping[str, Sequence[str]] | None = None, lower: LowerLayers | None = None) -> list[F32]:
     """The MLP's normalised inputs `(hidden, n)` at each subject's last token (its key's, where `keys`
     names one) in each of `contexts` (texts opening with them) and of its own `texts` (which contain
     it), less any where that token would be the text's first (a model without BOS, a one-token
@@ -121,7 +121,7 @@ def subject_inputs(model: Model, layer: int, subjects: Sequence[str],
     at = [[subject_position(model, t, s, (keys or {}).get(s))
            for t in [*(c.format(s) for c in contexts), *(texts or {}).get(s, ())]] for s in subjects]
     runs = [ids[: s + 1] for row in at for ids, s in row if s > 0]
-    seen = iter(capture_batch(model, runs, [name]) if runs else [])
+    seen = iter(capture_batch(model, runs, [name], lower) if runs else [])
     out: list[F32] = []
     for row in at:
         cols = [next(seen)[name][s] for _, s in row if s > 0]
@@ -241,7 +241,7 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metr
                      objects: Mapping[str, Sequence[str]] | None = None,
                      n_prefixes: int = N_PREFIXES, earlier: Mapping[str, str] | None = None,
                      elsewhere: Sequence[HeldPrompt] = (),
-                     memo: HeldMemo | None = None) -> NeuronPlan:
+                     memo: HeldMemo | None = None, lower: LowerLayers | None = None) -> NeuronPlan:
     """Compute (do not apply) one neuron per subject of `facts` at `layer` of `model` (whose FFN
     already carries the vindex's edits). `first`: the id of the first feature to add at the layer
     (the overlay's next_feature, the rest follow); `decoys`:
@@ -250,7 +250,8 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metr
     what it is keyed on (`methods.subject_keys`), held where a new neuron comes near them
     (`neuron_directions`); `elsewhere`: texts of the subjects whose neurons sit at other layers (this
     batch's and earlier ones'), held where a new neuron opens on them; `memo`: `held_keys`' columns
-    at this layer read before (and kept for settling)."""
+    at this layer read before (and kept for settling); `lower`: the texts' residuals below the layer,
+    kept across an INSERT's layers (`capture.LowerLayers`)."""
     if not facts:
         raise EditError("no facts to edit")
     if not 0 <= layer < model.config.n_layers:
@@ -270,11 +271,11 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metr
     for i in range(0, len(groups), VALUE_BATCH):
         values += optimise_values(model, groups[i: i + VALUE_BATCH], [layer], prefixes, ffn_layers, unknown=unknown)
     prompts = held_prompts(facts, decoys, neighbours=neighbours, objects=objects)
-    held, owner_names = held_keys(model, prompts, [layer], point="input", memo=memo)
+    held, owner_names = held_keys(model, prompts, [layer], point="input", memo=memo, lower=lower)
     templates = list(dict.fromkeys(f.prompt.replace(f.subject, "{}", 1) for f in facts))[:2]
     before = [HeldPrompt(t.format(e), e, key=k) for e, k in (earlier or {}).items()
               for t in ("{}", *templates)] + list(elsewhere)
-    candidates = held_keys(model, before, [layer], point="input", memo=memo)[0][layer] if before else None
+    candidates = held_keys(model, before, [layer], point="input", memo=memo, lower=lower)[0][layer] if before else None
     index = {group[0].subject: j for j, group in enumerate(groups)}
     owners = [-1 if o is None else index[o] for o in owner_names]
     features = list(range(first, first + len(groups)))
@@ -287,7 +288,8 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metr
     # value, and the edit missed its own prompt
     more = subject_inputs(model, layer, [group[0].subject for group in groups],
                           keys={group[0].subject: group[0].keyed for group in groups},
-                          texts={group[0].subject: list(dict.fromkeys(f.prompt for f in group)) for group in groups})
+                          texts={group[0].subject: list(dict.fromkeys(f.prompt for f in group)) for group in groups},
+                          lower=lower)
     fire = [np.concatenate([inputs[:, j: j + 1], x], axis=1) for j, x in enumerate(more)]
     bias = input_metric.bias
     holds = (THRESHOLD_NEAR_OTHERS, THRESHOLD_LEAK) if bias is not None else (NEAR_OTHERS, LEAK)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numpy.typing import NDArray
 
+from larql.edit.capture import LowerLayers
 from larql.edit.facts import Fact
 from larql.edit.neuron import THRESHOLD, THRESHOLD_RMS, neuron_gate
 from larql.edit.patch import PatchOp
@@ -88,13 +89,13 @@ def settle_texts(facts: Sequence[Fact], earlier: Mapping[str, str], templates: i
 
 
 def settle_layer(v: EditableVindex, model: Model, ops: Sequence[PatchOp], texts: Mapping[str, Sequence[HeldPrompt]],
-                 metric: KeyMetric, memo: HeldMemo | None = None) -> Settled:
+                 metric: KeyMetric, memo: HeldMemo | None = None, lower: LowerLayers | None = None) -> Settled:
     """Settle one layer's new neuron inserts `ops` — the last ones recorded on `v`'s patch stack, put
     back settled — against every subject's `texts` (its own, and those of the subjects it must stay
     off) as the edited model reads them now."""
     layer = ops[0].layer
     inputs, owners = held_keys(model, [p for ps in texts.values() for p in ps], [layer],
-                               point="input", memo=memo)
+                               point="input", memo=memo, lower=lower)
     x = inputs[layer]  # (hidden, n)
     who = np.array([o if o is not None else "" for o in owners], dtype=object)
     out, moved, held = list(ops), 0, 0

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.capture import capture_batch
+from larql.edit.capture import LowerLayers, capture_batch
 from larql.edit.facts import Fact, model_prefixes, subject_position
 from larql.edit.methods import N_PREFIXES
 from larql.edit.rome import KeyMetric, LowRankDelta, solve_update
@@ -168,14 +168,15 @@ HeldMemo = dict[tuple[str, tuple[int, ...]], dict[int, F32]]
 
 
 def held_keys(model: Model, prompts: Sequence[HeldPrompt], layers: Sequence[int], point: str = "key",
-              memo: HeldMemo | None = None,
+              memo: HeldMemo | None = None, lower: LowerLayers | None = None,
               ) -> tuple[dict[int, F32], list[str | None]]:
     """Keys `(ffn, n)` per layer at the last token of each prompt's word (with `point="input"`, the
     MLP's normalised inputs `(hidden, n)` there instead), one per distinct text up to that token, and
     whom each column is held for; the first prompt's BOS is held too. `memo`: columns read before
     from the model as it still is at these layers, read again from there and added to (a caller
     keeps one while nothing below the layers changes: METHOD NEURON's plan and settling of a layer
-    read many of the same texts, and a layer's own neurons do not change its input)."""
+    read many of the same texts, and a layer's own neurons do not change its input); `lower`: the
+    texts' residuals below the layers, kept across them (`capture.LowerLayers`)."""
     runs: dict[tuple[int, ...], tuple[int, str | None]] = {}  # "Barcelona is" and "Barcelona was" share a key
     for p in prompts:
         ids, s = subject_position(model, p.text, p.word, p.key)
@@ -190,7 +191,7 @@ def held_keys(model: Model, prompts: Sequence[HeldPrompt], layers: Sequence[int]
         return all(layer in memo.get((point, run), {}) for layer in layers)
 
     todo = [r for r in runs if not known(r) or (r == first and bos is not None and not known(bos))]
-    for run, seen in zip(todo, capture_batch(model, todo, names)):
+    for run, seen in zip(todo, capture_batch(model, todo, names, lower)):
         if point == "input":
             seen = {name: norm(model.config, seen[name], model.weights.layers[layer].ffn_norm)
                     for layer, name in zip(layers, names)}

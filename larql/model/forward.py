@@ -261,10 +261,13 @@ class Forward:
         x = self.run(segs, np.concatenate(ids), None)  # (sum T_b, hidden)
         return self.w.output.top1(self.final_norm(x[bounds[1:] - 1], None, 0), self.cfg.final_softcap)
 
-    def observe(self, ids: list[NDArray[np.int64]], caches: list[KVCache], names: set[str], last_layer: int) -> dict[str, F32]:
+    def observe(self, ids: list[NDArray[np.int64]], caches: list[KVCache], names: set[str], last_layer: int,
+                first_layer: int = 0, resid: F32 | None = None) -> dict[str, F32]:
         """The activations at `names` (hook points of layers <= `last_layer`, none inside attention)
         of the packed sequences `ids`, each `(sum T_b, ...)` in packing order; the pass stops after
-        `last_layer`. Read-only: nothing is changed, so packed rows need no per-sequence positions."""
+        `last_layer`, and starts at `first_layer` from `resid` `(sum T_b, hidden)`, the residual
+        entering it, where given. Read-only: nothing is changed, so packed rows need no per-sequence
+        positions."""
         bounds = np.cumsum([0, *(len(a) for a in ids)])
         segs = [Segment(int(lo), int(hi), c, c.length) for lo, hi, c in zip(bounds[:-1], bounds[1:], caches)]
         for s in segs:
@@ -275,8 +278,8 @@ class Forward:
             got[name] = np.array(x, dtype=np.float32, copy=True)
 
         hooks: Hooks = {n: keep for n in names}
-        x = self.embed(np.concatenate(ids), segs)  # (sum T_b, hidden)
-        for i in range(last_layer + 1):
+        x = self.embed(np.concatenate(ids), segs) if resid is None else resid  # (sum T_b, hidden)
+        for i in range(first_layer if resid is not None else 0, last_layer + 1):
             x = self.layer(i, x, segs, hooks)
         return got
 

@@ -182,19 +182,32 @@ class Model:
         logits = self._forward.batch(arrs, caches, rows)  # (sum last_b, vocab)
         return np.split(logits, np.cumsum(list(last)[:-1]))
 
-    def capture_batch(self, batch: Sequence[list[int] | NDArray[np.int64]],
-                      names: Sequence[str]) -> list[dict[str, NDArray[np.float32]]]:
+    def capture_batch(self, batch: Sequence[list[int] | NDArray[np.int64]], names: Sequence[str],
+                      start: int = 0, resid: Sequence[NDArray[np.float32]] | None = None,
+                      ) -> list[dict[str, NDArray[np.float32]]]:
         """The activations at hook points `names` `{name: (seq_b, ...)}` of each id list, from one
         packed pass that stops after the deepest layer named: what `run_with_cache` gives for them,
         for many short prompts at once (editing reads keys and residuals of hundreds). Points inside
-        attention (`attn.*`) and the global ones are not offered here: use run_with_cache."""
+        attention (`attn.*`) and the global ones are not offered here: use run_with_cache.
+        `resid`: each sequence's residual entering layer `start` `(seq_b, hidden)` (its
+        `blocks.{start}.hook_resid_pre`, read before): the pass runs from there, and reads no point
+        below `start`."""
         n_layers = self.config.n_layers
         canon = [hook_name(n, n_layers) for n in names]
         bad = [str(h) for h in canon if h.layer is None or h.kind.startswith("attn.")]
         if bad:
             raise ModelError(f"{self.name}: capture_batch reads layer points outside attention, not {bad[0]!r}")
         arrs, caches = self._check_batch(batch, None)
-        got = self._forward.observe(arrs, caches, {str(h) for h in canon}, max(int(h.layer or 0) for h in canon))
+        x = None
+        if resid is not None:
+            below = [str(h) for h in canon if int(h.layer or 0) < start]
+            if below:
+                raise ModelError(f"{self.name}: a pass from layer {start} cannot read {below[0]!r}")
+            if len(resid) != len(arrs) or any(r.shape != (len(a), self.config.hidden) for r, a in zip(resid, arrs)):
+                raise ModelError(f"{self.name}: `resid` must give one (len(ids), {self.config.hidden}) array per sequence")
+            x = np.concatenate(resid).astype(np.float32, copy=False)
+        got = self._forward.observe(arrs, caches, {str(h) for h in canon}, max(int(h.layer or 0) for h in canon),
+                                    start, x)
         cuts = np.cumsum([len(a) for a in arrs])[:-1]
         per = {str(h): np.split(got[str(h)], cuts) for h in canon}
         return [{n: per[str(h)][b] for n, h in zip(names, canon)} for b in range(len(arrs))]

@@ -414,8 +414,8 @@ def test_a_layers_inputs_read_once_serve_its_plan_and_settling(vx: Path, monkeyp
     fresh, owners = held_keys(m, prompts, [2], point="input")
     read: list[int] = []
     real = weight_edit.capture_batch
-    monkeypatch.setattr(weight_edit, "capture_batch", lambda model, runs, names: (read.append(len(runs)),
-                                                                                  real(model, runs, names))[1])
+    monkeypatch.setattr(weight_edit, "capture_batch", lambda model, runs, names, lower=None: (
+        read.append(len(runs)), real(model, runs, names, lower))[1])
     memo: dict[Any, Any] = {}
     first, _ = held_keys(m, prompts[:2], [2], point="input", memo=memo)
     got, got_owners = held_keys(m, prompts, [2], point="input", memo=memo)
@@ -450,3 +450,47 @@ def test_a_large_insert_optimises_its_values_behind_fewer_prefixes(vx: Path, mon
         assert seen.pop() == want and not seen
         v.patches.undo(len(v.patches.pending))
     assert methods.LARGE_BATCH_PREFIXES < methods.N_PREFIXES
+
+
+def test_texts_read_again_above_the_lowest_layer_run_from_it(vx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """capture_batch with a LowerLayers gives the activations a full pass gives (to float rounding: a
+    pass packs other rows beside them); texts it has seen run from its layer (the residual there
+    kept), new ones in full; a point below its layer is read in full, the store left alone. A neuron
+    INSERT over two layers records the same patch with and without it."""
+    from larql.edit import insert_facts as insert_mod
+    from larql.edit.capture import LowerLayers, capture_batch
+
+    m = edit_vindex(vx).model()
+    runs = [m.tokenize(t) for t in (PROMPT, "Colour of omega", "zeta")]
+    names = ["blocks.2.hook_resid_mid", "blocks.3.mlp.hook_post"]
+    full = capture_batch(m, runs, names)
+    starts: list[int] = []
+    real = m.capture_batch
+    monkeypatch.setattr(m, "capture_batch", lambda batch, n, start=0, resid=None: (
+        starts.append(start), real(batch, n, start, resid))[1])
+    lower = LowerLayers(1)
+    first = capture_batch(m, runs[:2], names, lower)
+    again = capture_batch(m, runs, names, lower)  # two seen, one new
+    assert starts == [0, 0, 1] and set(lower.resid) == {tuple(r) for r in runs}
+    for got, want in zip([*first, *again], [*full[:2], *full]):
+        for name in names:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5)
+    early = ["blocks.0.hook_resid_mid"]
+    below = capture_batch(m, runs, early, lower)
+    assert starts[-1] == 0 and len(lower.resid) == 3
+    np.testing.assert_allclose(below[0][early[0]], capture_batch(m, runs[:1], early)[0][early[0]], rtol=1e-5, atol=1e-5)
+    monkeypatch.undo()
+
+    facts = [Fact("zeta", PROMPT, "blue", "colour"), Fact("omega", "Colour of omega", "red", "colour")]
+    recorded = []
+    for keep in (True, False):
+        if not keep:
+            monkeypatch.setattr(insert_mod, "LowerLayers", lambda start: LowerLayers(10 ** 6))
+        v = edit_vindex(vx)
+        insert_facts(v, facts, "neuron", layers=[1, 2], measure=False)
+        recorded.append(v.patches.pending)
+    assert len(recorded[0]) == len(recorded[1]) == 2
+    for a, b in zip(*recorded):
+        assert (a.layer, a.feature) == (b.layer, b.feature)
+        for k in a.vectors:
+            np.testing.assert_allclose(a.vectors[k], b.vectors[k], rtol=1e-4, atol=1e-4 * np.abs(b.vectors[k]).max())

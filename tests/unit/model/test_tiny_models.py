@@ -109,3 +109,14 @@ def test_capture_batch_equals_run_with_cache_per_prompt(tiny: dict) -> None:
     for bad in (["blocks.0.attn.hook_pattern"], ["hook_embed"]):
         with pytest.raises(ModelError, match="capture_batch"):
             m.capture_batch(batch, bad)
+    # from the residual entering layer 1, read before: the same bits as the full pass
+    entry = "blocks.1.hook_resid_pre"
+    resid = [acts[entry] for acts in m.capture_batch(batch, [entry])]
+    later = names[1:]
+    for acts, want in zip(m.capture_batch(batch, later, 1, resid), got):
+        for name in later:
+            np.testing.assert_array_equal(acts[name], want[name])
+    with pytest.raises(ModelError, match="a pass from layer 1 cannot read 'blocks.0.hook_resid_mid'"):
+        m.capture_batch(batch, names, 1, resid)
+    with pytest.raises(ModelError, match=f"one \\(len\\(ids\\), {m.config.hidden}\\) array per sequence"):
+        m.capture_batch(batch, later, 1, resid[:2])
