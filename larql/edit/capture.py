@@ -8,6 +8,7 @@ intervention can observe (the model keeps no state between calls: each uses a fr
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -15,8 +16,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.model.hooks import all_hook_names
+from larql.model.prefix import common_prefix, fork
 
 if TYPE_CHECKING:
+    from larql.model.attention import KVCache
     from larql.model.model import Model
 
 F32 = NDArray[np.float32]
@@ -83,6 +86,41 @@ def capture_batch(model: Model, batch: Sequence[Sequence[int]], names: Sequence[
     for part in _packs(seen):
         got_all = model.capture_batch([list(r) for r in part], names, lower.start, [lower.resid[r] for r in part])
         out.update(zip(part, got_all))
+    return [out[r] for r in runs]
+
+
+STEM_MIN = 4  # leading tokens two texts must share for capture_stemmed to run them once
+
+
+def capture_stemmed(model: Model, batch: Sequence[Sequence[int]], names: Sequence[str]) -> list[dict[str, F32]]:
+    """`capture_batch` of texts many of which share their leading tokens (the value step's: the same
+    model-written prefix and template words before hundreds of subjects): each shared stem (STEM_MIN
+    tokens or more, never a whole text) runs once and its keys and values are forked for the texts
+    that follow it, which run only their own rows; the activations are every row's, as
+    `capture_batch` gives them."""
+    runs = [tuple(int(t) for t in ids) for ids in batch]
+    distinct = sorted(set(runs))
+    stem = dict.fromkeys(distinct, 0)
+    for a, b in itertools.pairwise(distinct):  # sorted: a text's longest shared stem is with a neighbour
+        n = common_prefix(a, b)
+        if n >= STEM_MIN:
+            stem[a], stem[b] = max(stem[a], min(n, len(a) - 1)), max(stem[b], min(n, len(b) - 1))
+    heads = sorted({r[: stem[r]] for r in distinct if stem[r] >= STEM_MIN})
+    kept: dict[tuple[int, ...], tuple[dict[str, F32], KVCache]] = {}
+    for part in _packs(heads):
+        caches = [model.new_cache(len(h)) for h in part]
+        kept.update(zip(part, zip(model.capture_batch([list(h) for h in part], names, caches=caches), caches)))
+    out: dict[tuple[int, ...], dict[str, F32]] = {}
+    alone = [r for r in distinct if stem[r] < STEM_MIN]
+    for part in _packs(alone):
+        out.update(zip(part, model.capture_batch([list(r) for r in part], names)))
+    after = [r for r in distinct if stem[r] >= STEM_MIN]
+    for part in _packs([r[stem[r]:] for r in after]):
+        todo, after = after[: len(part)], after[len(part):]
+        forks = [fork(kept[r[: stem[r]]][1], stem[r], len(r)) for r in todo]
+        for r, got in zip(todo, model.capture_batch([list(p) for p in part], names, caches=forks)):
+            head = kept[r[: stem[r]]][0]
+            out[r] = {n: np.concatenate([head[n], got[n]]) for n in names}
     return [out[r] for r in runs]
 
 

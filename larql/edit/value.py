@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.capture import capture_batch
+from larql.edit.capture import capture_stemmed
 from larql.edit.facts import Fact, subject_position, target_ids
 from larql.errors import EditError
 from larql.model.forward import norm
@@ -90,9 +90,10 @@ class _Scored:
 
 
 def _capture(model: Model, batch: list[list[int]], layers: Sequence[int]) -> list[dict[str, F32]]:
-    """resid_mid, the down-projection input and the MLP output at `layers`, per prompt, in packed passes."""
+    """resid_mid, the down-projection input and the MLP output at `layers`, per prompt, in packed passes
+    (the prefix and template words every subject's prompts share run once)."""
     names = [f"blocks.{layer}.{kind}" for layer in layers for kind in ("hook_resid_mid", "mlp.hook_post", "hook_mlp_out")]
-    return capture_batch(model, batch, names)
+    return capture_stemmed(model, batch, names)
 
 
 @dataclass

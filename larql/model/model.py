@@ -184,20 +184,22 @@ class Model:
 
     def capture_batch(self, batch: Sequence[list[int] | NDArray[np.int64]], names: Sequence[str],
                       start: int = 0, resid: Sequence[NDArray[np.float32]] | None = None,
-                      ) -> list[dict[str, NDArray[np.float32]]]:
+                      caches: list[KVCache] | None = None) -> list[dict[str, NDArray[np.float32]]]:
         """The activations at hook points `names` `{name: (seq_b, ...)}` of each id list, from one
         packed pass that stops after the deepest layer named: what `run_with_cache` gives for them,
         for many short prompts at once (editing reads keys and residuals of hundreds). Points inside
         attention (`attn.*`) and the global ones are not offered here: use run_with_cache.
         `resid`: each sequence's residual entering layer `start` `(seq_b, hidden)` (its
         `blocks.{start}.hook_resid_pre`, read before): the pass runs from there, and reads no point
-        below `start`."""
+        below `start`. `caches`: each sequence continues after what its cache holds (fresh caches if
+        None), and the pass writes its keys and values there for the layers it runs, no others: a
+        cache so filled serves only passes that stop as early (`prefix.fork` it for each)."""
         n_layers = self.config.n_layers
         canon = [hook_name(n, n_layers) for n in names]
         bad = [str(h) for h in canon if h.layer is None or h.kind.startswith("attn.")]
         if bad:
             raise ModelError(f"{self.name}: capture_batch reads layer points outside attention, not {bad[0]!r}")
-        arrs, caches = self._check_batch(batch, None)
+        arrs, caches = self._check_batch(batch, caches)
         x = None
         if resid is not None:
             below = [str(h) for h in canon if int(h.layer or 0) < start]

@@ -494,3 +494,30 @@ def test_texts_read_again_above_the_lowest_layer_run_from_it(vx: Path, monkeypat
         assert (a.layer, a.feature) == (b.layer, b.feature)
         for k in a.vectors:
             np.testing.assert_allclose(a.vectors[k], b.vectors[k], rtol=1e-4, atol=1e-4 * np.abs(b.vectors[k]).max())
+
+
+def test_texts_sharing_their_leading_tokens_run_them_once(vx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """capture_stemmed gives every row's activations as capture_batch does (to float rounding), running
+    a stem several texts share once: here 3 texts behind one 6-token stem, one behind another, one alone
+    and a duplicate; no stem is a whole text (the text equal to one is run alone)."""
+    from larql.edit.capture import capture_batch, capture_stemmed
+
+    m = edit_vindex(vx).model()
+    stem = m.tokenize("Colour of zeta and of omega")
+    assert len(stem) >= 6
+    runs = [stem + m.tokenize(t)[1:] for t in (" is", " was blue", " or")]
+    runs += [stem[:5] + m.tokenize(" red")[1:], m.tokenize("omega"), stem[:5], runs[0]]
+    names = ["blocks.1.hook_resid_mid", "blocks.2.mlp.hook_post"]
+    want = capture_batch(m, runs, names)
+    rows: list[int] = []
+    real = m.capture_batch
+    monkeypatch.setattr(m, "capture_batch", lambda batch, n, *a, **k: (rows.append(sum(map(len, batch))),
+                                                                        real(batch, n, *a, **k))[1])
+    got = capture_stemmed(m, runs, names)
+    assert len(got) == len(runs)
+    for g, w in zip(got, want):
+        for name in names:
+            assert g[name].shape == w[name].shape
+            np.testing.assert_allclose(g[name], w[name], rtol=1e-5, atol=1e-5)
+    distinct = {tuple(r) for r in runs}
+    assert sum(rows) <= sum(map(len, distinct)) - 2 * len(stem)  # the long stem once, not three times
