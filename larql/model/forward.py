@@ -266,8 +266,8 @@ class Forward:
         """The activations at `names` (hook points of layers <= `last_layer`, none inside attention)
         of the packed sequences `ids`, each `(sum T_b, ...)` in packing order; the pass stops after
         `last_layer`, and starts at `first_layer` from `resid` `(sum T_b, hidden)`, the residual
-        entering it, where given. Read-only: nothing is changed, so packed rows need no per-sequence
-        positions."""
+        entering it, where given. Nothing is changed but the caches, which get the keys and values of
+        the layers run (their lengths stay: a caller forks what it keeps, `Model.capture_batch`)."""
         bounds = np.cumsum([0, *(len(a) for a in ids)])
         segs = [Segment(int(lo), int(hi), c, c.length) for lo, hi, c in zip(bounds[:-1], bounds[1:], caches)]
         for s in segs:
