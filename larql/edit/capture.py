@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.model.hooks import all_hook_names
+from larql.model.hooks import all_hook_names, hook_name
 from larql.model.prefix import common_prefix, fork
 
 if TYPE_CHECKING:
@@ -73,7 +73,8 @@ def capture_batch(model: Model, batch: Sequence[Sequence[int]], names: Sequence[
     `lower` (and no point below its layer), prompts it has seen run from there, and the others leave
     their residual there in it."""
     runs = [tuple(int(t) for t in ids) for ids in batch]
-    if lower is None or min(_layer(n) for n in names) < lower.start:
+    layers = [hook_name(n, model.config.n_layers).layer for n in names]
+    if lower is None or min(-1 if layer is None else layer for layer in layers) < lower.start:
         return [got for part in _packs(runs) for got in model.capture_batch([list(r) for r in part], names)]
     entry = f"blocks.{lower.start}.hook_resid_pre"
     out: dict[tuple[int, ...], dict[str, F32]] = {}
@@ -122,10 +123,6 @@ def capture_stemmed(model: Model, batch: Sequence[Sequence[int]], names: Sequenc
             head = kept[r[: stem[r]]][0]
             out[r] = {n: np.concatenate([head[n], got[n]]) for n in names}
     return [out[r] for r in runs]
-
-
-def _layer(name: str) -> int:
-    return int(name.split(".")[1]) if name.startswith("blocks.") else -1
 
 
 def _packs(runs: Sequence[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:

@@ -248,16 +248,14 @@ class Forward:
         """Each sequence `ids[b]` run after what `caches[b]` holds, all in one packed pass (no hooks):
         logits `(len(rows), vocab)` of the packed rows `rows` (sequence b's rows follow sequence
         b-1's), of every row if None."""
-        bounds = np.cumsum([0, *(len(a) for a in ids)])
-        segs = [Segment(int(lo), int(hi), c, c.length) for lo, hi, c in zip(bounds[:-1], bounds[1:], caches)]
+        _, segs = packed_segments(ids, caches)
         x = self.run(segs, np.concatenate(ids), None)  # (sum T_b, hidden)
         return self.logits(x if rows is None else x[rows], None, 0)  # (rows, vocab)
 
     def batch_top1(self, ids: list[NDArray[np.int64]], caches: list[KVCache]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
         """`batch` at each sequence's last row, reduced to the greedy token and its log-probability
         `(B,)` each, the lm_head a chunk of the vocabulary at a time (QuantMatrix.top1)."""
-        bounds = np.cumsum([0, *(len(a) for a in ids)])
-        segs = [Segment(int(lo), int(hi), c, c.length) for lo, hi, c in zip(bounds[:-1], bounds[1:], caches)]
+        bounds, segs = packed_segments(ids, caches)
         x = self.run(segs, np.concatenate(ids), None)  # (sum T_b, hidden)
         return self.w.output.top1(self.final_norm(x[bounds[1:] - 1], None, 0), self.cfg.final_softcap)
 
@@ -268,8 +266,7 @@ class Forward:
         `last_layer`, and starts at `first_layer` from `resid` `(sum T_b, hidden)`, the residual
         entering it, where given. Nothing is changed but the caches, which get the keys and values of
         the layers run (their lengths stay: a caller forks what it keeps, `Model.capture_batch`)."""
-        bounds = np.cumsum([0, *(len(a) for a in ids)])
-        segs = [Segment(int(lo), int(hi), c, c.length) for lo, hi, c in zip(bounds[:-1], bounds[1:], caches)]
+        _, segs = packed_segments(ids, caches)
         for s in segs:
             s.cache.reserve(s.start + s.hi - s.lo)
         got: dict[str, F32] = {}
@@ -363,6 +360,13 @@ class Forward:
 def _vec(w: F32 | None) -> F32:
     assert w is not None  # qk_norm: the loader read both
     return np.ascontiguousarray(w, dtype=np.float32).reshape(-1)
+
+
+def packed_segments(ids: list[NDArray[np.int64]], caches: list[KVCache]) -> tuple[NDArray[np.int64], list[Segment]]:
+    """Sequences packed end to end: the row bounds `(B + 1,)` and each one's segment, after what its
+    cache holds."""
+    bounds = np.cumsum([0, *(len(a) for a in ids)])
+    return bounds, [Segment(int(lo), int(hi), c, c.length) for lo, hi, c in zip(bounds[:-1], bounds[1:], caches)]
 
 
 def positions(segs: list[Segment]) -> NDArray[np.int64]:
