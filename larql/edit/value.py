@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 from numpy.typing import NDArray
@@ -263,13 +264,15 @@ def _optimise_values(model: Model, groups: Sequence[Sequence[Fact]], layers: Seq
                 c.group = gi
             ctxs += g.contexts
         stacked = {layer: np.stack([g.deltas[layer] for g in active]) for layer in layers}  # (G, hidden)
-        y, saves = tail.forward(ctxs, stacked)
         offsets = np.cumsum([0] + [g.n_rows for g in active])
-        ys = [y[row: row + g.n_rows][g.all_rows] for g, row in zip(active, offsets)]  # (R_g, hidden) each
+        keep = np.concatenate([row + g.all_rows for g, row in zip(active, offsets)])  # the scored rows, in order
+        y, saves = tail.forward(ctxs, stacked, keep)  # (R, hidden)
+        bounds = np.cumsum([0] + [len(g.all_rows) for g in active])
+        ys = [y[lo:hi] for lo, hi in pairwise(bounds)]  # (R_g, hidden) each
         if step == 1 or step % REFRESH == 0:
             _refresh_candidates(out, active, ys, cfg.final_softcap)
         d_rows = np.zeros_like(y)
-        for g, y_g, row in zip(active, ys, offsets):
+        for g, y_g, lo, hi in zip(active, ys, bounds[:-1], bounds[1:]):
             assert g.e_c is not None and g.cand is not None and g.ref_p is not None  # set at step 1
             g.nll, g.top1, dy = _loss_grad(y_g, g.e_c, g.cand, g.scored, cfg.final_softcap, g.ref_p, kl_weight,
                                            g.n_prompts)
@@ -281,7 +284,7 @@ def _optimise_values(model: Model, groups: Sequence[Sequence[Fact]], layers: Seq
             if g.extra > EXTRA_STEPS:  # EXTRA_STEPS = 0: done at its first top-1, before any update
                 g.done = True
             if not g.done:
-                np.add.at(d_rows, row + g.all_rows, dy)
+                d_rows[lo:hi] = dy
         if all(g.done for g in active):
             break
         grads = tail.backward(ctxs, stacked, saves, d_rows)

@@ -13,7 +13,7 @@ Three things keep it cheap on a CPU:
 - it works on dense float32 copies of the layers it touches (`DenseLayer`), made once per model;
 - positions before the subject do not depend on delta, so their keys and values are computed once
   (`TailContext.prefix_kv`) and only the suffix runs per step — all contexts' suffix rows in one
-  matmul, their attention in padded blocks (`packed_attention`);
+  matmul, their attention by numba loops over the stacked rows (`packed_attention`);
 - the loss reads logits only over a candidate set of tokens (the targets plus every token that
   was likely at a scored position before the edit), so the 262k-row unembedding is not touched
   per step. Callers re-check the result with the real forward pass.
@@ -156,7 +156,7 @@ class Tail:
         require_backward(cfg, weights)
         self.cfg, self.w, self.first = cfg, weights, first
         self._ropes: dict[float, RopeTable] = {}
-        self._packed: tuple[tuple[tuple[int, int], ...], list[packed.Block]] = ((), [])
+        self._packed: tuple[tuple[tuple[int, int], ...], packed.Packing] = ((), packed.pack([], []))
         self.layers = layers if layers is not None else {}
         for i in range(first, cfg.n_layers):
             if i not in self.layers:
@@ -206,31 +206,32 @@ class Tail:
 
     # -- whole layers over the stacked suffixes ------------------------------------------------
 
-    def _blocks(self, ctxs: Sequence[TailContext]) -> list[packed.Block]:
-        """The contexts' attention blocks (they depend on the contexts' lengths and starts alone), kept
-        while the same come back (a value step's active subjects change only when one finishes)."""
+    def _packing(self, ctxs: Sequence[TailContext]) -> packed.Packing:
+        """Where the contexts' rows and prefix keys sit (they depend on the contexts' lengths and starts
+        alone), kept while the same come back (a value step's active subjects change only when one
+        finishes)."""
         key = tuple((c.start, len(c.ids)) for c in ctxs)
         if self._packed[0] != key:
             self._packed = (key, packed.pack([c.start for c in ctxs], [len(c.ids) for c in ctxs]))
         return self._packed[1]
 
     def _attention(self, i: int, dl: DenseLayer, x: F32, ctxs: Sequence[TailContext], slot: int,
-                   sv: _Saved) -> F32:
+                   sv: _Saved, keep: I64 | None = None) -> F32:
+        """The attention block's output at every stacked row, or at the rows `keep` alone (every row's
+        keys and values are still computed: the kept rows attend to them)."""
         cfg = self.cfg
         h, hn, hinv = _rms(x, dl.attn_norm, cfg.norm_eps)
         positions = np.concatenate([np.arange(c.start, len(c.ids)) for c in ctxs])
         q, k, v, qkv_saved = self._qkv(i, dl, h, positions)  # (N, H, d), (N, n_kv, d), (N, n_kv, d)
-        blocks = self._blocks(ctxs)
-        z = np.empty((len(x), cfg.n_heads * cfg.head_dim), np.float32)  # (N, H*d)
-        per = []
-        for b in blocks:
-            pk = np.concatenate([ctxs[c].prefix_kv[slot][0] for c in b.ctx])  # (P, n_kv, d)
-            pv = np.concatenate([ctxs[c].prefix_kv[slot][1] for c in b.ctx])
-            z[b.rows], s = packed.attend(b, q, k, v, pk, pv, cfg.layer_window(i) or 0, cfg.attn_scale,
-                                         cfg.attn_softcap or 0.0)
-            per.append(s)
-        a = z @ dl.o.T  # (N, hidden)
-        sv.attn = {"h": h, "hn": hn, "hinv": hinv, "qkv": qkv_saved, "blocks": blocks, "per": per}
+        packing = self._packing(ctxs)
+        pk = np.concatenate([c.prefix_kv[slot][0] for c in ctxs])  # (P, n_kv, d)
+        pv = np.concatenate([c.prefix_kv[slot][1] for c in ctxs])
+        z, saved = packed.attend(packing, q, k, v, pk, pv, cfg.layer_window(i) or 0, cfg.attn_scale,
+                                 cfg.attn_softcap or 0.0)  # (N, H*d)
+        if keep is not None:
+            z = z[keep]  # (K, H*d)
+        a = z @ dl.o.T  # (N or K, hidden)
+        sv.attn = {"h": h, "hn": hn, "hinv": hinv, "qkv": qkv_saved, "packing": packing, "saved": saved, "keep": keep}
         if dl.post_attn_norm is not None:
             a, sv.attn["an"], sv.attn["ainv"] = _rms(a, dl.post_attn_norm, cfg.norm_eps)
         return a
@@ -239,12 +240,13 @@ class Tail:
         cfg, s = self.cfg, sv.attn
         if dl.post_attn_norm is not None:
             da = _rms_back(da, dl.post_attn_norm, s["an"], s["ainv"])  # type: ignore[arg-type]
-        dz = da @ dl.o  # (N, H*d)
-        dq = np.empty((len(da), cfg.n_heads, cfg.head_dim), np.float32)
-        dk = np.empty((len(da), cfg.n_kv_heads, cfg.head_dim), np.float32)
-        dv = np.empty_like(dk)
-        for b, saved in zip(s["blocks"], s["per"]):  # type: ignore[call-overload]
-            dq[b.rows], dk[b.rows], dv[b.rows] = packed.attend_back(b, dz[b.rows], saved, cfg.attn_scale)
+        dz = da @ dl.o  # (N or K, H*d)
+        keep = s["keep"]
+        if keep is not None:  # the rows not kept passed nothing on: their gradient is zero
+            full = np.zeros((len(s["h"]), dz.shape[1]), np.float32)  # type: ignore[arg-type]
+            full[keep] = dz  # type: ignore[call-overload]
+            dz = full
+        dq, dk, dv = packed.attend_back(s["packing"], dz, s["saved"], cfg.attn_scale)  # type: ignore[arg-type]
         dh = self._qkv_back(dl, s["h"], s["qkv"], dq, dk, dv)  # type: ignore[arg-type]
         return _rms_back(dh, dl.attn_norm, s["hn"], s["hinv"])  # type: ignore[arg-type]
 
@@ -336,27 +338,37 @@ class Tail:
             sv.mlp["pn"], sv.mlp["pinv"] = n, inv
         return y
 
-    def forward(self, ctxs: Sequence[TailContext], deltas: dict[int, F32]) -> tuple[F32, list[_Saved]]:
+    def forward(self, ctxs: Sequence[TailContext], deltas: dict[int, F32],
+                keep: I64 | None = None) -> tuple[F32, list[_Saved]]:
         """The final-normed residual `(N, hidden)` at every suffix row (contexts stacked in order),
         with `deltas[layer]` added to that layer's MLP output at each context's inject rows: `(hidden,)`
-        for every context alike, or `(G, hidden)` with row `ctx.group` for each context."""
+        for every context alike, or `(G, hidden)` with row `ctx.group` for each context.
+        With `keep` (sorted stacked rows), the residual `(K, hidden)` at those rows alone: the last
+        layer's attention output and MLP run there only, the rest feeds no later layer (the value
+        step reads a third of the rows; gemma3-270m's MLP and output projection are 4/5 of a layer)."""
         cfg = self.cfg
         x = np.concatenate([c.resid for c in ctxs]).astype(np.float32)  # (N, hidden)
         offsets = np.cumsum([0] + [c.n for c in ctxs])[:-1]
         rows, row_group = _inject(ctxs, offsets)
+        last = cfg.n_layers - 1
         saves = []
         for slot, i in enumerate(range(self.first, cfg.n_layers)):
             dl, sv = self.layers[i], _Saved()
             if i > self.first:
                 sv.x_in = x
-                x = x + self._attention(i, dl, x, ctxs, slot - 1, sv)
+                narrow = keep if i == last and i not in deltas else None
+                a = self._attention(i, dl, x, ctxs, slot - 1, sv, narrow)  # (N or K, hidden)
+                x = (x if narrow is None else x[narrow]) + a
             m = self._first_mlp(dl, x, ctxs, offsets) if i == self.first else self._mlp(dl, x, sv)
             if i in deltas:  # m is this step's own array (both MLP paths return a new one), never saved
                 m[rows] += deltas[i] if deltas[i].ndim == 1 else deltas[i][row_group]
             x = x + self._post_ffn(dl, m, sv)
             saves.append(sv)
+        spread = keep is not None and len(x) != len(keep)  # the last layer ran every row (it has a delta)
+        if spread:
+            x = x[keep]
         y, n, inv = _rms(x, self.w.output_norm, cfg.norm_eps)
-        saves.append(_Saved(mlp={"n": n, "inv": inv}))
+        saves.append(_Saved(mlp={"n": n, "inv": inv, "keep": keep if spread else None}))
         return y, saves
 
     def _first_mlp(self, dl: DenseLayer, x: F32, ctxs: Sequence[TailContext], offsets: I64) -> F32:
@@ -372,12 +384,17 @@ class Tail:
 
     def backward(self, ctxs: Sequence[TailContext], deltas: dict[int, F32], saves: list[_Saved],
                  dy: F32) -> dict[int, F32]:
-        """d loss / d deltas[layer] for every injected layer, from d loss / d (final-normed rows) `dy`."""
+        """d loss / d deltas[layer] for every injected layer, from d loss / d (final-normed rows) `dy`:
+        `(N, hidden)`, or `(K, hidden)` at the rows the forward pass kept."""
         cfg = self.cfg
         offsets = np.cumsum([0] + [c.n for c in ctxs])[:-1]
         rows, row_group = _inject(ctxs, offsets)
         fin = saves[-1].mlp
         dx = _rms_back(dy, self.w.output_norm, fin["n"], fin["inv"])  # type: ignore[arg-type]
+        if fin["keep"] is not None:  # read at the kept rows of a last layer that ran every row
+            full = np.zeros((sum(c.n for c in ctxs), dx.shape[1]), np.float32)
+            full[fin["keep"]] = dx  # type: ignore[call-overload]
+            dx = full
         grads: dict[int, F32] = {}
         for slot in range(cfg.n_layers - self.first - 1, -1, -1):
             i = self.first + slot
@@ -395,5 +412,11 @@ class Tail:
             if i == self.first:
                 break  # the residual entering the first MLP is a constant
             dx = dx + self._mlp_back(dl, dm, sv)
-            dx = dx + self._attention_back(dl, dx, sv)
+            keep = sv.attn["keep"]
+            if keep is not None:  # the residual passed on at the kept rows alone
+                full = np.zeros_like(sv.x_in)
+                full[keep] = dx  # type: ignore[call-overload]
+                dx = full + self._attention_back(dl, dx, sv)
+            else:
+                dx = dx + self._attention_back(dl, dx, sv)
         return grads

@@ -1,6 +1,6 @@
-"""Padded-block attention (model/packed_attention.py) against one context at a time, and its backward
-against finite differences: grouped-query heads, sliding windows, soft-capping, and contexts split
-over several blocks."""
+"""Stacked-row attention (model/packed_attention.py) against one context at a time, and its backward
+against finite differences: grouped-query heads, sliding windows, soft-capping, a context without a
+prefix and one with a single row."""
 
 from __future__ import annotations
 
@@ -46,47 +46,32 @@ def _reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefixes: list, wind
 
 
 def _packed(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefixes: list, window: int, scale: float,
-            softcap: float) -> tuple[np.ndarray, list, list]:
-    blocks = packed.pack(STARTS, LENGTHS)
-    z = np.zeros((len(q), q.shape[1] * q.shape[2]), np.float32)
-    saves = []
-    for b in blocks:
-        pk = np.concatenate([prefixes[c][0] for c in b.ctx])
-        pv = np.concatenate([prefixes[c][1] for c in b.ctx])
-        z[b.rows], s = packed.attend(b, q, k, v, pk, pv, window, scale, softcap)
-        saves.append(s)
-    return z, blocks, saves
+            softcap: float) -> tuple[np.ndarray, packed.Packing, packed.Saved]:
+    packing = packed.pack(STARTS, LENGTHS)
+    pk = np.concatenate([pk for pk, _ in prefixes])
+    pv = np.concatenate([pv for _, pv in prefixes])
+    z, saved = packed.attend(packing, q, k, v, pk, pv, window, scale, softcap)
+    return z, packing, saved
 
 
-@pytest.mark.parametrize("cells", [packed.BLOCK_CELLS, 40])  # one block; several
 @pytest.mark.parametrize("n_heads,n_kv,window,softcap", [(4, 1, 0, 0.0), (4, 2, 3, 0.0), (2, 2, 0, 5.0), (6, 3, 2, 2.0)])
-def test_packed_attention_is_each_context_alone(monkeypatch: pytest.MonkeyPatch, cells: int, n_heads: int,
-                                                n_kv: int, window: int, softcap: float) -> None:
-    monkeypatch.setattr(packed, "BLOCK_CELLS", cells)
+def test_packed_attention_is_each_context_alone(n_heads: int, n_kv: int, window: int, softcap: float) -> None:
     q, k, v, prefixes = _inputs(n_heads, n_kv, 8)
-    z, blocks, _ = _packed(q, k, v, prefixes, window, 0.35, softcap)
-    assert (len(blocks) > 1) == (cells == 40)
-    assert sorted(np.concatenate([b.rows for b in blocks]).tolist()) == list(range(len(q)))
+    z, _, _ = _packed(q, k, v, prefixes, window, 0.35, softcap)
     np.testing.assert_allclose(z, _reference(q, k, v, prefixes, window, 0.35, softcap), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("cells", [packed.BLOCK_CELLS, 40])
 @pytest.mark.parametrize("n_heads,n_kv,window,softcap", [(4, 2, 3, 0.0), (6, 3, 0, 2.0)])
-def test_packed_attention_backward_matches_finite_differences(monkeypatch: pytest.MonkeyPatch, cells: int,
-                                                              n_heads: int, n_kv: int, window: int,
+def test_packed_attention_backward_matches_finite_differences(n_heads: int, n_kv: int, window: int,
                                                               softcap: float) -> None:
-    monkeypatch.setattr(packed, "BLOCK_CELLS", cells)
     q, k, v, prefixes = _inputs(n_heads, n_kv, 4, seed=1)
     w = np.random.default_rng(2).standard_normal((len(q), n_heads * 4))
 
     def loss(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> float:
         return float(np.sum(_reference(q, k, v, prefixes, window, 0.5, softcap) * w))
 
-    _, blocks, saves = _packed(q, k, v, prefixes, window, 0.5, softcap)
-    got = [np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)]
-    for b, s in zip(blocks, saves):
-        dq, dk, dv = packed.attend_back(b, w[b.rows].astype(np.float32), s, 0.5)
-        got[0][b.rows], got[1][b.rows], got[2][b.rows] = dq, dk, dv
+    _, packing, saved = _packed(q, k, v, prefixes, window, 0.5, softcap)
+    got = packed.attend_back(packing, w.astype(np.float32), saved, 0.5)
     for which, grad in enumerate(got):
         args = [q.astype(np.float64), k.astype(np.float64), v.astype(np.float64)]
         num = np.zeros(grad.shape)
