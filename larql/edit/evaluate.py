@@ -25,8 +25,9 @@ from __future__ import annotations
 import json
 import math
 import time
+import weakref
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -210,9 +211,24 @@ def score_record(model: Model, rec: EditRecord, prefixes: Sequence[str]) -> Edit
     return score_records(model, [rec], prefixes)[0]
 
 
+# model -> (its revision, the unrelated prompts' logits then): an INSERT measures them before and after,
+# and the next INSERT's "before" is this one's "after" (0.7 s of a 3.4 s INSERT on gemma3-270m)
+_unrelated: weakref.WeakKeyDictionary[Model, tuple[Hashable, NDArray[np.float32]]] = weakref.WeakKeyDictionary()
+
+
 def unrelated_logps(model: Model) -> list[NDArray[np.float64]]:
-    """Log-probabilities after each UNRELATED prompt, all in one batch."""
-    logits = model.next_logits_batch([model.tokenize(p) for p in UNRELATED])  # (prompts, vocab)
+    """Log-probabilities after each UNRELATED prompt, all in one batch; reused while the model
+    computes what it computed then (`Model.revision()`: an edit, or a model that cannot say, runs
+    them again)."""
+    revision = model.revision()
+    kept = _unrelated.get(model)
+    if kept is not None and revision is not None and kept[0] == revision:
+        logits = kept[1]
+    else:
+        logits = model.next_logits_batch([model.tokenize(p) for p in UNRELATED])  # (prompts, vocab)
+        if revision is not None:
+            logits.flags.writeable = False  # shared by later calls
+            _unrelated[model] = (revision, logits)
     return [_log_softmax(row) for row in logits]
 
 

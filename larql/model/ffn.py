@@ -295,7 +295,7 @@ class FFN:
             if i not in self._downs:
                 down_matrix = self.weights.layers[i].down
                 assert down_matrix is not None  # overrides: a dense layer (FFN edits refuse experts)
-                self._downs[i] = down_matrix.dequantize()  # (hidden, ffn)
+                self._downs[i] = down_matrix.dense()  # (hidden, ffn), the weights' kept copy (read-only)
             stored = self._downs[i]
             for f, down in downs:
                 out += np.outer(act[:, f], down - stored[:, f])  # swap the feature's column

@@ -89,9 +89,11 @@ class DenseLayer:
         if ffn is None:
             # require_backward refuses a model without a gated dense FFN
             assert lw.gate is not None and lw.up is not None and lw.down is not None
-            ffn = (lw.gate.dequantize(), lw.up.dequantize(), lw.down.dequantize())
+            ffn = (lw.gate.dense(), lw.up.dense(), lw.down.dense())
         gate, up, down = ffn
-        return DenseLayer(lw.attn_norm, lw.q.dequantize(), lw.k.dequantize(), lw.v.dequantize(), lw.o.dequantize(),
+        # the weights' own kept float32 copies (read-only): every Tail and every model sharing these
+        # weights uses the same arrays, and the model's batched passes read them too
+        return DenseLayer(lw.attn_norm, lw.q.dense(), lw.k.dense(), lw.v.dense(), lw.o.dense(),
                           lw.ffn_norm, gate, up, down, lw.q_bias, lw.k_bias, lw.v_bias, lw.q_norm, lw.k_norm,
                           lw.post_attn_norm, lw.post_ffn_norm)
 

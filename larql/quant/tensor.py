@@ -105,6 +105,7 @@ class QuantMatrix:
     _row_norms: list[NDArray[np.float64] | None] = field(default_factory=list, compare=False, repr=False)
     _tiled: list[argmax_tiles.Tiled | None] = field(default_factory=list, compare=False, repr=False)
     _greedy_steps: list[int] = field(default_factory=lambda: [0], compare=False, repr=False)
+    _dense: list[NDArray[np.float32]] = field(default_factory=list, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         expected = (self.n_rows, row_bytes(self.qtype, self.n_cols))
@@ -141,6 +142,18 @@ class QuantMatrix:
         else:
             kernels.dequantize_rows(*args, out)
         return out
+
+    def dense(self) -> NDArray[np.float32]:
+        """`dequantize()` made once and kept, read-only: for callers that hold the float32 weights
+        anyway (an edit's backward pass holds every layer above the edit). While kept, batched
+        products read it instead of dequantizing a chunk per call (the same values: dequantization
+        is exact)."""
+        def make() -> NDArray[np.float32]:
+            out = self.dequantize()
+            out.flags.writeable = False
+            return out
+
+        return _made_once(self._dense, make)
 
     def row(self, index: int) -> NDArray[np.float32]:
         """One dequantized row, e.g. a token's embedding."""
@@ -315,10 +328,14 @@ class QuantMatrix:
 
     def _float_chunks(self) -> Iterator[tuple[slice, NDArray[np.float32]]]:
         """The weights as float32, CHUNK_ROWS rows at a time (dequantized into a reused scratch)."""
+        kept = self._dense[0] if self._dense else None  # dense() was asked for: no dequantization
         for start in range(0, self.n_rows, CHUNK_ROWS):
             rows = slice(start, min(start + CHUNK_ROWS, self.n_rows))
             if self.qtype == GGMLType.F32:
                 yield rows, self.raw[rows].view(np.float32)
+                continue
+            if kept is not None:
+                yield rows, kept[rows]
                 continue
             scratch = _scratch_rows(rows.stop - start, self.n_cols)
             packed = self._repacked[0] if self._repacked else None  # made by a decode step before

@@ -78,3 +78,37 @@ def test_overlay_rejects_bad_overrides(vx: Path) -> None:
     with pytest.raises(VindexError, match="NaN"):
         overlay.set(0, 1, FeatureOverride(up=np.full(64, np.nan, np.float32)))
     assert len(overlay) == 0
+
+
+def test_unrelated_prompts_are_reused_until_an_edit(vx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The edit report's unrelated distributions are kept per model revision: the same values while
+    nothing changes, computed again after an edit (and after its undo), and never kept for a model
+    that cannot name its revision."""
+    from larql.edit import evaluate as ev
+    from larql.edit.view import edit_vindex
+
+    v = edit_vindex(vx)
+    m = v.model()
+    calls: list[int] = []
+    real = type(m).next_logits_batch
+
+    def counted(self: larql.Model, *args: object, **kw: object) -> np.ndarray:
+        calls.append(1)
+        return real(self, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(m), "next_logits_batch", counted)
+    first = ev.unrelated_logps(m)
+    again = ev.unrelated_logps(m)
+    assert len(calls) == 1 and all(np.array_equal(a, b) for a, b in zip(first, again))
+    v.overlay.set(1, 7, FeatureOverride(down=np.full(64, 3.0, np.float32)))
+    edited = ev.unrelated_logps(m)
+    assert len(calls) == 2 and not all(np.array_equal(a, b) for a, b in zip(first, edited))
+    alone = [ev._log_softmax(real(m, [m.tokenize(p)])[0]) for p in ev.UNRELATED[:3]]
+    assert all(np.abs(a - b).max() <= 1e-4 for a, b in zip(edited, alone))
+    v.overlay.remove(1, 7)
+    back = ev.unrelated_logps(m)
+    assert len(calls) == 3 and all(np.abs(a - b).max() <= 1e-5 for a, b in zip(first, back))
+    monkeypatch.setattr(m, "revision", lambda: None)  # a model that cannot say what it computes
+    ev.unrelated_logps(m)
+    ev.unrelated_logps(m)
+    assert len(calls) == 5

@@ -81,6 +81,33 @@ def test_matmul_matches_float_matmul(qtype: GGMLType, n_tok: int, repacking: boo
         assert np.allclose(m.matmul(x[0]), got[0], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("qtype", [GGMLType.Q8_0, GGMLType.Q6_K, GGMLType.Q4_1, GGMLType.F16], ids=lambda t: t.name)
+def test_a_kept_dense_copy_gives_the_same_products(qtype: GGMLType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """dense() is dequantize() kept read-only; once kept, the batched products (over chunks of rows,
+    the last one short) and top_k / top1 read it and give the same bits as dequantizing per call."""
+    monkeypatch.setattr(tensor, "CHUNK_ROWS", 32)
+    x = np.random.default_rng(9).standard_normal((40, 512)).astype(np.float32)  # past the small-batch kernels
+    fresh = random_matrix(qtype, 70, 512, seed=21 + int(qtype))
+    fresh.repacked()  # the path that dequantizes from the repacked copy, where it exists
+    kept = random_matrix(qtype, 70, 512, seed=21 + int(qtype))
+    d = kept.dense()
+    assert d is kept.dense() and not d.flags.writeable
+    assert np.array_equal(d.view(np.uint32), fresh.dequantize().view(np.uint32))
+    with pytest.raises(ValueError):
+        d[0, 0] = 1.0
+    want = fresh.matmul(x), fresh.top_k(x, 5), fresh.top1(x)
+
+    def no_dequantization(*args: object, **kw: object) -> None:
+        raise AssertionError("dequantized again although a dense copy is kept")
+
+    monkeypatch.setattr(QuantMatrix, "dequantize", no_dequantization)
+    monkeypatch.setattr(repack, "dequantize_into", no_dequantization)
+    assert np.array_equal(kept.matmul(x).view(np.uint32), want[0].view(np.uint32))
+    assert np.array_equal(kept.top_k(x, 5), want[1])
+    for a, b in zip(kept.top1(x), want[2]):
+        assert np.array_equal(a, b)
+
+
 @pytest.mark.parametrize("qtype", [GGMLType.Q8_0, *sorted(repack.REPACKABLE)], ids=lambda t: t.name)
 def test_a_small_batch_is_each_row_alone(qtype: GGMLType) -> None:
     """The small-batch kernels take four rows at a time (each weight widened once for the four) and
