@@ -28,6 +28,30 @@ def test_default_keeps_what_the_user_set(monkeypatch: pytest.MonkeyPatch) -> Non
     assert env["OPENBLAS_NUM_THREADS"] in ("1", str(available_cores()))  # one when the machine is busy
 
 
+
+@pytest.mark.parametrize("reads,busy,taken", [([True] * 8, True, 8), ([True, True, False], False, 3),
+                                               ([False], False, 1)])
+def test_blas_gets_one_thread_only_when_the_machine_stays_busy(monkeypatch: pytest.MonkeyPatch, reads: list[bool],
+                                                                busy: bool, taken: int) -> None:
+    """A moment of other work (a pipe's other end starting) leaves BLAS its threads; only a machine
+    busy at every read over ~35 ms gets one. An idle machine costs one read."""
+    from larql import threads
+
+    seen = iter(reads)
+    calls: list[int] = []
+
+    def read(cores: int) -> bool:
+        calls.append(cores)
+        return next(seen)
+
+    monkeypatch.setattr(threads, "machine_busy", read)
+    monkeypatch.setattr(threads.time, "sleep", lambda s: None)
+    monkeypatch.delenv("LARQL_THREADS", raising=False)
+    env: dict[str, str] = {}
+    configure(env=env)
+    assert len(calls) == taken
+    assert env["OPENBLAS_NUM_THREADS"] == ("1" if busy else str(available_cores()))
+
 def test_env_var_reaches_numba(monkeypatch: pytest.MonkeyPatch) -> None:
     code = ("import json, os; from larql.threads import configure; configure(); import numba; "
             "print(json.dumps([numba.get_num_threads(), os.environ['OMP_WAIT_POLICY']]))")
