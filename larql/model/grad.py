@@ -349,6 +349,8 @@ class Tail:
         layer's attention output and MLP run there only, the rest feeds no later layer (the value
         step reads a third of the rows; gemma3-270m's MLP and output projection are 4/5 of a layer)."""
         cfg = self.cfg
+        if keep is not None and (len(keep) == 0 or np.any(np.diff(keep) <= 0)):
+            raise ValueError("Tail.forward: keep must be strictly increasing stacked rows")  # the backward scatters by assignment
         x = np.concatenate([c.resid for c in ctxs]).astype(np.float32)  # (N, hidden)
         offsets = np.cumsum([0] + [c.n for c in ctxs])[:-1]
         rows, row_group = _inject(ctxs, offsets)

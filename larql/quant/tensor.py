@@ -105,7 +105,7 @@ class QuantMatrix:
     _row_norms: list[NDArray[np.float64] | None] = field(default_factory=list, compare=False, repr=False)
     _tiled: list[argmax_tiles.Tiled | None] = field(default_factory=list, compare=False, repr=False)
     _greedy_steps: list[int] = field(default_factory=lambda: [0], compare=False, repr=False)
-    _dense: list[NDArray[np.float32]] = field(default_factory=list, compare=False, repr=False)
+    _dense: list[weakref.ref[NDArray[np.float32]]] = field(default_factory=list, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         expected = (self.n_rows, row_bytes(self.qtype, self.n_cols))
@@ -144,16 +144,23 @@ class QuantMatrix:
         return out
 
     def dense(self) -> NDArray[np.float32]:
-        """`dequantize()` made once and kept, read-only: for callers that hold the float32 weights
-        anyway (an edit's backward pass holds every layer above the edit). While kept, batched
-        products read it instead of dequantizing a chunk per call (the same values: dequantization
-        is exact)."""
-        def make() -> NDArray[np.float32]:
-            out = self.dequantize()
-            out.flags.writeable = False
-            return out
-
-        return _made_once(self._dense, make)
+        """`dequantize()` kept read-only for as long as a caller holds it: for callers that hold the
+        float32 weights anyway (an edit's backward pass holds every layer above the edit, per model).
+        While it lives, every such caller gets the same array and batched products read it instead
+        of dequantizing a chunk per call (the same values: dequantization is exact). The matrix keeps
+        only a weak reference, so a served model's weights do not grow by a float32 copy for good
+        once one session has edited. F32 weights are their own dense form (a read-only view)."""
+        if self.qtype == GGMLType.F32:
+            view = self.raw.view(np.float32)
+            view.flags.writeable = False
+            return view
+        with _repack_lock:
+            kept = self._dense[0]() if self._dense else None
+            if kept is None:
+                kept = self.dequantize()
+                kept.flags.writeable = False
+                self._dense[:] = [weakref.ref(kept)]
+            return kept
 
     def row(self, index: int) -> NDArray[np.float32]:
         """One dequantized row, e.g. a token's embedding."""
@@ -328,7 +335,7 @@ class QuantMatrix:
 
     def _float_chunks(self) -> Iterator[tuple[slice, NDArray[np.float32]]]:
         """The weights as float32, CHUNK_ROWS rows at a time (dequantized into a reused scratch)."""
-        kept = self._dense[0] if self._dense else None  # dense() was asked for: no dequantization
+        kept = self._dense[0]() if self._dense else None  # a dense() copy still held: no dequantization
         for start in range(0, self.n_rows, CHUNK_ROWS):
             rows = slice(start, min(start + CHUNK_ROWS, self.n_rows))
             if self.qtype == GGMLType.F32:

@@ -129,6 +129,9 @@ def test_a_tail_kept_to_some_rows_gives_their_outputs_and_gradients(deep_tiny: l
     got = tail.backward(ctxs, deltas, saves, dy)
     for layer in edited:
         assert np.linalg.norm(got[layer] - want[layer]) <= 1e-5 * np.linalg.norm(want[layer]), layer
+    for bad in (keep[::-1], np.array([0, 3, 3])):  # the backward scatters by assignment: refused, not summed wrong
+        with pytest.raises(ValueError, match="strictly increasing"):
+            tail.forward(ctxs, deltas, bad)
 
 
 def test_values_of_several_subjects_in_one_pass_equal_each_alone(deep_tiny: larql.Model) -> None:

@@ -91,7 +91,7 @@ def test_a_kept_dense_copy_gives_the_same_products(qtype: GGMLType, monkeypatch:
     fresh.repacked()  # the path that dequantizes from the repacked copy, where it exists
     kept = random_matrix(qtype, 70, 512, seed=21 + int(qtype))
     d = kept.dense()
-    assert d is kept.dense() and not d.flags.writeable
+    assert d is kept.dense() and not d.flags.writeable  # one array while held
     assert np.array_equal(d.view(np.uint32), fresh.dequantize().view(np.uint32))
     with pytest.raises(ValueError):
         d[0, 0] = 1.0
@@ -106,6 +106,9 @@ def test_a_kept_dense_copy_gives_the_same_products(qtype: GGMLType, monkeypatch:
     assert np.array_equal(kept.top_k(x, 5), want[1])
     for a, b in zip(kept.top1(x), want[2]):
         assert np.array_equal(a, b)
+    monkeypatch.undo()
+    del d  # the matrix holds its copy weakly: gone with its last holder, made again when asked
+    assert kept._dense[0]() is None and not kept.dense().flags.writeable
 
 
 @pytest.mark.parametrize("qtype", [GGMLType.Q8_0, *sorted(repack.REPACKABLE)], ids=lambda t: t.name)
