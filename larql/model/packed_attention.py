@@ -37,7 +37,6 @@ class Packing:
     ctx_row0: I64  # (C,) each context's first stacked row
     ctx_start: I64  # (C,) its first suffix position (= its number of prefix keys)
     ctx_pre0: I64  # (C,) where its prefix keys start in the stacked prefix keys
-    max_keys: int  # the most keys any row sees
 
 
 def pack(starts: Sequence[int], lengths: Sequence[int]) -> Packing:
@@ -49,15 +48,17 @@ def pack(starts: Sequence[int], lengths: Sequence[int]) -> Packing:
     pre0 = np.concatenate([[0], np.cumsum(start)[:-1]]).astype(np.int64)
     row_ctx = np.repeat(np.arange(len(n), dtype=np.int64), n)
     row_pos = (np.arange(int(n.sum()), dtype=np.int64) - row0[row_ctx] + start[row_ctx]).astype(np.int64)
-    return Packing(row_ctx, row_pos, row0, start, pre0, int(length.max()) if len(length) else 0)
+    return Packing(row_ctx, row_pos, row0, start, pre0)
 
 
 @dataclass
 class Saved:
     """The forward's state for its backward."""
 
-    p: F32  # (N, H, max_keys) attention probabilities, key j of a row at position lo + j
-    capped: F32  # (N, H, max_keys) tanh(score / softcap) with soft-capping, else empty
+    p: F32  # ragged: row r's head h's probability of key j (position lo + j) at base[r] + h * keys[r] + j
+    capped: F32  # the same layout: tanh(score / softcap) with soft-capping, else empty
+    base: I64  # (N,) where each row's cells start
+    keys: I64  # (N,) how many keys each row sees (its causal window)
     q: F32  # (N, H, d)
     k: F32  # (N, n_kv, d)
     v: F32
@@ -76,7 +77,8 @@ def _key_row(pos, start, row0, pre0):
 
 
 @njit(cache=True, fastmath=_FAST)
-def _forward(q, k, v, pk, pv, row_ctx, row_pos, ctx_row0, ctx_start, ctx_pre0, window, scale, softcap, z, p, capped):
+def _forward(q, k, v, pk, pv, row_ctx, row_pos, ctx_row0, ctx_start, ctx_pre0, window, scale, softcap, base, z, p,
+             capped):
     n_heads, d = q.shape[1], q.shape[2]
     group = n_heads // k.shape[1]
     for r in range(q.shape[0]):
@@ -84,6 +86,7 @@ def _forward(q, k, v, pk, pv, row_ctx, row_pos, ctx_row0, ctx_start, ctx_pre0, w
         lo = max(0, pos - window + 1) if window > 0 else 0
         for h in range(n_heads):
             kh = h // group
+            o = base[r] + h * (pos - lo + 1)  # this row and head's cells
             best = np.float32(-np.inf)
             for j in range(pos - lo + 1):
                 in_prefix, kr = _key_row(lo + j, ctx_start[c], ctx_row0[c], ctx_pre0[c])
@@ -97,20 +100,20 @@ def _forward(q, k, v, pk, pv, row_ctx, row_pos, ctx_row0, ctx_start, ctx_pre0, w
                 s *= scale
                 if softcap > 0:
                     t = np.tanh(s / softcap)
-                    capped[r, h, j] = t
+                    capped[o + j] = t
                     s = t * softcap
-                p[r, h, j] = s
+                p[o + j] = s
                 best = max(best, s)
             total = np.float32(0.0)
             for j in range(pos - lo + 1):
-                w = np.exp(p[r, h, j] - best)
-                p[r, h, j] = w
+                w = np.exp(p[o + j] - best)
+                p[o + j] = w
                 total += w
             for e in range(d):
                 z[r, h, e] = 0.0
             for j in range(pos - lo + 1):
-                w = p[r, h, j] / total
-                p[r, h, j] = w
+                w = p[o + j] / total
+                p[o + j] = w
                 in_prefix, kr = _key_row(lo + j, ctx_start[c], ctx_row0[c], ctx_pre0[c])
                 if in_prefix:
                     for e in range(d):
@@ -122,15 +125,16 @@ def _forward(q, k, v, pk, pv, row_ctx, row_pos, ctx_row0, ctx_start, ctx_pre0, w
 
 @njit(cache=True, fastmath=_FAST)
 def _backward(dz, q, k, v, pk, pv, p, capped, row_ctx, row_pos, ctx_row0, ctx_start, ctx_pre0, window, scale,
-              softcap, dq, dk, dv):
+              softcap, base, max_keys, dq, dk, dv):
     n_heads, d = q.shape[1], q.shape[2]
     group = n_heads // k.shape[1]
-    dp = np.empty(p.shape[2], np.float32)
+    dp = np.empty(max_keys, np.float32)
     for r in range(q.shape[0]):
         c, pos = row_ctx[r], row_pos[r]
         lo = max(0, pos - window + 1) if window > 0 else 0
         for h in range(n_heads):
             kh = h // group
+            o = base[r] + h * (pos - lo + 1)
             mean = np.float32(0.0)  # sum over keys of p * dp
             for j in range(pos - lo + 1):
                 in_prefix, kr = _key_row(lo + j, ctx_start[c], ctx_row0[c], ctx_pre0[c])
@@ -142,18 +146,18 @@ def _backward(dz, q, k, v, pk, pv, p, capped, row_ctx, row_pos, ctx_row0, ctx_st
                     for e in range(d):
                         s += dz[r, h, e] * v[kr, kh, e]
                 dp[j] = s
-                mean += p[r, h, j] * s
+                mean += p[o + j] * s
             for j in range(pos - lo + 1):
-                ds = p[r, h, j] * (dp[j] - mean)
+                ds = p[o + j] * (dp[j] - mean)
                 if softcap > 0:
-                    ds *= np.float32(1.0) - capped[r, h, j] * capped[r, h, j]
+                    ds *= np.float32(1.0) - capped[o + j] * capped[o + j]
                 ds *= scale
                 in_prefix, kr = _key_row(lo + j, ctx_start[c], ctx_row0[c], ctx_pre0[c])
                 if in_prefix:  # the prefix keys and values are constants
                     for e in range(d):
                         dq[r, h, e] += ds * pk[kr, kh, e]
                 else:
-                    w = p[r, h, j]
+                    w = p[o + j]
                     for e in range(d):
                         dq[r, h, e] += ds * k[kr, kh, e]
                         dk[kr, kh, e] += ds * q[r, h, e]
@@ -168,11 +172,16 @@ def attend(packing: Packing, q: F32, k: F32, v: F32, prefix_k: F32, prefix_v: F3
     prefix_k, prefix_v = (np.ascontiguousarray(a, dtype=np.float32) for a in (prefix_k, prefix_v))
     n, n_heads, d = q.shape
     z = np.empty((n, n_heads, d), np.float32)
-    p = np.empty((n, n_heads, packing.max_keys), np.float32)
-    capped = np.empty((n, n_heads, packing.max_keys) if softcap else (0, 0, 0), np.float32)
+    # each row stores only the keys it sees (one long user prompt must not widen every row's cells)
+    lo = np.maximum(0, packing.row_pos - window + 1) if window > 0 else np.zeros_like(packing.row_pos)
+    keys = (packing.row_pos - lo + 1).astype(np.int64)  # (N,)
+    base = np.concatenate([[0], np.cumsum(keys * n_heads)[:-1]]).astype(np.int64)
+    cells = int(keys.sum()) * n_heads
+    p = np.empty(cells, np.float32)
+    capped = np.empty(cells if softcap else 0, np.float32)
     _forward(q, k, v, prefix_k, prefix_v, packing.row_ctx, packing.row_pos, packing.ctx_row0, packing.ctx_start,
-             packing.ctx_pre0, int(window), np.float32(scale), np.float32(softcap), z, p, capped)
-    return z.reshape(n, -1), Saved(p, capped, q, k, v, prefix_k, prefix_v, int(window), float(softcap))
+             packing.ctx_pre0, int(window), np.float32(scale), np.float32(softcap), base, z, p, capped)
+    return z.reshape(n, -1), Saved(p, capped, base, keys, q, k, v, prefix_k, prefix_v, int(window), float(softcap))
 
 
 def attend_back(packing: Packing, dz: F32, s: Saved, scale: float) -> tuple[F32, F32, F32]:
@@ -181,5 +190,5 @@ def attend_back(packing: Packing, dz: F32, s: Saved, scale: float) -> tuple[F32,
     dq, dk, dv = np.zeros_like(s.q), np.zeros_like(s.k), np.zeros_like(s.v)
     _backward(dz3, s.q, s.k, s.v, s.prefix_k, s.prefix_v, s.p, s.capped, packing.row_ctx, packing.row_pos,
               packing.ctx_row0, packing.ctx_start, packing.ctx_pre0, s.window, np.float32(scale),
-              np.float32(s.softcap), dq, dk, dv)
+              np.float32(s.softcap), s.base, int(s.keys.max()) if len(s.keys) else 0, dq, dk, dv)
     return dq, dk, dv

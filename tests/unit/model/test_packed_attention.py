@@ -57,8 +57,11 @@ def _packed(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefixes: list, window:
 @pytest.mark.parametrize("n_heads,n_kv,window,softcap", [(4, 1, 0, 0.0), (4, 2, 3, 0.0), (2, 2, 0, 5.0), (6, 3, 2, 2.0)])
 def test_packed_attention_is_each_context_alone(n_heads: int, n_kv: int, window: int, softcap: float) -> None:
     q, k, v, prefixes = _inputs(n_heads, n_kv, 8)
-    z, _, _ = _packed(q, k, v, prefixes, window, 0.35, softcap)
+    z, _, saved = _packed(q, k, v, prefixes, window, 0.35, softcap)
     np.testing.assert_allclose(z, _reference(q, k, v, prefixes, window, 0.35, softcap), rtol=1e-5, atol=1e-5)
+    # each row keeps only the keys it sees: its causal window, not the longest context's length
+    seen = [min(pos + 1, window or pos + 1) for st, ln in zip(STARTS, LENGTHS) for pos in range(st, ln)]
+    assert saved.p.size == sum(seen) * n_heads and saved.capped.size == (saved.p.size if softcap else 0)
 
 
 @pytest.mark.parametrize("n_heads,n_kv,window,softcap", [(4, 2, 3, 0.0), (6, 3, 0, 2.0)])
