@@ -165,7 +165,7 @@ class PatchOverlay:
                                   f"expected ({self.hidden},) (the hidden size)")
             if not np.all(np.isfinite(arr)):
                 raise VindexError(f"override of L{layer} F{feature}: {part} has NaN or infinite values")
-            fixed[part] = np.ascontiguousarray(arr)
+            fixed[part] = np.array(arr, dtype=np.float32, order="C")  # our own copy: a caller's later write must not edit the model
         if feature >= self.widths[layer]:
             old = self._added.get(layer, {}).get(feature)
             whole = {part: fixed.get(part, getattr(old, part) if old is not None else None) for part in ("gate", "up", "down")}
@@ -214,7 +214,7 @@ class PatchOverlay:
         self.revision += 1
         if not 0 <= layer < self.num_layers:
             raise VindexError(f"layer {layer} is out of range (layers 0-{self.num_layers - 1})")
-        arrays = [np.ascontiguousarray(a, dtype=np.float32) for a in (u, v, keys)]
+        arrays = [np.array(a, dtype=np.float32, order="C") for a in (u, v, keys)]  # copies, as set() keeps
         r = arrays[0].shape[1] if arrays[0].ndim == 2 else -1
         want = {"u": (self.hidden, r), "v": (self.num_features, r), "keys": (self.num_features, r)}
         for (name, shape), arr in zip(want.items(), arrays):

@@ -112,3 +112,20 @@ def test_unrelated_prompts_are_reused_until_an_edit(vx: Path, monkeypatch: pytes
     ev.unrelated_logps(m)
     ev.unrelated_logps(m)
     assert len(calls) == 5
+
+
+def test_the_overlay_keeps_its_own_copy_of_an_edit(vx: Path) -> None:
+    """A vector given to the overlay is copied: the caller writing into it afterwards changes
+    neither the model nor what the caches keyed on the overlay's revision hold."""
+    from larql.edit.view import edit_vindex
+
+    v = edit_vindex(vx)
+    m = v.model()
+    down = np.full(64, 2.0, np.float32)
+    v.overlay.set(1, 7, FeatureOverride(down=down))
+    u, w, keys = np.ones((64, 1), np.float32), np.ones((96, 1), np.float32), np.ones((96, 1), np.float32)
+    v.overlay.add_weight(2, u, w, keys)
+    before = m.forward(IDS)
+    down[:] = -50.0
+    u[:] = 9.0
+    assert np.array_equal(m.forward(IDS), before)
