@@ -90,13 +90,10 @@ def _forward(q, k, v, pk, pv, row_ctx, row_pos, ctx_row0, ctx_start, ctx_pre0, w
             best = np.float32(-np.inf)
             for j in range(pos - lo + 1):
                 in_prefix, kr = _key_row(lo + j, ctx_start[c], ctx_row0[c], ctx_pre0[c])
+                keys = pk if in_prefix else k  # one array type: numba picks the source, the loop is one
                 s = np.float32(0.0)
-                if in_prefix:
-                    for e in range(d):
-                        s += q[r, h, e] * pk[kr, kh, e]
-                else:
-                    for e in range(d):
-                        s += q[r, h, e] * k[kr, kh, e]
+                for e in range(d):
+                    s += q[r, h, e] * keys[kr, kh, e]
                 s *= scale
                 if softcap > 0:
                     t = np.tanh(s / softcap)
@@ -115,12 +112,9 @@ def _forward(q, k, v, pk, pv, row_ctx, row_pos, ctx_row0, ctx_start, ctx_pre0, w
                 w = p[o + j] / total
                 p[o + j] = w
                 in_prefix, kr = _key_row(lo + j, ctx_start[c], ctx_row0[c], ctx_pre0[c])
-                if in_prefix:
-                    for e in range(d):
-                        z[r, h, e] += w * pv[kr, kh, e]
-                else:
-                    for e in range(d):
-                        z[r, h, e] += w * v[kr, kh, e]
+                values = pv if in_prefix else v
+                for e in range(d):
+                    z[r, h, e] += w * values[kr, kh, e]
 
 
 @njit(cache=True, fastmath=_FAST)
@@ -138,13 +132,10 @@ def _backward(dz, q, k, v, pk, pv, p, capped, row_ctx, row_pos, ctx_row0, ctx_st
             mean = np.float32(0.0)  # sum over keys of p * dp
             for j in range(pos - lo + 1):
                 in_prefix, kr = _key_row(lo + j, ctx_start[c], ctx_row0[c], ctx_pre0[c])
+                values = pv if in_prefix else v
                 s = np.float32(0.0)
-                if in_prefix:
-                    for e in range(d):
-                        s += dz[r, h, e] * pv[kr, kh, e]
-                else:
-                    for e in range(d):
-                        s += dz[r, h, e] * v[kr, kh, e]
+                for e in range(d):
+                    s += dz[r, h, e] * values[kr, kh, e]
                 dp[j] = s
                 mean += p[o + j] * s
             for j in range(pos - lo + 1):
