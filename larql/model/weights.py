@@ -137,6 +137,20 @@ def named_tensors(weights: Weights) -> Iterator[tuple[str, QuantMatrix | Vec]]:
         yield "output.weight", weights.output
 
 
+# How much float32 `float32_copies` may hold: a model of ~500M parameters (gemma3-270m's take 1.07 GB)
+FLOAT32_COPIES_BYTES = 2 << 30
+
+
+def float32_copies(weights: Weights, max_bytes: int = FLOAT32_COPIES_BYTES) -> list[NDArray[np.float32]]:
+    """Every matrix's float32 copy (`QuantMatrix.dense`), for a caller to hold while it makes many
+    batched passes: while held, those passes read them instead of dequantizing a chunk of weights
+    per call. Empty when together they would take more than `max_bytes` (larger models)."""
+    matrices = {id(m): m for _, m in named_tensors(weights) if isinstance(m, QuantMatrix)}
+    if sum(m.n_rows * m.n_cols * 4 for m in matrices.values()) > max_bytes:
+        return []
+    return [m.dense() for m in matrices.values()]
+
+
 def _check_shapes(w: Weights, cfg: ModelConfig, where: str) -> None:
     q_out, kv_out, h, f = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.hidden, cfg.ffn
     matrices = {"q": (q_out, h), "k": (kv_out, h), "v": (kv_out, h), "o": (h, q_out), "gate": (f, h),

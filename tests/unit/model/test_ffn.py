@@ -153,3 +153,23 @@ def test_hooks_fire_once_through_the_edited_block(m: larql.Model) -> None:
     d = np.zeros(m.config.hidden, np.float32)
     m.with_edits(Edits(overrides={1: {0: (None, None, d)}}, top_k=5)).forward(IDS, hooks=hooks)
     assert seen == names
+
+
+def test_float32_copies_are_held_once_each_and_refused_past_their_budget(tiny: dict) -> None:
+    """float32_copies gives each matrix's dense() once (a tied lm_head is the embedding), equal to
+    its dequantization; while the list lives the matrices keep them, and past its byte budget it
+    gives nothing (a large model's INSERT does not double its weights in float32)."""
+    from larql.model.weights import float32_copies, named_tensors
+    from larql.quant import QuantMatrix
+
+    q8 = larql.load(tiny["root"] / "q8.gguf")
+    matrices = {id(x): x for _, x in named_tensors(q8.weights) if isinstance(x, QuantMatrix)}
+    size = sum(x.n_rows * x.n_cols * 4 for x in matrices.values())
+    assert float32_copies(q8.weights, max_bytes=size - 1) == []
+    assert all(x._dense[0]() is None for x in matrices.values() if x._dense)
+    held = float32_copies(q8.weights, max_bytes=size)
+    assert len(held) == len(matrices) and sum(a.nbytes for a in held) == size
+    for x, a in zip(matrices.values(), held):
+        assert x.dense() is a and np.array_equal(a, x.dequantize())
+    del held, a
+    assert all(x._dense[0]() is None for x in matrices.values())
