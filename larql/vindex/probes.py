@@ -9,12 +9,14 @@ or an entity the model does not know, mostly fall below the bar or produce non-w
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from larql.model import Model
+from larql.model.prefix import common_prefix
 from larql.vindex.describe import Edge, clean_token, is_content_token
 
 # The bar a probe's first answer token must clear to be shown, chosen on measured data
@@ -81,6 +83,7 @@ def _run_pairs(model: Model, pairs: Sequence[tuple[RelationTemplate, str]],
                min_prob: float) -> list[tuple[str, float]]:
     """run_probes over (template, entity) pairs, all in one batch."""
     prompts = [model.tokenize(probe_prompt(t, entity)) for t, entity in pairs]
+    _prime(model, pairs, prompts)
     starts = [model.prefixes.start(model, ("probe", t.template), ids, MAX_ANSWER_TOKENS)
               for (t, _), ids in zip(pairs, prompts)]
     caches = [cache for cache, _ in starts]
@@ -98,6 +101,29 @@ def _run_pairs(model: Model, pairs: Sequence[tuple[RelationTemplate, str]],
         for b, token in zip(running, step):
             answers[b].append(int(token))
     return [(_answer_text(model, a), p) for a, p in zip(answers, probs)]
+
+
+def _prime(model: Model, pairs: Sequence[tuple[RelationTemplate, str]], prompts: Sequence[list[int]]) -> None:
+    """Run once, and keep, the token prefix that each template's prompts in this batch share (its
+    worked examples) where no kept probe holds it yet: the batch's prompts then run only their own
+    tails, not every one its ~25 tokens (the first batch of an INSERT of 200 subjects: 256 prompts
+    of a few tokens each instead of ~6,400 tokens, a quarter of all its probes' work)."""
+    shared: dict[str, list[int]] = {}
+    for (t, _), ids in zip(pairs, prompts):
+        have = shared.get(t.template)
+        shared[t.template] = list(ids) if have is None else have[:common_prefix(have, ids)]
+    counts = Counter(t.template for t, _ in pairs)
+    todo = []
+    for template, ids in shared.items():
+        if counts[template] < 2 or len(ids) < 2:
+            continue
+        cache, rest = model.prefixes.start(model, ("probe", template), ids)
+        if len(rest) > 1:  # the kept prompt shares less than this batch's prefix
+            todo.append((template, ids, cache, rest))
+    if todo:
+        model.next_top1_batch([rest for *_, rest in todo], [cache for _, _, cache, _ in todo])
+        for template, ids, cache, _ in todo:
+            model.prefixes.keep(model, ("probe", template), ids, cache)
 
 
 # (template, entity) probes run together by probe_edges_many: the lm_head's chunks are dequantized once

@@ -83,6 +83,25 @@ def test_probes_of_many_entities_batched_equal_each_alone(gemma: larql.Model) ->
     assert any(e.label == "capital" and e.target == "Nairobi" for e in many[1])
 
 
+def test_a_first_batch_runs_each_templates_examples_once(gemma: larql.Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With nothing kept, a batch first runs the prefix each template's prompts share (its worked
+    examples) once, then every prompt its own few tokens: the same edges as each entity alone."""
+    fresh = larql.load("gemma3-270m")  # no probe kept yet
+    runs: list[list[int]] = []
+    run = fresh.next_top1_batch
+    monkeypatch.setattr(fresh, "next_top1_batch",
+                        lambda batch, caches=None: runs.append([len(b) for b in batch]) or run(batch, caches))
+    entities = ["Spain", "Kenya", "Zebrador"]
+    many = probe_edges_many(fresh, entities)
+    assert len(runs[0]) == len(TEMPLATES) and sum(runs[0]) >= 120  # the examples, once a template
+    full = sum(len(fresh.tokenize(probe_prompt(t, e))) for e in entities for t in TEMPLATES)
+    assert len(runs[1]) == len(TEMPLATES) * len(entities) and sum(runs[1]) <= full / 3  # then each prompt's tail
+    for entity, got in zip(entities, many):
+        want = probe_edges(gemma, entity)
+        assert [(e.label, e.target) for e in got] == [(e.label, e.target) for e in want]
+        assert np.allclose([e.score for e in got], [e.score for e in want], atol=TOL)
+
+
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> larql.Model:
     spec = TinySpec(arch="llama")
