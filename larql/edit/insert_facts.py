@@ -57,7 +57,6 @@ from larql.model.grad import require_backward
 from larql.model.interp import kl
 from larql.model.model import Model
 from larql.model.tokenizer import cache_dir
-from larql.model.weights import float32_copies
 
 
 def default_layers(model: Model) -> tuple[int, ...]:
@@ -135,7 +134,6 @@ class InsertReport:
     plan: WeightEditPlan | None = None
 
 
-FLOAT32_COPIES_FACTS = 64  # an INSERT of this many facts holds the float32 weights (float32_copies)
 SIBLING_NAME = "Acme"  # another entity ending in the subject's last word, for the report's sibling check
 
 
@@ -181,10 +179,9 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
     if method != "feature":  # before minutes of statistics, not after
         require_backward(model.config, model.weights)
     t0 = time.perf_counter()
-    # kept until the INSERT returns: its thousands of batched passes (probes, captures, settling) then
-    # dequantize nothing (1,000 fictional facts: ~20 s of dequantization); a few facts' passes do not
-    # win back the copies' ~1 s
-    _float32_weights = float32_copies(model.weights) if len(facts) >= FLOAT32_COPIES_FACTS else []
+    # its batched passes (probes, captures, the value step's tail, settling, the report) then dequantize
+    # nothing: 1,000 fictional facts spent ~20 s dequantizing, one fact ~0.3 s of ~2.8
+    v.hold_float32_weights()
     held_prefixes = model_prefixes(model, EVAL_PREFIXES, seed=EVAL_PREFIX_SEED) if measure else ()
     sc = Scorer(model)
 

@@ -125,7 +125,11 @@ def test_stacked_neurons_take_new_slots_and_stay_silent_on_each_other(vx: Path) 
     untaught = _logp(m, PROMPT, "blue")
     insert_facts(v, [Fact("zeta", PROMPT, "blue", "colour")], "neuron", measure=False)
     taught = _logp(m, PROMPT, "blue")
+    held = v._float32_weights  # the editing session keeps the float32 weights: later INSERTs dequantize nothing
+    gate = m.weights.layers[1].gate
+    assert held and any(np.shares_memory(a, gate.dense()) for a in held)
     insert_facts(v, [Fact("omega", "Colour of omega", "red", "colour")], "neuron", measure=False)
+    assert v._float32_weights is held
     first, second = v.patches.pending
     assert isinstance(first, PatchOp) and isinstance(second, PatchOp) and first.feature != second.feature
     x_first = _input_at(m, first.layer, PROMPT, "zeta")
