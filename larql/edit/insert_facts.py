@@ -181,7 +181,7 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
     t0 = time.perf_counter()
     # its batched passes (probes, captures, the value step's tail, settling, the report) then dequantize
     # nothing: 1,000 fictional facts spent ~20 s dequantizing, one fact ~0.3 s of ~2.8
-    v.hold_float32_weights()
+    _float32_weights = v.float32_weights()  # held at least while this INSERT runs
     held_prefixes = model_prefixes(model, EVAL_PREFIXES, seed=EVAL_PREFIX_SEED) if measure else ()
     sc = Scorer(model)
 

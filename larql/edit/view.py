@@ -42,7 +42,7 @@ class EditableVindex:
         self.overlay = PatchOverlay(store.num_layers, max(widths), store.hidden, widths)
         self.patches = PatchStack(store, self.overlay)
         self._model: Model | None = None  # the walk model, built on first use (it repacks weights once)
-        self._float32_weights: list[F32] = []  # hold_float32_weights
+        self._float32_weights: list[F32] = []  # float32_weights
         # layer -> ((overlay revision, top_k), feature -> down_meta row computed from its down vector)
         self._written_rows: dict[int, tuple[tuple[int, int], dict[int, tuple[NDArray[np.int64], F32]]]] = {}
 
@@ -193,15 +193,17 @@ class EditableVindex:
             self._model = carried_model(self.store, OverlayEdits(self.overlay))
         return self._model
 
-    def hold_float32_weights(self) -> None:
-        """Keep the model's float32 weights (`model.weights.float32_copies`; none for a model past its
-        budget) for as long as this view lives: an editing session's INSERTs then dequantize no weight
-        in their batched passes (one INSERT with its report on gemma3-270m: 2.6-3.8 -> 1.9-2.5 s, for
-        1.07 GB held; the value step made most of them for each INSERT anyway)."""
+    def float32_weights(self) -> list[F32]:
+        """The model's float32 weights (`model.weights.float32_copies`; none for a model past its
+        budget), kept for as long as this view lives: an editing session's INSERTs then dequantize no
+        weight in their batched passes (one INSERT with its report on gemma3-270m: 2.6-3.8 -> 1.9-2.5 s,
+        for 1.07 GB; the value step made most of them for each INSERT anyway). A caller holds the list
+        while it runs (a served session's view keeps nothing: see serve/sessions.py)."""
         if not self._float32_weights:
             from larql.model.weights import float32_copies
 
             self._float32_weights = float32_copies(self.model().weights)
+        return self._float32_weights
 
     def __repr__(self) -> str:
         return f"EditableVindex({self.store!r}, edited_features={len(self.overlay)})"

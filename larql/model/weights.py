@@ -145,7 +145,9 @@ def float32_copies(weights: Weights, max_bytes: int = FLOAT32_COPIES_BYTES) -> l
     """Every matrix's float32 copy (`QuantMatrix.dense`), for a caller to hold while it makes many
     batched passes: while held, those passes read them instead of dequantizing a chunk of weights
     per call. Empty when together they would take more than `max_bytes` (larger models)."""
-    matrices = {id(m): m for _, m in named_tensors(weights) if isinstance(m, QuantMatrix)}
+    # the embeddings are read a few rows at a time (`rows`), never from a float32 copy: only as the lm_head
+    matrices = {id(m): m for name, m in named_tensors(weights) if isinstance(m, QuantMatrix)
+                and (name not in ("token_embd.weight", "position_embd.weight") or m is weights.output)}
     if sum(m.n_rows * m.n_cols * 4 for m in matrices.values()) > max_bytes:
         return []
     return [m.dense() for m in matrices.values()]

@@ -285,17 +285,18 @@ class QuantMatrix:
         an equal value keeps the lower id), a chunk of weight rows at a time: the `[t, n_rows]`
         product is never held (an edit's candidate tokens over Gemma's 262k-row unembedding). A
         Q8_0 matrix with VNNI finds them from int8 scores on its tiled copy and ranks them by exact
-        (float64) scores (topk_tiles.py; 2.4x), for TILED_TOP_K_ROWS rows or more or once the copy
+        (float64) scores (topk_tiles.py; 2.3x), for TILED_TOP_K_ROWS rows or more or once the copy
         exists; the float32 path agrees up to its rounding (two scores within ~1e-6 may swap)."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != self.n_cols:
             raise QuantError(f"{self.name}: top_k takes rows of {self.n_cols} values, not shape {list(x.shape)}")
         k = min(k, self.n_rows)
+        if k <= 0:
+            return np.zeros((len(x), 0), np.int64)
         if (self.qtype == GGMLType.Q8_0 and argmax.HAVE_VNNI and len(x)
-                and (len(x) >= TILED_TOP_K_ROWS or (self._tiled and self._tiled[0] is not None))
-                and np.isfinite(x).all()):
+                and (len(x) >= TILED_TOP_K_ROWS or (self._tiled and self._tiled[0] is not None))):
             tiles = self.tiled()
-            if tiles is not None:
+            if tiles is not None and topk_tiles.in_range(tiles, x):
                 return topk_tiles.top_k(tiles, self.raw, x, k)
         ids = np.zeros((len(x), k), np.uint32)
         vals = np.full((len(x), k), -np.inf, np.float32)

@@ -101,6 +101,8 @@ def batch_scores(packed: NDArray[np.uint8], scales: NDArray[np.uint16], x: NDArr
     """A `[B, n_tiles * 16]` (out) of every tiled row for each activation x `[B, n]` (B a multiple of
     TB); returns each activation's slack (argmax.py: |A_r - w_r . x| <= |w_r| * slack)."""
     n_act, n = x.shape
+    if n_act % TB:
+        raise ValueError("batch_scores: the activations come in whole groups of TB")  # the intrinsic reads TB rows
     nb = n // 32
     xq = np.empty((n_act, n), dtype=np.int8)
     corr = np.empty((n_act, nb), dtype=np.int32)
@@ -189,13 +191,25 @@ def rescore(raw: NDArray[np.uint8], f16: NDArray[np.float32], x: NDArray[np.floa
             out[b, j] = ids[order[j]]
 
 
+def in_range(tiled: Tiled, x: NDArray[np.float32]) -> bool:
+    """Whether every int8 score, partial sum and bound for the activations x `[t, n]` stays finite in
+    float32: each is at most |w_r| |x̂| (a block's dot by Cauchy-Schwarz, summed over the blocks), and
+    |x̂| <= 1.01 |x|; past that (or for x not finite) the float32 path ranks them."""
+    if not np.isfinite(x).all():
+        return False
+    largest = float(np.sqrt(np.max(np.einsum("ij,ij->i", x.astype(np.float64), x.astype(np.float64)))))
+    return largest * float(tiled.norms.max(initial=0.0)) < 1e36
+
+
 def top_k(tiled: Tiled, raw: NDArray[np.uint8], x: NDArray[np.float32], k: int) -> NDArray[np.int64]:
-    """Per activation of x `[t, n]` (finite), the ids of the k largest of x @ W.T for W the Q8_0 rows
+    """Per activation of x `[t, n]` (`in_range`), the ids of the k largest of x @ W.T for W the Q8_0 rows
     raw `[rows, bytes]` (tiled: their argmax_tiles copy), by exact score descending, an equal score
     keeping the lower id."""
     n_rows = tiled.n_rows
     k = min(k, n_rows)
-    out = np.empty((len(x), k), np.int64)
+    out = np.empty((len(x), max(k, 0)), np.int64)
+    if k <= 0:
+        return out
     padded = np.zeros((BATCH, x.shape[1]), np.float32)
     approx = np.empty((BATCH, tiled.packed.shape[0] * ROWS), np.float32)
     keep = np.empty((BATCH, n_rows), np.bool_)

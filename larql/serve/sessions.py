@@ -20,6 +20,9 @@ from larql.edit.view import EditableVindex
 from larql.errors import LimitError, ServeError
 
 if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
     from larql.model.model import Model
     from larql.vindex.store import Vindex
 
@@ -43,6 +46,15 @@ class SessionView(EditableVindex):
 
             self._model = self._shared.with_edits(OverlayEdits(self.overlay))
         return self._model
+
+    def float32_weights(self) -> list[NDArray[np.float32]]:
+        """The float32 weights for one INSERT's length only: they are the served model's, shared by
+        every session, and a client's edit must not grow the server by a float32 copy for good."""
+        if self._shared is None:
+            return super().float32_weights()
+        from larql.model.weights import float32_copies
+
+        return float32_copies(self.model().weights)
 
 
 @dataclass

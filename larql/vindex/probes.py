@@ -108,6 +108,8 @@ def _prime(model: Model, pairs: Sequence[tuple[RelationTemplate, str]], prompts:
     worked examples) where no kept probe holds it yet: the batch's prompts then run only their own
     tails, not every one its ~25 tokens (the first batch of an INSERT of 200 subjects: 256 prompts
     of a few tokens each instead of ~6,400 tokens, a quarter of all its probes' work)."""
+    if model.revision() is None:  # nothing would be kept (model/prefix.py)
+        return
     shared: dict[str, list[int]] = {}
     for (t, _), ids in zip(pairs, prompts):
         have = shared.get(t.template)

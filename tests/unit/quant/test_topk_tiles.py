@@ -81,3 +81,23 @@ def test_a_few_rows_stay_on_the_float_path_until_the_copy_exists(monkeypatch: py
     x[2, 0] = np.nan
     got = m.top_k(x, 7)
     assert seen == [1] and np.array_equal(got[[0, 1, 3, 4]], want[[0, 1, 3, 4]])
+
+
+@needs_vnni
+def test_no_k_every_row_and_out_of_range_activations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """k = 0 gives no ids (the heap has no slot to read); k = the row count ranks every row exactly;
+    activations whose scores would overflow float32 in the int8 pass take the float32 path; and the
+    scoring kernel refuses a batch that is not whole groups of TB (it reads TB rows at a time)."""
+    monkeypatch.setattr(tensor, "TILED_TOP_K_ROWS", 1)
+    m = random_matrix(GGMLType.Q8_0, 37, 640, seed=12)
+    x = np.random.default_rng(7).standard_normal((9, 640)).astype(np.float32)
+    assert m.top_k(x, 0).shape == (9, 0)
+    tiled = m.tiled()
+    assert tiled is not None and topk_tiles.top_k(tiled, m.raw, x, 0).shape == (9, 0)
+    assert np.array_equal(m.top_k(x, 37), _exact_top_k(m, x, 37))
+    huge = x * np.float32(1e36)
+    assert not topk_tiles.in_range(tiled, huge) and topk_tiles.in_range(tiled, x)
+    monkeypatch.setattr(topk_tiles, "top_k", lambda *a: pytest.fail("the int8 pass took out-of-range activations"))
+    assert m.top_k(huge, 3).shape == (9, 3)
+    with pytest.raises(ValueError, match="whole groups of TB"):
+        topk_tiles.batch_scores(tiled.packed, tiled.scales, x[:5], np.empty((5, tiled.packed.shape[0] * 16), np.float32))
