@@ -15,7 +15,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import QuantError
-from larql.quant import argmax, argmax_tiles, dot_kernels, kernels, reference, repack, topk_tiles
+from larql.quant import argmax, argmax_tiles, dot_kernels, kernels, reference, repack
 from larql.quant.types import BLOCK_LAYOUT, GGMLType, row_bytes
 
 # what every kernel takes first: (qtype, block_size, type_size, raw rows, the same bytes as int8, f16/bf16 table)
@@ -295,6 +295,8 @@ class QuantMatrix:
             return np.zeros((len(x), 0), np.int64)
         if (self.qtype == GGMLType.Q8_0 and argmax.HAVE_VNNI and len(x)
                 and (len(x) >= TILED_TOP_K_ROWS or (self._tiled and self._tiled[0] is not None))):
+            from larql.quant import topk_tiles  # only an edit's batches come here: not imported by `larql run`
+
             tiles = self.tiled()
             if tiles is not None and topk_tiles.in_range(tiles, x):
                 return topk_tiles.top_k(tiles, self.raw, x, k)
