@@ -132,6 +132,21 @@ def _quantize_activation(x, xu, dx):
     return np.sqrt(err2), np.sqrt(hat2)
 
 
+def rounding(n: int) -> float:
+    """c of the module docstring's bound for activations of n values: 1.01 (n + 2) 2^-24."""
+    return 1.01 * (n + 2) * U
+
+
+@njit(cache=True)
+def bound_slack(x, err, hat, c):
+    """E_r / |w_r| for the activation x `[n]` (module docstring): |x̂ - x| + c (|x| + |x̂|), err = |x̂ - x|
+    and hat = |x̂| from the quantization, |x| in float64, rounded up (every candidate pass's bound)."""
+    xn2 = 0.0
+    for i in range(x.shape[0]):
+        xn2 += np.float64(x[i]) * np.float64(x[i])
+    return (err + c * (np.sqrt(xn2) + hat)) * (1 + 1e-9) + 1e-30
+
+
 @njit(cache=True)
 def _select(approx, norms, slack):
     """Rows r whose A_r + E_r reaches max(A - E), E_r = norms[r] * slack, ascending."""
@@ -160,10 +175,7 @@ def q8_0_candidates(w, x, norms, c):
     xu = np.empty(n, dtype=np.uint8)
     dx = np.empty(n // 32, dtype=np.float32)
     err, hat = _quantize_activation(x, xu, dx)
-    xn2 = 0.0
-    for i in range(n):
-        xn2 += np.float64(x[i]) * np.float64(x[i])
-    slack = (err + c * (np.sqrt(xn2) + hat)) * (1 + 1e-9) + 1e-30
+    slack = bound_slack(x, err, hat, c)
     approx = np.empty(w.shape[0], dtype=np.float32)
     for r in prange(w.shape[0]):
         approx[r] = _q8_0_row_dot_q8(w, r, xu, dx)  # type: ignore[call-arg]
@@ -188,7 +200,7 @@ def candidate_rows(raw: NDArray[np.uint8], norms: NDArray[np.float64], x: NDArra
     ascending; None when x is not finite (the caller then runs the full matvec)."""
     if not np.isfinite(x).all():
         return None
-    return q8_0_candidates(raw, x, norms, 1.01 * (x.shape[0] + 2) * U)
+    return q8_0_candidates(raw, x, norms, rounding(x.shape[0]))
 
 
 def argmax_q8_0(raw: NDArray[np.uint8], norms: NDArray[np.float64] | None, x: NDArray[np.float32],
@@ -200,7 +212,7 @@ def argmax_q8_0(raw: NDArray[np.uint8], norms: NDArray[np.float64] | None, x: ND
     rows = None
     if HAVE_VNNI and norms is not None:
         if tiled is not None and np.isfinite(x).all():
-            rows = tiled.candidates(x, 1.01 * (x.shape[0] + 2) * U)
+            rows = tiled.candidates(x, rounding(x.shape[0]))
         else:
             rows = candidate_rows(raw, norms, x)
     if rows is None:

@@ -28,7 +28,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numpy.typing import NDArray
 
-from larql.quant.argmax import _quantize_activation
+from larql.quant.argmax import _quantize_activation, bound_slack
 from larql.quant.ir_parts import ir_row, splat
 
 ROWS = 16  # rows per tile: the 16 int32 lanes of one 512-bit vector
@@ -170,10 +170,7 @@ def candidates(packed: NDArray[np.uint8], scales: NDArray[np.uint16], n_rows: in
     corr = np.empty(n // 32, dtype=np.int32)
     dx = np.empty(n // 32, dtype=np.float32)
     err, hat = quantize_signed(x, xq, corr, dx)
-    xn2 = 0.0
-    for i in range(n):
-        xn2 += np.float64(x[i]) * np.float64(x[i])
-    slack = (err + c * (np.sqrt(xn2) + hat)) * (1 + 1e-9) + 1e-30
+    slack = bound_slack(x, err, hat, c)
     n_tiles = packed.shape[0]
     approx = np.empty(n_tiles * ROWS, dtype=np.float32)
     n_chunks = (n_tiles + CHUNK - 1) // CHUNK

@@ -26,6 +26,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numpy.typing import NDArray
 
+from larql.quant.argmax import bound_slack, rounding
 from larql.quant.argmax_tiles import ROWS, Tiled, quantize_signed
 from larql.quant.ir_parts import splat
 from larql.quant.kernels import F16_TO_F32
@@ -97,9 +98,9 @@ def _tile_scores_batch(typingctx, packed, scales, xq, corr, dx, t, b0, out):  # 
 
 @njit(cache=True, parallel=True)
 def batch_scores(packed: NDArray[np.uint8], scales: NDArray[np.uint16], x: NDArray[np.float32],
-                 out: NDArray[np.float32]) -> NDArray[np.float64]:  # pragma: no cover - numba
+                 out: NDArray[np.float32], c: float) -> NDArray[np.float64]:  # pragma: no cover - numba
     """A `[B, n_tiles * 16]` (out) of every tiled row for each activation x `[B, n]` (B a multiple of
-    TB); returns each activation's slack (argmax.py: |A_r - w_r . x| <= |w_r| * slack)."""
+    TB); returns each activation's slack (argmax.py: |A_r - w_r . x| <= |w_r| * slack, c its rounding)."""
     n_act, n = x.shape
     if n_act % TB:
         raise ValueError("batch_scores: the activations come in whole groups of TB")  # the intrinsic reads TB rows
@@ -108,13 +109,9 @@ def batch_scores(packed: NDArray[np.uint8], scales: NDArray[np.uint16], x: NDArr
     corr = np.empty((n_act, nb), dtype=np.int32)
     dx = np.empty((n_act, nb), dtype=np.float32)
     slack = np.empty(n_act, dtype=np.float64)
-    c = 1.01 * (n + 2) * 2.0 ** -24
     for b in prange(n_act):
         err, hat = quantize_signed(x[b], xq[b], corr[b], dx[b])
-        xn2 = 0.0
-        for i in range(n):
-            xn2 += np.float64(x[b, i]) * np.float64(x[b, i])
-        slack[b] = (err + c * (np.sqrt(xn2) + hat)) * (1 + 1e-9) + 1e-30
+        slack[b] = bound_slack(x[b], err, hat, c)
     x32 = xq.view(np.int32)
     n_tiles = packed.shape[0]
     n_tasks = (n_tiles + TILES_PER_TASK - 1) // TILES_PER_TASK
@@ -197,7 +194,8 @@ def in_range(tiled: Tiled, x: NDArray[np.float32]) -> bool:
     |x̂| <= 1.01 |x|; past that (or for x not finite) the float32 path ranks them."""
     if not np.isfinite(x).all():
         return False
-    largest = float(np.sqrt(np.max(np.einsum("ij,ij->i", x.astype(np.float64), x.astype(np.float64)))))
+    x64 = x.astype(np.float64)
+    largest = float(np.sqrt(np.max(np.einsum("ij,ij->i", x64, x64))))
     return largest * float(tiled.norms.max(initial=0.0)) < 1e36
 
 
@@ -218,7 +216,7 @@ def top_k(tiled: Tiled, raw: NDArray[np.uint8], x: NDArray[np.float32], k: int) 
         padded[: len(part)] = part
         padded[len(part):] = 0.0
         n_act = -(-len(part) // TB) * TB
-        slack = batch_scores(tiled.packed, tiled.scales, padded[:n_act], approx[:n_act])
+        slack = batch_scores(tiled.packed, tiled.scales, padded[:n_act], approx[:n_act], rounding(x.shape[1]))
         candidates(approx[: len(part)], n_rows, tiled.norms, slack[: len(part)], k, keep[: len(part)])
         rescore(raw, F16_TO_F32, part, keep[: len(part)], out[lo: lo + len(part)])
     return out

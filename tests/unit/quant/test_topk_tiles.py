@@ -27,7 +27,7 @@ def test_batch_scores_are_the_one_activation_kernels_bit_for_bit() -> None:
     x = (np.random.default_rng(4).standard_normal((3 * topk_tiles.TB, 640)) * 2).astype(np.float32)
     x[5] = 0.0
     got = np.empty((len(x), tiled.packed.shape[0] * argmax_tiles.ROWS), np.float32)
-    slack = topk_tiles.batch_scores(tiled.packed, tiled.scales, x, got)
+    slack = topk_tiles.batch_scores(tiled.packed, tiled.scales, x, got, argmax.rounding(640))
     for b in range(len(x)):
         one = np.empty(got.shape[1], np.float32)
         argmax_tiles.scores(tiled.packed, tiled.scales, 1029, x[b], one)
@@ -100,4 +100,5 @@ def test_no_k_every_row_and_out_of_range_activations(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(topk_tiles, "top_k", lambda *a: pytest.fail("the int8 pass took out-of-range activations"))
     assert m.top_k(huge, 3).shape == (9, 3)
     with pytest.raises(ValueError, match="whole groups of TB"):
-        topk_tiles.batch_scores(tiled.packed, tiled.scales, x[:5], np.empty((5, tiled.packed.shape[0] * 16), np.float32))
+        topk_tiles.batch_scores(tiled.packed, tiled.scales, x[:5], np.empty((5, tiled.packed.shape[0] * 16), np.float32),
+                                argmax.rounding(640))
