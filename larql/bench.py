@@ -10,8 +10,10 @@ transformers and the per-kernel table on top of this module.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -102,7 +104,28 @@ def llama_last_logits(llm: Any) -> Any:
 
 
 def bench_llamacpp(key: str, path: str, ids: list[int], n_decode: int, threads: int) -> EngineSpeed:
-    """The same prompt ids and greedy decode through llama.cpp (llama-cpp-python must be installed)."""
+    """The same prompt ids and greedy decode through llama.cpp (llama-cpp-python must be installed),
+    in a child process with the environment this one started with (threads.user_environ): llama.cpp's
+    ggml and numba share GNU libgomp, which reads its wait policy once per process, so in this
+    process llama.cpp would run under larql's thread settings, not its own (with the passive policy
+    larql had until session 38, that halved llama.cpp's decode speed: Gemma 3 74 -> 39 tok/s).
+    Raises RuntimeError with the child's last line of error output if llama.cpp cannot load or run."""
+    from larql.threads import user_environ
+
+    code = ("import json, sys; from larql.bench import llamacpp_speed; "
+            "print(json.dumps(llamacpp_speed(*json.loads(sys.argv[1]))))")
+    r = subprocess.run([sys.executable, "-c", code, json.dumps([path, ids, n_decode, threads])],
+                       env=user_environ(), capture_output=True, text=True, timeout=3600)
+    if r.returncode != 0:
+        lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+        raise RuntimeError(lines[-1] if lines else f"llama.cpp's process exited with code {r.returncode}")
+    prefill, decode = json.loads(r.stdout.strip().splitlines()[-1])
+    return EngineSpeed(key, "llama.cpp", prefill, decode)
+
+
+def llamacpp_speed(path: str, ids: list[int], n_decode: int, threads: int) -> tuple[float, float]:
+    """(prefill, decode) tok/s of llama.cpp in this process: prefill the best of two evaluations of ids,
+    decode n_decode greedy steps (the argmax of its logits, as a user of llama-cpp-python does)."""
     import numpy as np
     from llama_cpp import Llama
 
@@ -116,7 +139,7 @@ def bench_llamacpp(key: str, path: str, ids: list[int], n_decode: int, threads: 
     t0 = time.perf_counter()
     for _ in range(n_decode):
         llm.eval([int(np.argmax(llama_last_logits(llm)))])
-    return EngineSpeed(key, "llama.cpp", len(ids) / min(times), n_decode / (time.perf_counter() - t0))
+    return len(ids) / min(times), n_decode / (time.perf_counter() - t0)
 
 
 def run_bench(models: Sequence[str], n_prompt: int, n_decode: int, peers: bool = True,

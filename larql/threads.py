@@ -4,11 +4,15 @@ A leaf: it imports nothing from larql, so the CLI can call it before numpy or nu
 thread pools read their environment once, when the library first starts a thread, so a count set
 after that point is too late for BLAS (OpenBLAS sizes its pool when numpy is imported).
 
-Why a passive wait policy: numba's OpenMP layer (GNU libgomp) lets a worker that has finished
-spin for a while before sleeping. On an idle machine that saves a wake-up; on a busy one (a
-notebook, a browser, another job on the same cores) the spinning workers steal the cores the
-working thread needs. Measured on this 2-core VM beside two busy processes
-(benchmarks/bench_load.py): see the README's "Good manners under load".
+Why a short spin: numba's OpenMP layer (GNU libgomp) lets a worker that has finished spin
+before it sleeps. libgomp's default spin (GOMP_SPINCOUNT 300,000, milliseconds) steals the cores a
+busy machine's other work needs and, measured on this 2-vCPU VM, slows decoding itself
+(SmolLM2-135M 76-82 tok/s); no spin at all (OMP_WAIT_POLICY=PASSIVE, what larql set until
+session 38) makes every parallel region wake a sleeping worker: a decode step runs ~200 regions,
+and passive cost it half (SmolLM2-135M 44-55 tok/s against 88-110 with 3,000 spins, Gemma 3 49
+against 74-88). GOMP_SPINCOUNT=3000 keeps a worker awake across the few microseconds between one
+matvec and the next and asleep ~0.1 ms after the last. It is libgomp's setting, so a library in
+the same process that uses OpenMP (llama.cpp's ggml) gets it too.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import time
 from collections.abc import MutableMapping
 
 ENV_VAR = "LARQL_THREADS"
+SPIN_COUNT = 3000  # libgomp's spins before an idle worker sleeps (~0.1 ms here; see above)
 # the variables each library reads for its pool size
 _COUNT_VARS = ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -82,6 +87,22 @@ def requested(n: int | None = None) -> int | None:
 _explicit = [False]
 
 
+# what configure() changed in os.environ: each variable's value before (None: unset)
+_user_values: dict[str, str | None] = {}
+
+
+def user_environ() -> dict[str, str]:
+    """This process's environment as it was before configure() changed it: for a peer engine run
+    in a child process (larql bench's llama.cpp), so that larql's thread settings do not become its."""
+    env = dict(os.environ)
+    for k, v in _user_values.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
+
+
 def explicit() -> bool:
     """Whether the thread count was asked for (--threads through configure, or $LARQL_THREADS)."""
     return _explicit[0] or bool(os.environ.get(ENV_VAR, "").strip())
@@ -96,18 +117,23 @@ def configure(n: int | None = None, env: MutableMapping[str, str] | None = None)
     """
     if env is None:
         env = os.environ
+    before = dict(env)
     explicit = requested(n)
     _explicit[0] = _explicit[0] or n is not None
     cores = available_cores()
     count = max(1, explicit if explicit is not None else cores)
     blas = count if explicit is not None or not machine_stays_busy(cores) else 1
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "OMP_WAIT_POLICY" not in env:  # a policy the user chose stays (GOMP_SPINCOUNT would override it)
+        env.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))
     for var in _COUNT_VARS:
         value = str(blas if var in _BLAS_VARS else count)
         if explicit is not None:
             env[var] = value
         else:
             env.setdefault(var, value)
+    if env is os.environ:
+        _user_values.update({k: before.get(k) for k in (*_COUNT_VARS, "GOMP_SPINCOUNT")
+                             if env.get(k) != before.get(k) and k not in _user_values})
     numba = sys.modules.get("numba")
     if numba is not None and explicit is not None:  # started already: resize what it allows
         numba.set_num_threads(min(count, numba.config.NUMBA_NUM_THREADS))

@@ -12,18 +12,23 @@ import pytest
 from larql.threads import available_cores, configure
 
 
-def test_explicit_count_sets_every_pool_and_a_passive_wait() -> None:
+def test_explicit_count_sets_every_pool_and_keeps_the_users_wait_policy() -> None:
     env: dict[str, str] = {"OMP_WAIT_POLICY": "ACTIVE", "OPENBLAS_NUM_THREADS": "7"}
     assert configure(1, env=env) == 1
     assert env["NUMBA_NUM_THREADS"] == env["OMP_NUM_THREADS"] == env["OPENBLAS_NUM_THREADS"] == "1"
-    assert env["OMP_WAIT_POLICY"] == "ACTIVE"  # a wait policy the user chose stays
+    # a wait policy the user chose stays, and no spin count overrides it
+    assert env["OMP_WAIT_POLICY"] == "ACTIVE" and "GOMP_SPINCOUNT" not in env
+    env = {"GOMP_SPINCOUNT": "0"}
+    configure(1, env=env)
+    assert env["GOMP_SPINCOUNT"] == "0" and "OMP_WAIT_POLICY" not in env
 
 
 def test_default_keeps_what_the_user_set(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LARQL_THREADS", raising=False)
     env = {"NUMBA_NUM_THREADS": "1"}
     configure(env=env)
-    assert env["NUMBA_NUM_THREADS"] == "1" and env["OMP_WAIT_POLICY"] == "PASSIVE"
+    # a short spin, not a passive wait (threads.py: passive halved decode speed)
+    assert env["NUMBA_NUM_THREADS"] == "1" and env["GOMP_SPINCOUNT"] == "3000" and "OMP_WAIT_POLICY" not in env
     assert env["OMP_NUM_THREADS"] == str(available_cores())
     assert env["OPENBLAS_NUM_THREADS"] in ("1", str(available_cores()))  # one when the machine is busy
 
@@ -54,11 +59,27 @@ def test_blas_gets_one_thread_only_when_the_machine_stays_busy(monkeypatch: pyte
 
 def test_env_var_reaches_numba(monkeypatch: pytest.MonkeyPatch) -> None:
     code = ("import json, os; from larql.threads import configure; configure(); import numba; "
-            "print(json.dumps([numba.get_num_threads(), os.environ['OMP_WAIT_POLICY']]))")
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_THREADS") and k != "OMP_WAIT_POLICY"}
+            "print(json.dumps([numba.get_num_threads(), os.environ['GOMP_SPINCOUNT']]))")
+    env = {k: v for k, v in os.environ.items()
+           if not k.endswith("_THREADS") and k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     r = subprocess.run([sys.executable, "-c", code], env={**env, "LARQL_THREADS": "1"}, capture_output=True,
                        text=True, timeout=120)
-    assert json.loads(r.stdout) == [1, "PASSIVE"], r.stderr
+    assert json.loads(r.stdout) == [1, "3000"], r.stderr
     monkeypatch.setenv("LARQL_THREADS", "two")
     with pytest.raises(ValueError, match="LARQL_THREADS='two' is not a positive whole number"):
         configure(env={})
+
+
+def test_user_environ_is_the_environment_before_configure() -> None:
+    """What a peer engine's child process gets (larql bench's llama.cpp): the values the user had,
+    not the ones configure() set for larql's own pools."""
+    code = ("import json, os; from larql.threads import configure, user_environ; configure(); "
+            "u = user_environ(); keys = ('GOMP_SPINCOUNT', 'OMP_NUM_THREADS', 'NUMBA_NUM_THREADS', 'KEEP'); "
+            "print(json.dumps([[os.environ.get(k) for k in keys], [u.get(k) for k in keys]]))")
+    env = {k: v for k, v in os.environ.items()
+           if not k.endswith("_THREADS") and k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    r = subprocess.run([sys.executable, "-c", code], env={**env, "LARQL_THREADS": "1", "OMP_NUM_THREADS": "5",
+                                                           "KEEP": "x"}, capture_output=True, text=True, timeout=120)
+    ours, users = json.loads(r.stdout)
+    assert ours == ["3000", "1", "1", "x"], r.stderr
+    assert users == [None, "5", None, "x"]

@@ -1,7 +1,7 @@
 """Decode steps on one thread while other processes hold this machine's cores.
 
-A decode step is ~130-210 small parallel regions (one per matvec, numba's workers sleeping in
-between: OMP_WAIT_POLICY=PASSIVE, threads.py). With the other core taken by another process, each
+A decode step is ~130-210 small parallel regions (one per matvec, numba's workers spinning ~0.1 ms
+before they sleep: threads.py). With the other core taken by another process, each
 region waits until its worker is scheduled, and two threads were slower than one for every
 Gemma 3 / SmolLM2 matrix (2 cores, another job running two threads: 256 x 640 23 against 14 us,
 2048 x 640 108 against 94 us; Gemma's lm_head candidate pass 12-15 against 8.5-9.4 ms). So a pass
