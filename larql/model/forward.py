@@ -27,6 +27,7 @@ from larql.model import fused
 from larql.model.attention import KVCache, RopeTable, apply_rope, attention
 from larql.model.busy import step_threads
 from larql.model.config import ModelConfig
+from larql.model.decode_layer import DecodeLayers
 from larql.model.ffn import FFN, FFNEdits
 from larql.model.hooks import HookFns, LayerHookNames, layer_hook_names, run_hook
 from larql.model.weights import LayerWeights, Weights
@@ -106,6 +107,7 @@ class Forward:
         self.cfg, self.w = cfg, weights
         self.ffn = FFN(cfg, weights, edits)  # edits: None for the dense FFN, else e.g. the vindex's overlay
         self.names: tuple[LayerHookNames, ...] = layer_hook_names(cfg.n_layers)
+        self._decode_layers: DecodeLayers | None = None  # made at the first decode step
         # per (base, long): longrope's long factors get a table of their own
         self.ropes = {(base, long): RopeTable(cfg.rope_inv_freq(base, long),
                                               cfg.rope_attn_factor if base == cfg.rope_base else 1.0)
@@ -292,14 +294,34 @@ class Forward:
         if hooks:
             x = run_hook(hooks, "hook_embed", x, segs[0].start)
         with step_threads(len(ids)):  # one thread for a decode step on a busy machine (busy.py)
+            plan = self.decode_layers() if len(ids) == 1 and len(segs) == 1 and not hooks else None
+            if plan is not None:  # a decode step: the plain layers in two numba calls each (decode_layer.py)
+                x = np.array(x, dtype=np.float32, order="C")  # (1, hidden), updated in place
+                s, ropes = segs[0], {}
             for i in range(self.cfg.n_layers):
-                x = self.layer(i, x, segs, hooks)
+                if plan is not None and plan.covers(i):
+                    base = self.cfg.layer_rope_base(i)
+                    if base not in ropes:
+                        cos, sin = self.rope(i, [s]) if self.cfg.positions == "rope" else (_NO_ROPE, _NO_ROPE)
+                        ropes[base] = (np.ascontiguousarray(cos[0]), np.ascontiguousarray(sin[0]))  # (d/2,) each
+                    plan.run(i, x, s.cache.k[i], s.cache.v[i], s.start, *ropes[base])
+                else:
+                    x = self.layer(i, x, segs, hooks)
         for s in segs:
             s.cache.length = s.start + s.hi - s.lo
             if self.cfg.rope_scaling == "longrope":
                 s.cache.ids = np.concatenate([s.cache.ids[:s.start], ids[s.lo:s.hi]])
                 s.cache.rope_long = self.cfg.long_rope(s.cache.length)
         return x if keep is None else x[keep]
+
+    def decode_layers(self) -> DecodeLayers | None:
+        """The plan a decode step runs its plain layers by (None: the general path for every layer:
+        `fused_decode` off, or FFN edits, which the general path applies)."""
+        if not self.fused_decode or self.ffn.edits is not None:
+            return None
+        if self._decode_layers is None:
+            self._decode_layers = DecodeLayers(self.cfg, self.w.layers)
+        return self._decode_layers
 
     def rewind_longrope(self, segs: list[Segment], ids: NDArray[np.int64]
                         ) -> tuple[list[Segment], NDArray[np.int64], NDArray[np.int64] | None]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -81,42 +81,62 @@ def add_rms_norm_rows(x, a, weight, eps, out):
 
 
 @njit(cache=True, fastmath=True)
+def _attend_head(q, keys, values, kv, first, stop, scale, softcap, w, out):
+    """One query head q `[d]` over key/value head kv's positions first..stop-1 into out `[d]`
+    (w: scratch of stop - first floats). Each step a loop of its own, so that LLVM vectorizes the
+    dot products and the weighted sum; the sum takes four value rows a pass, so the output row is
+    stored once per four rows, not once per row (the reload of each store waited: 32 -> 10 us for
+    SmolLM2's 9 heads at 320 positions)."""
+    d = q.shape[0]
+    n = stop - first
+    for j in range(n):
+        row = keys[kv, first + j]
+        acc = np.float32(0.0)
+        for i in range(d):
+            acc += q[i] * row[i]
+        w[j] = acc * scale
+    if softcap != 0.0:
+        for j in range(n):
+            w[j] = np.tanh(w[j] / softcap) * softcap
+    top = np.float32(-np.inf)
+    for j in range(n):
+        top = max(top, w[j])
+    total = np.float32(0.0)
+    for j in range(n):
+        e = np.exp(w[j] - top)
+        w[j] = e
+        total += e
+    inv = np.float32(1.0) / total
+    for i in range(d):
+        out[i] = np.float32(0.0)
+    vv = values[kv]
+    n4 = n // 4 * 4
+    for j in range(0, n4, 4):
+        b = first + j
+        p0, p1, p2, p3 = w[j] * inv, w[j + 1] * inv, w[j + 2] * inv, w[j + 3] * inv
+        for i in range(d):
+            out[i] += (p0 * vv[b, i] + p1 * vv[b + 1, i]) + (p2 * vv[b + 2, i] + p3 * vv[b + 3, i])
+    for j in range(n4, n):
+        p = w[j] * inv
+        for i in range(d):
+            out[i] += p * vv[first + j, i]
+
+
+@njit(cache=True, fastmath=True, parallel=True)
 def attend_one(q, keys, values, first, stop, scale, softcap, out):
     """One query position (decode) over keys/values `(n_kv, capacity, d)` at positions first..stop-1,
     causal by construction (the cache holds only earlier positions); q and out `(n_heads, d)`.
 
     Softmax(q.k * scale, optionally soft-capped) then the weighted sum of values, per head, with
-    n_heads / n_kv query heads sharing each key/value head. numpy spent ~90 us on the dozen small
-    array calls this replaces (Gemma, 256 positions).
+    n_heads / n_kv query heads sharing each key/value head; the heads side by side on numba's
+    threads (SmolLM2's 9 heads at 320 positions: 37 -> 21 us on two). numpy spent ~90 us on the
+    dozen small array calls this replaces (Gemma, 256 positions).
     """
-    n_heads, d = q.shape
-    n_kv, s = keys.shape[0], stop
-    group = n_heads // n_kv
-    weights = np.empty(s - first, dtype=np.float32)
-    for h in range(n_heads):
-        kv = h // group
-        top = np.float32(-np.inf)
-        for j in range(first, s):
-            acc = np.float32(0.0)
-            for i in range(d):
-                acc += q[h, i] * keys[kv, j, i]
-            score = acc * scale
-            if softcap != 0.0:
-                score = np.tanh(score / softcap) * softcap
-            weights[j - first] = score
-            top = max(top, score)
-        total = np.float32(0.0)
-        for j in range(s - first):
-            e = np.exp(weights[j] - top)
-            weights[j] = e
-            total += e
-        inv = np.float32(1.0) / total
-        for i in range(d):
-            out[h, i] = np.float32(0.0)
-        for j in range(s - first):
-            p = weights[j] * inv
-            for i in range(d):
-                out[h, i] += p * values[kv, first + j, i]
+    n_heads = q.shape[0]
+    group = n_heads // keys.shape[0]
+    w = np.empty((n_heads, stop - first), dtype=np.float32)
+    for h in prange(n_heads):
+        _attend_head(q[h], keys, values, h // group, first, stop, scale, softcap, w[h], out[h])
 
 
 @njit(cache=True, fastmath=False)

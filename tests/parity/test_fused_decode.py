@@ -4,6 +4,8 @@ the same KV cache, on every tiny architecture and both bundled models."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -45,4 +47,45 @@ def test_fused_decode_is_the_general_path_on_the_bundled_models(real_model: larq
 def test_fused_decode_with_interleaved_rope(tiny: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     """The tiny GGUF llama: q/k rows permuted by llama.cpp's converter, RoPE on (x[2i], x[2i+1]) pairs."""
     m = larql.load(tiny["root"] / "q8.gguf")
+    _same(m, monkeypatch)
+
+
+def _quantized(m: larql.Model) -> larql.Model:
+    """m with every layer matrix re-quantized by gguf-py, cycling through Q8_0, Q4_1 and Q5_0 (so each
+    of decode_layer's kernels, the raw Q8_0 rows and the repacked layouts with and without offsets,
+    meets every kind of matrix somewhere)."""
+    import gguf
+
+    from larql.quant.tensor import QuantMatrix
+    from larql.quant.types import GGMLType
+
+    kinds = (GGMLType.Q8_0, GGMLType.Q4_1, GGMLType.Q5_0)
+    layers = []
+    for i, lw in enumerate(m.weights.layers):
+        parts = {}
+        for j, name in enumerate(("q", "k", "v", "o", "gate", "up", "down")):
+            mat = getattr(lw, name)
+            if mat is None:
+                continue
+            kind = kinds[(i + j) % len(kinds)]
+            raw = gguf.quants.quantize(mat.dequantize(), gguf.GGMLQuantizationType(int(kind)))
+            parts[name] = QuantMatrix(mat.name, kind, mat.n_rows, mat.n_cols, np.ascontiguousarray(raw))
+        layers.append(replace(lw, **parts))
+    weights = replace(m.weights, layers=tuple(layers))
+    return larql.Model(m.name, m.source, m.config, weights, m.tokenizer)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_decode_layers_are_the_general_path_on_quantized_architectures(arch: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """decode_layer.py's two numba calls a layer, where the block is the plain one (RMS norms, a gated
+    MLP: every architecture here but GPT-2's LayerNorm and Mixtral's experts), give the general
+    path's logits and cache bit for bit: Qwen2's q/k/v biases, Gemma 2's soft-cap, Gemma 3's q/k norms,
+    sandwich norms and sliding window, Llama 3's and longrope's RoPE tables included."""
+    m = _quantized(larql.load(REFS / arch))
+    m.next_logits(m.tokenize("The history")[:3])
+    plan = m._forward.decode_layers()
+    assert plan is not None
+    covered = sum(plan.covers(i) for i in range(m.config.n_layers))
+    assert covered == (0 if arch in ("gpt2", "mixtral") else m.config.n_layers)
     _same(m, monkeypatch)
