@@ -1,14 +1,13 @@
-"""A decode step's layer in two numba calls, where the general path makes ~20 Python calls.
+"""A decode step's plain layers, straight from Python to the kernels.
 
-One position through a layer is ~7 matvecs of 20-150 us and a dozen small steps; run from Python
-(Forward.layer: norms, projections, biases, the fused attention, residual adds, the FFN's
-activation, each a call with its checks, reshapes and temporaries) the glue cost ~60 us a layer:
-2 ms of SmolLM2-135M's 10 ms token. Here one numba call runs the layer up to the FFN's activation
-and a second the rest, calling the very kernels the general path calls (matvec_rows' and
-dot_kernels' matvecs, fused.decode_qk / attend_one / the RMS norms, prefill_ops' activation
-parts), so the results are the same bits (test). The activation's tanh / exp stays numpy's
-vectorized one between the two calls, as in prefill_ops.gated_mul (numba's scalar libm call
-rounds differently and is slower).
+One position through a layer is ~7 matvecs of 20-150 us and a dozen small steps. Forward.layer runs
+them through the general machinery (hook checks, norm dispatch, QuantMatrix.matmul's shape checks
+and kernel choice, reshapes, temporaries), ~60 us of Python a layer: 2 ms of SmolLM2-135M's 10 ms
+token. Here each layer's kernels are chosen once (`DecodeLayers`, made at the first decode step)
+and a step calls them directly: the same kernels on the same inputs as the general path, so the
+same bits (test), with ~15 calls a layer. SmolLM2-135M 105 -> 115 tok/s. Fusing each layer into
+two numba functions measured 5% faster still, but compiling them cost a first run 6.8 s more
+(numba compiles a caller of tuple-typed matrices afresh), against the cold-start target of 15 s.
 
 A layer qualifies when its block is the plain one: RMS norms, rotary or no positions, a gated MLP
 (GELU-tanh or SiLU) with no biases after the q/k/v projections, and every matrix a repacked
@@ -17,129 +16,52 @@ A layer qualifies when its block is the plain one: RMS norms, rotary or no posit
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
-from numba import njit
 from numpy.typing import NDArray
 
 from larql.model import fused, prefill_ops
 from larql.model.config import ModelConfig
 from larql.model.weights import LayerWeights
-from larql.quant import dot_kernels, matvec_rows
+from larql.quant import dot_kernels, kernels, matvec_rows
 from larql.quant.tensor import QuantMatrix
 from larql.quant.types import GGMLType
 
 F32 = NDArray[np.float32]
-# a matrix's kernel: matvec_rows' three repacked layouts, or dot_kernels' Q8_0 rows
-G32, G32_OFFSET, G16, Q8_0 = 0, 1, 2, 3
-_NO_U8, _NO_I8 = np.zeros((1, 1), np.uint8), np.zeros((1, 1), np.int8)
-_NO_F32, _NO_VEC = np.zeros((1, 1), np.float32), np.zeros(1, np.float32)
-# (raw GGUF rows, repacked int8, scale, offset, kernel): the unused parts are the placeholders above
-Matrix = tuple[NDArray[np.uint8], NDArray[np.int8], F32, F32, int]
+MatVec = Callable[[F32, F32], None]  # (x `[cols]`, out `[rows]`), both float32 C-contiguous
+_NO_VEC = np.zeros(1, dtype=np.float32)  # an absent q/k norm's placeholder (decode_qk ignores it)
 
 
-def matrix_args(m: QuantMatrix | None) -> Matrix | None:
-    """What `_matvec` needs of m, or None where the layer must take the general path (a type or
-    layout neither kernel family takes, or no repacking budget left)."""
+def matvec(m: QuantMatrix | None) -> MatVec | None:
+    """The kernel QuantMatrix.matmul runs for m and one activation, bound to m's weights (None where
+    the layer must take the general path: another type, or no repacking budget left)."""
     if m is None:
         return None
-    if m.qtype == GGMLType.Q8_0 and m.n_cols % 32 == 0 and m.raw.flags.c_contiguous:
-        return (m.raw, _NO_I8, _NO_F32, _NO_F32, Q8_0)
+    if m.qtype == GGMLType.Q8_0 and m.n_cols % 32 == 0:
+        return partial(dot_kernels.matvec_q8_0, m.raw, m.raw.view(np.int8), kernels.F16_TO_F32)
     p = m.repacked()
     if p is None:
         return None
-    kernel = G16 if p.group == 16 else G32 if p.offset is None else G32_OFFSET
-    return (_NO_U8, p.q, p.scale, _NO_F32 if p.offset is None else p.offset, kernel)
+    if p.group == 16:
+        return partial(matvec_rows.matvec_g16, p.q, p.scale)
+    if p.offset is None:
+        return partial(matvec_rows.matvec_g32, p.q, p.scale)
+    return partial(matvec_rows.matvec_g32_offset, p.q, p.scale, p.offset)
 
 
-@njit(cache=True)
-def _matvec(m, x, out):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
-    """out = W x through the kernel QuantMatrix.matmul picks for one activation: the same bits."""
-    raw, q, scale, offset, kernel = m
-    if kernel == G32:
-        matvec_rows.matvec_g32(q, scale, x, out)
-    elif kernel == G32_OFFSET:
-        matvec_rows.matvec_g32_offset(q, scale, offset, x, out)
-    elif kernel == G16:
-        matvec_rows.matvec_g16(q, scale, x, out)
-    else:  # the raw rows' int8 view and f16 table are unused by this kernel
-        dot_kernels.matvec_q8_0(raw, q, _NO_VEC, x, out)
-
-
-@njit(cache=True)
-def _add_normed(x, a, weight, normed, eps):  # type: ignore[no-untyped-def]  # pragma: no cover - numba
-    """x `(1, n)` += a, or += rms_norm(a) * weight (forward.add_normed's two cases), in place."""
-    if normed:
-        fused.add_rms_norm_rows(x, a, weight, eps, x)
-    else:
-        for i in range(x.shape[1]):
-            x[0, i] = x[0, i] + a[0, i]
-
-
-@njit(cache=True)
-def attention_and_gates(x, attn_norm, eps, wq, wk, wv, wo, bq, bk, bv, biased, q_norm, k_norm, qk_norm,  # type: ignore[no-untyped-def]
-                        cos, sin, rope, interleaved, keys, values, pos, first, scale, softcap, post_attn,
-                        post_attn_norm, ffn_norm, wg, wu, gelu, gate, up, t):  # pragma: no cover - numba
-    """The layer's attention block into the residual x `(1, hidden)` (in place), then its FFN input
-    norm and gate / up projections `(ffn,)`, and into t the activation's argument (GELU: the tanh's,
-    prefill_ops._gelu_inner; SiLU: -gate) for numpy's tanh / exp."""
-    n_kv, d = keys.shape[0], keys.shape[2]
-    h = np.empty_like(x)  # (1, hidden)
-    fused.rms_norm_rows(x, attn_norm, eps, h)
-    q = np.empty(wq[1].shape[0] if wq[4] != Q8_0 else wq[0].shape[0], dtype=np.float32)  # (n_heads*d,)
-    k = np.empty(n_kv * d, dtype=np.float32)
-    v = np.empty(n_kv * d, dtype=np.float32)
-    _matvec(wq, h[0], q)
-    _matvec(wk, h[0], k)
-    _matvec(wv, h[0], v)
-    if biased:
-        q += bq
-        k += bk
-        v += bv
-    n_heads = q.shape[0] // d
-    qr = np.empty((n_heads, d), dtype=np.float32)  # normed, rotated
-    fused.decode_qk(q.reshape(n_heads, d), k.reshape(n_kv, d), v.reshape(n_kv, d), q_norm, k_norm, qk_norm,
-                    eps, cos, sin, rope, interleaved, keys, values, pos, qr)
-    z = np.empty((n_heads, d), dtype=np.float32)
-    fused.attend_one(qr, keys, values, first, pos + 1, scale, softcap, z)
-    a = np.empty_like(x)  # (1, hidden)
-    _matvec(wo, z.reshape(n_heads * d), a[0])
-    _add_normed(x, a, post_attn_norm, post_attn, eps)
-    fused.rms_norm_rows(x, ffn_norm, eps, h)
-    _matvec(wg, h[0], gate)
-    _matvec(wu, h[0], up)
-    if gelu:
-        prefill_ops._gelu_inner(gate, t)
-    else:
-        for i in range(gate.shape[0]):
-            t[i] = -gate[i]
-
-
-@njit(cache=True)
-def gated_down(x, gate, up, t, gelu, wd, post_ffn, post_ffn_norm, eps):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """t (tanh / exp applied) -> act(gate) * up (prefill_ops' outer parts), the down projection, and
-    the residual add into x `(1, hidden)`."""
-    if gelu:
-        prefill_ops._gelu_outer(gate, t, up)
-    else:
-        prefill_ops._silu_outer(gate, t, up)
-    m = np.empty_like(x)  # (1, hidden)
-    _matvec(wd, t, m[0])
-    _add_normed(x, m, post_ffn_norm, post_ffn, eps)
-
-
-def _vec(w: F32 | None) -> F32:
-    return _NO_VEC if w is None else np.ascontiguousarray(w, dtype=np.float32).reshape(-1)
+def _vec(w: F32 | None) -> F32 | None:
+    return None if w is None else np.ascontiguousarray(w, dtype=np.float32).reshape(-1)
 
 
 class DecodeLayers:
-    """The layers of one model that a decode step runs in two numba calls each (`run`), with their
-    arguments gathered once."""
+    """The layers of one model that a decode step runs by `run`, with their kernels chosen once."""
 
     def __init__(self, cfg: ModelConfig, layers: tuple[LayerWeights, ...] | list[LayerWeights]) -> None:
-        self.cfg = cfg
-        self.gelu = cfg.activation == "gelu_tanh"
+        self.cfg, self.gelu = cfg, cfg.activation == "gelu_tanh"
+        self.eps = np.float32(cfg.norm_eps)
         self.args: list[tuple[Any, ...] | None] = [self._gather(lw) for lw in layers]
 
     def _gather(self, lw: LayerWeights) -> tuple[Any, ...] | None:
@@ -148,39 +70,68 @@ class DecodeLayers:
                 or cfg.activation not in ("gelu_tanh", "silu") or lw.router is not None or lw.up is None
                 or any(b is not None for b in (lw.o_bias, lw.gate_bias, lw.up_bias, lw.down_bias,
                                                lw.attn_norm_bias, lw.ffn_norm_bias))
-                or (cfg.qk_norm and (lw.q_norm is None or lw.k_norm is None))):
+                or (cfg.qk_norm and (lw.q_norm is None or lw.k_norm is None))
+                or (lw.q_bias is not None and (lw.k_bias is None or lw.v_bias is None))):
             return None
-        mats = [matrix_args(m) for m in (lw.q, lw.k, lw.v, lw.o, lw.gate, lw.up, lw.down)]
+        mats = [matvec(m) for m in (lw.q, lw.k, lw.v, lw.o, lw.gate, lw.up, lw.down)]
         if any(m is None for m in mats):
             return None
-        biased = lw.q_bias is not None
-        if biased and (lw.k_bias is None or lw.v_bias is None):
-            return None
-        return (mats, biased, _vec(lw.q_bias), _vec(lw.k_bias), _vec(lw.v_bias), _vec(lw.q_norm), _vec(lw.k_norm),
-                _vec(lw.attn_norm), _vec(lw.ffn_norm), lw.post_attn_norm is not None, _vec(lw.post_attn_norm),
-                lw.post_ffn_norm is not None, _vec(lw.post_ffn_norm))
+        sizes = (lw.q.n_rows, lw.k.n_rows, lw.v.n_rows, lw.gate.n_rows if lw.gate is not None else 0)
+        norms = (_vec(lw.q_norm) if cfg.qk_norm else _NO_VEC, _vec(lw.k_norm) if cfg.qk_norm else _NO_VEC)
+        return (mats, sizes, _vec(lw.q_bias), _vec(lw.k_bias), _vec(lw.v_bias), *norms, _vec(lw.attn_norm),
+                _vec(lw.ffn_norm), _vec(lw.post_attn_norm), _vec(lw.post_ffn_norm))
 
     def covers(self, i: int) -> bool:
         return self.args[i] is not None
 
     def run(self, i: int, x: F32, keys: F32, values: F32, pos: int, cos: F32, sin: F32) -> None:
-        """Layer i on the residual x `(1, hidden)` float32 C-contiguous, in place, for the position
-        `pos`, appending its key and value to the cache arrays `(n_kv, capacity, d)`; cos, sin `[d/2]`."""
-        cfg, gelu = self.cfg, self.gelu
-        args = self.args[i]
+        """Layer i on the residual x `(1, hidden)` float32 C-contiguous, in place, at position `pos`,
+        appending its key and value to the cache arrays `(n_kv, capacity, d)`; cos, sin `[d/2]`.
+        Forward.layer's operations in its order (decode_attention's two fused calls included)."""
+        cfg, eps, args = self.cfg, self.eps, self.args[i]
         assert args is not None  # run only for a layer `covers`
-        (wq, wk, wv, wo, wg, wu, wd), biased, bq, bk, bv, qn, kn, an, fn, post_a, pan, post_f, pfn = args
+        (mq, mk, mv, mo, mg, mu, md), (nq, nk, nv, nf), qb, kb, vb, qn, kn, an, fn, pan, pfn = args
+        d = cfg.head_dim
+        h = np.empty_like(x)  # (1, hidden)
+        fused.rms_norm_rows(x, an, eps, h)
+        q, k, v = np.empty(nq, np.float32), np.empty(nk, np.float32), np.empty(nv, np.float32)
+        mq(h[0], q)  # (n_heads*d,)
+        mk(h[0], k)  # (n_kv*d,)
+        mv(h[0], v)  # (n_kv*d,)
+        if qb is not None:
+            q += qb
+            k += kb
+            v += vb
+        qr = np.empty((nq // d, d), np.float32)  # (n_heads, d) normed, rotated
+        fused.decode_qk(q.reshape(-1, d), k.reshape(-1, d), v.reshape(-1, d), qn, kn, bool(cfg.qk_norm), eps, cos,
+                        sin, cfg.positions == "rope", bool(cfg.rope_interleaved), keys, values, pos, qr)
         window = cfg.layer_window(i)
-        eps = np.float32(cfg.norm_eps)
-        ffn = wg[1].shape[0] if wg[4] != Q8_0 else wg[0].shape[0]
-        gate, up, t = np.empty(ffn, np.float32), np.empty(ffn, np.float32), np.empty(ffn, np.float32)
-        attention_and_gates(x, an, eps, wq, wk, wv, wo, bq, bk, bv, biased, qn, kn, bool(cfg.qk_norm), cos, sin,
-                            cfg.positions == "rope", bool(cfg.rope_interleaved), keys, values, pos,
-                            max(0, pos - window + 1) if window else 0, np.float32(cfg.attn_scale),
-                            np.float32(cfg.attn_softcap or 0.0), post_a, pan, fn, wg, wu, gelu, gate, up, t)
-        if gelu:
+        z = np.empty_like(qr)  # (n_heads, d)
+        fused.attend_one(qr, keys, values, max(0, pos - window + 1) if window else 0, pos + 1,
+                         np.float32(cfg.attn_scale), np.float32(cfg.attn_softcap or 0.0), z)
+        a = np.empty_like(x)  # (1, hidden)
+        mo(z.reshape(-1), a[0])
+        _add(x, a, pan, eps)
+        fused.rms_norm_rows(x, fn, eps, h)
+        gate, up, t = np.empty(nf, np.float32), np.empty(nf, np.float32), np.empty(nf, np.float32)
+        mg(h[0], gate)  # (ffn,)
+        mu(h[0], up)  # (ffn,)
+        if self.gelu:  # prefill_ops.gated_mul's steps: act(gate) * up into t
+            prefill_ops._gelu_inner(gate, t)
             np.tanh(t, out=t)
+            prefill_ops._gelu_outer(gate, t, up)
         else:
-            with np.errstate(over="ignore"):  # exp(-x) = inf far below 0: x / inf = 0, as prefill_ops
-                np.exp(t, out=t)
-        gated_down(x, gate, up, t, gelu, wd, post_f, pfn, eps)
+            with np.errstate(over="ignore"):  # exp(-x) = inf far below 0: x / inf = 0
+                np.exp(np.negative(gate, out=t), out=t)
+            prefill_ops._silu_outer(gate, t, up)
+        m = np.empty_like(x)  # (1, hidden)
+        md(t, m[0])
+        _add(x, m, pfn, eps)
+
+
+def _add(x: F32, a: F32, weight: F32 | None, eps: np.float32) -> None:
+    """x += a, or += rms_norm(a) * weight (forward.add_normed's two cases), in place: the same bits."""
+    if weight is None:
+        x += a
+    else:
+        fused.add_rms_norm_rows(x, a, weight, eps, x)

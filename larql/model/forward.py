@@ -295,7 +295,7 @@ class Forward:
             x = run_hook(hooks, "hook_embed", x, segs[0].start)
         with step_threads(len(ids)):  # one thread for a decode step on a busy machine (busy.py)
             plan = self.decode_layers() if len(ids) == 1 and len(segs) == 1 and not hooks else None
-            if plan is not None:  # a decode step: the plain layers in two numba calls each (decode_layer.py)
+            if plan is not None:  # a decode step: the plain layers by direct kernel calls (decode_layer.py)
                 x = np.array(x, dtype=np.float32, order="C")  # (1, hidden), updated in place
                 s, ropes = segs[0], {}
             for i in range(self.cfg.n_layers):

@@ -52,8 +52,8 @@ def test_fused_decode_with_interleaved_rope(tiny: dict, monkeypatch: pytest.Monk
 
 def _quantized(m: larql.Model) -> larql.Model:
     """m with every layer matrix re-quantized by gguf-py, cycling through Q8_0, Q4_1 and Q5_0 (so each
-    of decode_layer's kernels, the raw Q8_0 rows and the repacked layouts with and without offsets,
-    meets every kind of matrix somewhere)."""
+    of decode_layer's kernels, Q8_0's rows and the repacked layouts with and without offsets, meets
+    every kind of matrix somewhere)."""
     import gguf
 
     from larql.quant.tensor import QuantMatrix
@@ -78,7 +78,7 @@ def _quantized(m: larql.Model) -> larql.Model:
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_decode_layers_are_the_general_path_on_quantized_architectures(arch: str,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """decode_layer.py's two numba calls a layer, where the block is the plain one (RMS norms, a gated
+    """decode_layer.py's direct kernel calls, where the block is the plain one (RMS norms, a gated
     MLP: every architecture here but GPT-2's LayerNorm and Mixtral's experts), give the general
     path's logits and cache bit for bit: Qwen2's q/k/v biases, Gemma 2's soft-cap, Gemma 3's q/k norms,
     sandwich norms and sliding window, Llama 3's and longrope's RoPE tables included."""
