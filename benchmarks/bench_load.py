@@ -1,9 +1,10 @@
 """larql on a busy machine: decode, prefill and DESCRIBE beside a CPU hog, with the thread settings
 larql had before issue 16 ("old": the libraries' defaults) and with larql.threads.configure()
-("new": OpenMP workers wait passively, one BLAS thread, numba on every available core); with
---settings also each part alone ("passive", "blas1").
+("new": OpenMP workers spin ~0.1 ms before they sleep, one BLAS thread when the machine is busy at
+start, numba on every available core; "new-passive": the same with the passive wait larql set until
+session 38); with --settings also each part alone ("passive", "blas1").
 
-    python benchmarks/bench_load.py --vindex g.vindex [--hogs 2] [--decode 24] [--settings old,new,passive,blas1]
+    python benchmarks/bench_load.py --vindex g.vindex [--hogs 2] [--decode 24] [--settings old,new,new-passive,passive,blas1]
 
 Each measurement runs in a fresh process (thread pools read their settings once, at start), on a
 quiet machine and then beside `--hogs` busy-looping processes. Prints a table and writes
@@ -58,11 +59,15 @@ def worker(vindex: str | None, n_decode: int) -> dict[str, float]:
 
 def setting_env(setting: str) -> dict[str, str]:
     """The environment of a setting: old (the libraries' defaults), new (larql.threads.configure,
-    what the CLI applies), or one of its parts alone: passive (OMP_WAIT_POLICY), blas1 (one BLAS thread)."""
+    what the CLI applies: a short OpenMP spin since session 38), new-passive (configure with the
+    passive OpenMP wait it applied until session 38), or one of its parts alone: passive
+    (OMP_WAIT_POLICY), blas1 (one BLAS thread)."""
     env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
-    if setting == "new":
+    if setting in ("new", "new-passive"):
         from larql.threads import configure
 
+        if setting == "new-passive":
+            env["OMP_WAIT_POLICY"] = "PASSIVE"  # configure keeps a policy that is set
         configure(env=env)
     elif setting == "passive":
         env["OMP_WAIT_POLICY"] = "PASSIVE"
@@ -86,7 +91,7 @@ def main() -> None:
     ap.add_argument("--vindex", help="an inference-level gemma3-270m vindex, for the DESCRIBE timing")
     ap.add_argument("--hogs", type=int, default=2, help="busy-looping processes beside larql (default 2)")
     ap.add_argument("--decode", type=int, default=24)
-    ap.add_argument("--settings", default="old,new", help="any of old, new, passive, blas1 (comma-separated)")
+    ap.add_argument("--settings", default="old,new", help="any of old, new, new-passive, passive, blas1 (comma-separated)")
     ap.add_argument("--loads", default="quiet,loaded", help="quiet, loaded or both")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
