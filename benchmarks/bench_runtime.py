@@ -130,10 +130,11 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["gemma3-270m", "smollm2-135m"])
     parser.add_argument("--prompt", type=int, default=256)
     parser.add_argument("--decode", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=1, help="larql and llama.cpp in turn N times; medians")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "runtime.json"))
     args = parser.parse_args()
     threads = configure(args.threads)  # the thread pools as `larql` sets them, before numba and BLAS start
-    results = run_bench(args.models, args.prompt, args.decode)
+    results = run_bench(args.models, args.prompt, args.decode, rounds=args.rounds)
     engines = results["engines"]
     for key in args.models:
         r = bench_transformers(key, args.prompt, args.decode, threads)

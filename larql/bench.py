@@ -1,6 +1,6 @@
 """`larql bench`: prefill and greedy-decode speed of larql beside llama.cpp on the same GGUF, in one run.
 
-    larql bench [MODEL ...] [--prompt 256] [--decode 64] [--out FILE]
+    larql bench [MODEL ...] [--prompt 256] [--decode 64] [--rounds 1] [--out FILE]
 
 llama.cpp is measured through llama-cpp-python when it is installed; it is never a dependency. Without
 it the larql rows are printed and one line says how to install it (exit code 0: larql's own figures
@@ -30,10 +30,22 @@ PROMPT_TEXT = ("The history of the city begins with a small settlement on the ri
 
 @dataclass(frozen=True)
 class EngineSpeed:
+    """One engine's speed on one model: the medians over `rounds` (each round's figures kept, in order)."""
+
     model: str
     engine: str
     prefill_tok_s: float
     decode_tok_s: float
+    prefill_rounds: tuple[float, ...] = ()
+    decode_rounds: tuple[float, ...] = ()
+
+
+def _medians(rounds: Sequence[EngineSpeed]) -> EngineSpeed:
+    """The rounds of one engine on one model as one EngineSpeed: medians, each round kept."""
+    import statistics
+
+    pre, dec = tuple(r.prefill_tok_s for r in rounds), tuple(r.decode_tok_s for r in rounds)
+    return EngineSpeed(rounds[0].model, rounds[0].engine, statistics.median(pre), statistics.median(dec), pre, dec)
 
 
 def machine() -> dict[str, Any]:
@@ -143,11 +155,14 @@ def llamacpp_speed(path: str, ids: list[int], n_decode: int, threads: int) -> tu
 
 
 def run_bench(models: Sequence[str], n_prompt: int, n_decode: int, peers: bool = True,
-              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Measure every model with larql and, if installed and `peers`, llama.cpp.
+              progress: Callable[[str], None] | None = None, rounds: int = 1) -> dict[str, Any]:
+    """Measure every model with larql and, if installed and `peers`, llama.cpp, `rounds` times in turn
+    (larql, then llama.cpp, then larql again...: on a shared machine the neighbours' load moves both
+    alike within a round), each engine's figures the medians over its rounds.
 
-    Returns {"machine", "prompt", "decode", "llama_cpp" (version or None), "engines": [EngineSpeed as dicts],
-    "peer_errors": {model: why llama.cpp could not load or run it}}.
+    Returns {"machine", "prompt", "decode", "rounds", "llama_cpp" (version or None), "engines":
+    [EngineSpeed as dicts], "peer_errors": {model: why llama.cpp could not load or run it},
+    "load_average_end"} (the machine's load average at the start is in "machine").
 
     Example:
         >>> r = run_bench(["smollm2-135m"], n_prompt=64, n_decode=16)
@@ -163,34 +178,52 @@ def run_bench(models: Sequence[str], n_prompt: int, n_decode: int, peers: bool =
     for key in models:
         model = larql.load(key)
         ids = prompt_ids(model, n_prompt)
-        if progress:
-            progress(f"{key}: larql")
-        engines.append(bench_larql(key, ids, n_decode, model))
         path = resolve(key)[1]
-        if version is not None and path.is_file() and path.suffix == ".gguf":
+        ours: list[EngineSpeed] = []
+        theirs: list[EngineSpeed] = []
+        for r in range(rounds):
+            at = f" (round {r + 1} of {rounds})" if rounds > 1 else ""
             if progress:
-                progress(f"{key}: llama.cpp")
-            try:
-                engines.append(bench_llamacpp(key, str(path), ids, n_decode, info["threads"]))
-            except (ValueError, RuntimeError, OSError) as e:  # e.g. an architecture llama.cpp does not know
-                peer_errors[key] = f"{type(e).__name__}: {e}"
-    return {"machine": info, "prompt": n_prompt, "decode": n_decode, "llama_cpp": version,
-            "engines": [asdict(e) for e in engines], "peer_errors": peer_errors}
+                progress(f"{key}: larql{at}")
+            ours.append(bench_larql(key, ids, n_decode, model))
+            if version is not None and path.is_file() and path.suffix == ".gguf" and key not in peer_errors:
+                if progress:
+                    progress(f"{key}: llama.cpp{at}")
+                try:
+                    theirs.append(bench_llamacpp(key, str(path), ids, n_decode, info["threads"]))
+                except (ValueError, RuntimeError, OSError) as e:  # e.g. an architecture llama.cpp does not know
+                    peer_errors[key] = f"{type(e).__name__}: {e}"
+        engines.append(_medians(ours))
+        if theirs and key not in peer_errors:
+            engines.append(_medians(theirs))
+    return {"machine": info, "prompt": n_prompt, "decode": n_decode, "rounds": rounds, "llama_cpp": version,
+            "engines": [asdict(e) for e in engines], "peer_errors": peer_errors,
+            "load_average_end": [round(x, 2) for x in os.getloadavg()]}
 
 
 def table(engines: Sequence[dict[str, Any]]) -> str:
-    """The README's speed table (markdown), decode compared with llama.cpp on the same model."""
+    """The README's speed table (markdown), decode compared with llama.cpp on the same model. Figures
+    over several rounds are their medians, followed by the lowest and highest round."""
     lines = ["| model | engine | prefill tok/s | decode tok/s | decode vs llama.cpp |",
              "|---|---|---:|---:|---:|"]
+
+    def cell(median: float, rounds: Sequence[float], digits: int) -> str:
+        spread = f" ({min(rounds):.{digits}f}-{max(rounds):.{digits}f})" if len(rounds) > 1 else ""
+        return f"{median:.{digits}f}{spread}"
+
     for e in engines:
         ref = next((x for x in engines if x["model"] == e["model"] and x["engine"] == "llama.cpp"), None)
         ratio = f"{e['decode_tok_s'] / ref['decode_tok_s']:.2f}x" if ref else "—"
-        lines.append(f"| {e['model']} | {e['engine']} | {e['prefill_tok_s']:.0f} | {e['decode_tok_s']:.1f} | {ratio} |")
+        lines.append(f"| {e['model']} | {e['engine']} | {cell(e['prefill_tok_s'], e.get('prefill_rounds', ()), 0)} | "
+                     f"{cell(e['decode_tok_s'], e.get('decode_rounds', ()), 1)} | {ratio} |")
     return "\n".join(lines)
 
 
 def describe_run(result: dict[str, Any]) -> str:
     """One line: what was measured, on what."""
     m = result["machine"]
-    return (f"prefill {result['prompt']} tokens, greedy decode {result['decode']} tokens; {m['cpu']}, "
-            f"{m['cpus']} cpus, {m['threads']} threads, load average {m['load_average'][0]}")
+    rounds = result.get("rounds", 1)
+    over = f", medians of {rounds} rounds in turn" if rounds > 1 else ""
+    return (f"prefill {result['prompt']} tokens, greedy decode {result['decode']} tokens{over}; {m['cpu']}, "
+            f"{m['cpus']} cpus, {m['threads']} threads, load average {m['load_average'][0]}"
+            + (f" -> {result['load_average_end'][0]}" if "load_average_end" in result else ""))

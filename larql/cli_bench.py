@@ -1,6 +1,6 @@
 """`larql bench`: the runtime benchmark (larql/bench.py) from the command line.
 
-    larql bench [MODEL ...] [--prompt 256] [--decode 64] [--no-peers] [--out FILE]
+    larql bench [MODEL ...] [--prompt 256] [--decode 64] [--rounds 1] [--no-peers] [--out FILE]
 
 Prints the README's speed table (with --json, the results as one JSON object). Without
 llama-cpp-python it measures larql alone, says on stderr how to install the peer, and exits 0.
@@ -17,15 +17,16 @@ from pathlib import Path
 def cmd_bench(args: argparse.Namespace) -> int:
     from larql.bench import LLAMA_CPP_INSTALL, MODELS, describe_run, run_bench, table
 
-    if args.prompt < 16 or args.decode < 1:
-        sys.stderr.write("larql: error: --prompt must be at least 16 and --decode at least 1\n")
+    if args.prompt < 16 or args.decode < 1 or args.rounds < 1:
+        sys.stderr.write("larql: error: --prompt must be at least 16, --decode and --rounds at least 1\n")
         return 2
 
     def say(stage: str) -> None:
         if not (args.quiet or args.json):
             sys.stderr.write(f"measuring {stage}\n")
 
-    result = run_bench(args.models or list(MODELS), args.prompt, args.decode, peers=not args.no_peers, progress=say)
+    result = run_bench(args.models or list(MODELS), args.prompt, args.decode, peers=not args.no_peers, progress=say,
+                       rounds=args.rounds)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
@@ -48,6 +49,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="aliases, .gguf files or HF directories (default: gemma3-270m smollm2-135m)")
     b.add_argument("--prompt", type=int, default=256, metavar="N", help="prompt tokens for prefill (default 256)")
     b.add_argument("--decode", type=int, default=64, metavar="N", help="greedy decode steps (default 64)")
+    b.add_argument("--rounds", type=int, default=1, metavar="N",
+                   help="measure each engine N times in turn and print the medians (lowest-highest) (default 1)")
     b.add_argument("--no-peers", action="store_true", help="measure larql only, even if llama-cpp-python is installed")
     b.add_argument("--out", metavar="FILE", help="also write the results (machine included) as JSON to FILE")
     b.set_defaults(func=cmd_bench)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from larql.bench import LLAMA_CPP_INSTALL, llama_cpp_version, table
+from larql.bench import LLAMA_CPP_INSTALL, describe_run, llama_cpp_version, table
 from tests.cli.conftest import larql
 
 
@@ -36,6 +36,7 @@ def test_bench_json_and_bad_arguments(tiny_gguf: Path) -> None:
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert [e["engine"] for e in json.loads(r.stdout)["engines"]] == ["larql"]
     assert larql("bench", str(tiny_gguf), "--prompt", "4").returncode == 2
+    assert larql("bench", str(tiny_gguf), "--rounds", "0").returncode == 2
     too_long = larql("bench", str(tiny_gguf), "--prompt", "60", "--decode", "8")
     assert too_long.returncode == 1 and "exceed the context of 64" in too_long.stderr
 
@@ -44,3 +45,22 @@ def test_the_table_compares_decode_with_llama_cpp() -> None:
     rows = [{"model": "m", "engine": "larql", "prefill_tok_s": 400.0, "decode_tok_s": 55.0},
             {"model": "m", "engine": "llama.cpp", "prefill_tok_s": 600.0, "decode_tok_s": 50.0}]
     assert table(rows).splitlines()[2:] == ["| m | larql | 400 | 55.0 | 1.10x |", "| m | llama.cpp | 600 | 50.0 | 1.00x |"]
+
+
+def test_rounds_are_medians_with_every_round_kept(tiny_gguf: Path) -> None:
+    r = larql("bench", str(tiny_gguf), "--prompt", "16", "--decode", "2", "--rounds", "3", "--no-peers", "--json")
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    (e,) = result["engines"]
+    assert result["rounds"] == 3 and len(e["decode_rounds"]) == len(e["prefill_rounds"]) == 3
+    assert e["decode_tok_s"] == sorted(e["decode_rounds"])[1] and e["prefill_tok_s"] == sorted(e["prefill_rounds"])[1]
+    assert "medians of 3 rounds in turn" in describe_run(result) and " -> " in describe_run(result)
+
+
+def test_the_table_shows_the_rounds_spread() -> None:
+    rows = [{"model": "m", "engine": "larql", "prefill_tok_s": 400.0, "decode_tok_s": 55.0,
+             "prefill_rounds": [390.0, 400.0, 410.0], "decode_rounds": [50.0, 55.0, 60.0]},
+            {"model": "m", "engine": "llama.cpp", "prefill_tok_s": 600.0, "decode_tok_s": 50.0,
+             "prefill_rounds": [600.0], "decode_rounds": [50.0]}]
+    assert table(rows).splitlines()[2:] == ["| m | larql | 400 (390-410) | 55.0 (50.0-60.0) | 1.10x |",
+                                            "| m | llama.cpp | 600 | 50.0 | 1.00x |"]
