@@ -24,6 +24,7 @@ from larql.errors import LarqlError
 
 MODELS = ("gemma3-270m", "smollm2-135m")
 LLAMA_CPP_INSTALL = "pip install llama-cpp-python"
+_PEER_MARK = "larql-bench-peer:"  # the child's line with its figures (llama.cpp may print lines of its own)
 PROMPT_TEXT = ("The history of the city begins with a small settlement on the river, where traders "
                "from the north and the south met to exchange salt, grain, wool and news. ")
 
@@ -125,13 +126,17 @@ def bench_llamacpp(key: str, path: str, ids: list[int], n_decode: int, threads: 
     from larql.threads import user_environ
 
     code = ("import json, sys; from larql.bench import llamacpp_speed; "
-            "print(json.dumps(llamacpp_speed(*json.loads(sys.argv[1]))))")
-    r = subprocess.run([sys.executable, "-c", code, json.dumps([path, ids, n_decode, threads])],
-                       env=user_environ(), capture_output=True, text=True, timeout=3600)
-    if r.returncode != 0:
-        lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+            f"print({_PEER_MARK!r}, json.dumps(llamacpp_speed(*json.loads(sys.argv[1]))))")
+    try:
+        r = subprocess.run([sys.executable, "-c", code, json.dumps([path, ids, n_decode, threads])],
+                           env=user_environ(), capture_output=True, text=True, timeout=3600)
+    except subprocess.TimeoutExpired as e:
+        raise RuntimeError(f"llama.cpp's process did not finish in {e.timeout:.0f} s") from e
+    marked = [ln.split(" ", 1)[1] for ln in r.stdout.splitlines() if ln.startswith(_PEER_MARK + " ")]
+    if r.returncode != 0 or not marked:
+        lines = [ln for ln in (r.stderr + r.stdout).strip().splitlines() if ln.strip()]
         raise RuntimeError(lines[-1] if lines else f"llama.cpp's process exited with code {r.returncode}")
-    prefill, decode = json.loads(r.stdout.strip().splitlines()[-1])
+    prefill, decode = json.loads(marked[-1])
     return EngineSpeed(key, "llama.cpp", prefill, decode)
 
 

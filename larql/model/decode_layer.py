@@ -26,9 +26,8 @@ from numpy.typing import NDArray
 from larql.model import fused, prefill_ops
 from larql.model.config import ModelConfig
 from larql.model.weights import LayerWeights
-from larql.quant import dot_kernels, kernels, matvec_rows
+from larql.quant import dot_kernels, matvec_rows
 from larql.quant.tensor import QuantMatrix
-from larql.quant.types import GGMLType
 
 F32 = NDArray[np.float32]
 MatVec = Callable[[F32, F32], None]  # (x `[cols]`, out `[rows]`), both float32 C-contiguous
@@ -36,20 +35,22 @@ _NO_VEC = np.zeros(1, dtype=np.float32)  # an absent q/k norm's placeholder (dec
 
 
 def matvec(m: QuantMatrix | None) -> MatVec | None:
-    """The kernel QuantMatrix.matmul runs for m and one activation, bound to m's weights (None where
-    the layer must take the general path: another type, or no repacking budget left)."""
+    """The kernel QuantMatrix.matmul runs for m and one activation, chosen as it chooses (the repacked
+    copy first, else the type's kernel over the GGUF rows) and bound to m's weights; None where the
+    layer must take the general path (F32 / F16 / BF16 weights, or a type with no kernel of its own)."""
     if m is None:
         return None
-    if m.qtype == GGMLType.Q8_0 and m.n_cols % 32 == 0:
-        return partial(dot_kernels.matvec_q8_0, m.raw, m.raw.view(np.int8), kernels.F16_TO_F32)
     p = m.repacked()
-    if p is None:
+    if p is not None:
+        if p.group == 16:
+            return partial(matvec_rows.matvec_g16, p.q, p.scale)
+        if p.offset is None:
+            return partial(matvec_rows.matvec_g32, p.q, p.scale)
+        return partial(matvec_rows.matvec_g32_offset, p.q, p.scale, p.offset)
+    kernel = dot_kernels.MATVEC.get(int(m.qtype))
+    if kernel is None:
         return None
-    if p.group == 16:
-        return partial(matvec_rows.matvec_g16, p.q, p.scale)
-    if p.offset is None:
-        return partial(matvec_rows.matvec_g32, p.q, p.scale)
-    return partial(matvec_rows.matvec_g32_offset, p.q, p.scale, p.offset)
+    return partial(kernel, *m.kernel_args()[3:])
 
 
 def _vec(w: F32 | None) -> F32 | None:

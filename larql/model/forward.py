@@ -316,8 +316,9 @@ class Forward:
 
     def decode_layers(self) -> DecodeLayers | None:
         """The plan a decode step runs its plain layers by (None: the general path for every layer:
-        `fused_decode` off, or FFN edits, which the general path applies)."""
-        if not self.fused_decode or self.ffn.edits is not None:
+        `fused_decode` off, FFN edits, which the general path applies, or an FFN block replaced by
+        `Model.with_ffn`, e.g. one served over HTTP, which only the general path calls)."""
+        if not self.fused_decode or type(self.ffn) is not FFN or self.ffn.edits is not None:
             return None
         if self._decode_layers is None:
             self._decode_layers = DecodeLayers(self.cfg, self.w.layers)

@@ -126,6 +126,11 @@ class QuantMatrix:
     def nbytes(self) -> int:
         return int(self.raw.nbytes)
 
+    def kernel_args(self) -> KernelArgs:
+        """(type, block size, type size, rows, rows as int8, f16/bf16 table): what the GGUF-block
+        kernels take (dot_kernels), for all of this matrix's rows."""
+        return self._args(self.raw)
+
     def _args(self, raw: NDArray[np.uint8]) -> KernelArgs:
         block_size, type_size = BLOCK_LAYOUT[self.qtype]
         table = kernels.BF16_TO_F32 if self.qtype == GGMLType.BF16 else kernels.F16_TO_F32

@@ -64,3 +64,16 @@ def test_the_table_shows_the_rounds_spread() -> None:
              "prefill_rounds": [600.0], "decode_rounds": [50.0]}]
     assert table(rows).splitlines()[2:] == ["| m | larql | 400 (390-410) | 55.0 (50.0-60.0) | 1.10x |",
                                             "| m | llama.cpp | 600 | 50.0 | 1.00x |"]
+
+
+def test_llama_cpp_failing_in_its_process_is_one_error(tmp_path: Path) -> None:
+    """llama.cpp runs in a child process: a file it cannot load (or, without llama-cpp-python, the
+    missing module) comes back as one RuntimeError naming why, which `run_bench` files under
+    peer_errors, not a traceback."""
+    import pytest
+
+    from larql.bench import bench_llamacpp
+
+    with pytest.raises(RuntimeError, match="Error") as e:
+        bench_llamacpp("m", str(tmp_path / "missing.gguf"), [1, 2, 3], 1, 1)
+    assert "\n" not in str(e.value)

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 import larql
+from larql.model.ffn import FFN
 from larql.model.forward import Forward
+from larql.model.hooks import HookFns
 from tests.parity.test_architectures import ARCHITECTURES, REFS
 
 
@@ -89,3 +91,57 @@ def test_decode_layers_are_the_general_path_on_quantized_architectures(arch: str
     covered = sum(plan.covers(i) for i in range(m.config.n_layers))
     assert covered == (0 if arch in ("gpt2", "mixtral") else m.config.n_layers)
     _same(m, monkeypatch)
+
+
+def test_decode_layers_cover_the_bundled_models(real_model: larql.Model) -> None:
+    """Every layer of both bundled models takes decode_layer's path (the parity test above compares
+    it with the general path; here: that it is the path taken)."""
+    real_model.next_logits(real_model.tokenize("The capital of France is")[:4])
+    plan = real_model._forward.decode_layers()
+    assert plan is not None and all(plan.covers(i) for i in range(real_model.config.n_layers))
+
+
+def test_decode_layers_across_longrope_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Phi-3's longrope switches to its long factors past the original context (32 here): a decode
+    step that crosses it reruns the sequence (Forward.rewind_longrope) and the steps after it use
+    the long tables — with decode_layer's path as without."""
+    m = _quantized(larql.load(REFS / "phi3_longrope"))
+    ids = m.tokenize("The history of the city begins with a small settlement on the river " * 4)[:28]
+    assert len(ids) == 28
+
+    def run(fused: bool) -> list[np.ndarray]:
+        monkeypatch.setattr(Forward, "fused_decode", fused)
+        cache = m.new_cache(8)
+        logits = [m.next_logits(ids, cache)]
+        for _ in range(10):  # positions 28 .. 37: across 32
+            logits.append(m.next_logits([int(np.argmax(logits[-1]))], cache))
+        return logits
+
+    for a, b in zip(run(True), run(False)):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+class _Doubled(FFN):
+    """An FFN block computed elsewhere (as serve/ffn_remote.py's RemoteFFN): here twice the local one."""
+
+    def __init__(self, local: FFN) -> None:
+        self.local, self.calls = local, 0
+
+    def __call__(self, i: int, h: np.ndarray, hooks: HookFns | None, start: int) -> np.ndarray:
+        self.calls += 1
+        return 2 * self.local(i, h, hooks, start)
+
+
+def test_a_replaced_ffn_block_runs_at_every_decode_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Model.with_ffn` (a remote FFN): decode steps call the replacement, not the local weights."""
+    m = _quantized(larql.load(REFS / "llama3"))
+    wrapped = m.with_ffn(_Doubled)
+    ffn = wrapped._forward.ffn
+    assert isinstance(ffn, _Doubled) and wrapped._forward.decode_layers() is None
+    cache = wrapped.new_cache(16)
+    wrapped.next_logits(m.tokenize("The history")[:3], cache)
+    ffn.calls = 0
+    got = wrapped.next_logits([5], cache)
+    assert ffn.calls == m.config.n_layers
+    _same(wrapped, monkeypatch)
+    assert not np.allclose(got, m.next_logits(m.tokenize("The history")[:3] + [5]), atol=1e-3)
