@@ -12,6 +12,7 @@ asked for (--threads, $LARQL_THREADS). Prefill (BLAS) is unchanged.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -21,13 +22,25 @@ from larql import threads
 
 _CORES = threads.available_cores()
 FEW_ROWS = 16  # passes over at most this many rows (decode steps, small batches) adapt
+# /proc/loadavg is read at most this often: a decode step asks twice (its layers, its lm_head), and
+# the open and read cost ~2.5 us each, ~1.5% of a Gemma 3 token
+RECHECK_S = 0.05
+_seen = [-1.0, False]  # (when, busy): a race between threads only rereads the file
+
+
+def _busy() -> bool:
+    now = time.monotonic()
+    if now - _seen[0] >= RECHECK_S:
+        _seen[1], _seen[0] = threads.machine_busy(_CORES), now
+    return bool(_seen[1])
 
 
 @contextmanager
 def step_threads(rows: int) -> Iterator[None]:
-    """Run the body on one numba thread if it is a pass over few rows and the machine is busy."""
+    """Run the body on one numba thread if it is a pass over few rows and the machine is busy (as
+    last read, at most RECHECK_S ago)."""
     n = numba.get_num_threads()
-    if rows > FEW_ROWS or n == 1 or threads.explicit() or not threads.machine_busy(_CORES):
+    if rows > FEW_ROWS or n == 1 or threads.explicit() or not _busy():
         yield
         return
     numba.set_num_threads(1)

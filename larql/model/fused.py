@@ -8,13 +8,11 @@ accumulated in float64 (8 partial sums), which is at least as accurate as numpy'
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
-from numpy.typing import NDArray
 
 _F32, _F64, _I32, _I64 = ir.FloatType(), ir.DoubleType(), ir.IntType(32), ir.IntType(64)
 
@@ -132,22 +130,29 @@ def _attend_part(q, keys, values, kv, h0, group, a, b, scale, softcap, w, o, top
                 o[g, i] += p * vv[a + j, i]
 
 
-PART_MIN = 64  # positions below which a key/value head's range is not split further
+# Each key/value head's positions are cut into ranges of at least PART_MIN positions, at most
+# MAX_PARTS of them: a function of the length alone, not of the thread count, so that the same step
+# gives the same bits on one thread (a busy machine, busy.py) as on eight.
+PART_MIN, MAX_PARTS = 128, 8
 
 
 @njit(cache=True, fastmath=True, parallel=True)
-def attend_one_parts(q, keys, values, first, stop, scale, softcap, parts, out):
-    """`attend_one` with each key/value head's positions cut into `parts` ranges (fewer when the
-    ranges would hold under PART_MIN positions), the ranges of every head side by side on numba's
-    threads, then merged: softmax(s) v = sum_p e^(top_p - top) o_p / sum_p e^(top_p - top) total_p.
-    Each thread reads its own share of the cache once for all the heads that share it (Gemma 3: one
-    key/value head, four query heads: 45 -> 26 us a layer at 320 positions, the cache coming from
-    memory; SmolLM2 26 -> 22 us)."""
+def attend_one(q, keys, values, first, stop, scale, softcap, out):
+    """One query position (decode) over keys/values `(n_kv, capacity, d)` at positions first..stop-1,
+    causal by construction (the cache holds only earlier positions); q and out `(n_heads, d)`.
+
+    Softmax(q.k * scale, optionally soft-capped) then the weighted sum of values, per head, with
+    n_heads / n_kv query heads sharing each key/value head. Each key/value head's positions are cut
+    into ranges (PART_MIN, MAX_PARTS), the ranges of every head side by side on numba's threads, then
+    merged: softmax(s) v = sum_p e^(top_p - top) o_p / sum_p e^(top_p - top) total_p. Each range's
+    keys and values are read once for all the query heads that share them (Gemma 3: one key/value
+    head, four query heads: 45 -> 26 us a layer at 320 positions, the cache coming from memory;
+    SmolLM2 26 -> 22 us). numpy spent ~90 us on the dozen small array calls this replaces."""
     n_heads, d = q.shape
     n_kv = keys.shape[0]
     group = n_heads // n_kv
     n = stop - first
-    parts = max(1, min(parts, n // PART_MIN))
+    parts = max(1, min(MAX_PARTS, n // PART_MIN))
     size = (n + parts - 1) // parts
     tasks = n_kv * parts
     o = np.empty((tasks, group, d), dtype=np.float32)
@@ -178,18 +183,6 @@ def attend_one_parts(q, keys, values, first, stop, scale, softcap, parts, out):
         inv = np.float32(1.0) / s
         for i in range(d):
             out[h, i] *= inv
-
-
-def attend_one(q: NDArray[np.float32], keys: NDArray[np.float32], values: NDArray[np.float32], first: int,
-               stop: int, scale: np.float32, softcap: np.float32, out: NDArray[np.float32]) -> None:
-    """One query position (decode) over keys/values `(n_kv, capacity, d)` at positions first..stop-1,
-    causal by construction (the cache holds only earlier positions); q and out `(n_heads, d)`.
-
-    Softmax(q.k * scale, optionally soft-capped) then the weighted sum of values, per head, with
-    n_heads / n_kv query heads sharing each key/value head, the positions split across numba's
-    threads (attend_one_parts). numpy spent ~90 us on the dozen small array calls this replaces
-    (Gemma, 256 positions)."""
-    attend_one_parts(q, keys, values, first, stop, scale, softcap, numba.get_num_threads(), out)
 
 
 @njit(cache=True, fastmath=False)

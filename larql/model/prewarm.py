@@ -38,7 +38,7 @@ def kernels_cached() -> bool:
     from larql.model import fused
 
     try:
-        kernels: tuple[Any, ...] = (fused.decode_qk, fused.attend_one_parts)
+        kernels: tuple[Any, ...] = (fused.decode_qk, fused.attend_one)
         return all(os.path.exists(k._cache._cache_file._index_path) for k in kernels)  # numba's own index file
     except AttributeError:  # another numba's internals
         return True

@@ -31,6 +31,7 @@ def test_step_threads(monkeypatch: pytest.MonkeyPatch, rows: int, is_busy: bool,
                                                              set_num_threads=fake.set_num_threads))
     monkeypatch.setattr(threads, "machine_busy", lambda cores: is_busy)
     monkeypatch.setattr(threads, "explicit", lambda: asked)
+    monkeypatch.setattr(busy, "_seen", [-1.0, False])  # nothing read yet
     with busy.step_threads(rows):
         assert fake.n == inside
     assert fake.n == 2  # restored
@@ -48,3 +49,24 @@ def test_explicit_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(threads.ENV_VAR)
     monkeypatch.setattr(threads, "_explicit", [True])  # what configure(n) records for --threads n
     assert threads.explicit()
+
+
+def test_the_load_is_read_at_most_every_recheck(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two decode steps' four checks within RECHECK_S read /proc/loadavg once; a later one reads it again."""
+    fake = FakeNumba(2)
+    monkeypatch.setattr(busy, "numba", types.SimpleNamespace(get_num_threads=fake.get_num_threads,
+                                                             set_num_threads=fake.set_num_threads))
+    reads: list[int] = []
+    monkeypatch.setattr(threads, "machine_busy", lambda cores: reads.append(cores) or True)
+    monkeypatch.setattr(threads, "explicit", lambda: False)
+    clock = [100.0]
+    monkeypatch.setattr(busy.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(busy, "_seen", [-1.0, False])
+    for _ in range(4):
+        with busy.step_threads(1):
+            assert fake.n == 1
+    assert len(reads) == 1
+    clock[0] += 2 * busy.RECHECK_S
+    with busy.step_threads(1):
+        pass
+    assert len(reads) == 2
