@@ -62,7 +62,11 @@ class DecodeLayers:
 
     def __init__(self, cfg: ModelConfig, layers: tuple[LayerWeights, ...] | list[LayerWeights]) -> None:
         self.cfg, self.gelu = cfg, cfg.activation == "gelu_tanh"
-        self.eps = np.float32(cfg.norm_eps)
+        # the configuration's scalars as the kernels take them, once (a few us a layer read each step)
+        self.eps, self.scale = np.float32(cfg.norm_eps), np.float32(cfg.attn_scale)
+        self.softcap = np.float32(cfg.attn_softcap or 0.0)
+        self.qk_norm, self.rope, self.interleaved = bool(cfg.qk_norm), cfg.positions == "rope", bool(cfg.rope_interleaved)
+        self.windows = [cfg.layer_window(i) for i in range(len(layers))]
         self.args: list[tuple[Any, ...] | None] = [self._gather(lw) for lw in layers]
 
     def _gather(self, lw: LayerWeights) -> tuple[Any, ...] | None:
@@ -88,11 +92,13 @@ class DecodeLayers:
     def run(self, i: int, x: F32, keys: F32, values: F32, pos: int, cos: F32, sin: F32) -> None:
         """Layer i on the residual x `(1, hidden)` float32 C-contiguous, in place, at position `pos`,
         appending its key and value to the cache arrays `(n_kv, capacity, d)`; cos, sin `[d/2]`.
-        Forward.layer's operations in its order (decode_attention's two fused calls included)."""
-        cfg, eps, args = self.cfg, self.eps, self.args[i]
+        Forward.layer's operations in its order (decode_attention's two fused calls included). The
+        caller ignores floating-point overflow (np.errstate(over="ignore")): SiLU's exp(-x) is inf far
+        below 0, and x / inf = 0, as it should be (prefill_ops.gated_mul sets the same per call)."""
+        eps, args, window = self.eps, self.args[i], self.windows[i]
         assert args is not None  # run only for a layer `covers`
         (mq, mk, mv, mo, mg, mu, md), (nq, nk, nv, nf), qb, kb, vb, qn, kn, an, fn, pan, pfn = args
-        d = cfg.head_dim
+        d = self.cfg.head_dim
         h = np.empty_like(x)  # (1, hidden)
         fused.rms_norm_rows(x, an, eps, h)
         q, k, v = np.empty(nq, np.float32), np.empty(nk, np.float32), np.empty(nv, np.float32)
@@ -104,12 +110,11 @@ class DecodeLayers:
             k += kb
             v += vb
         qr = np.empty((nq // d, d), np.float32)  # (n_heads, d) normed, rotated
-        fused.decode_qk(q.reshape(-1, d), k.reshape(-1, d), v.reshape(-1, d), qn, kn, bool(cfg.qk_norm), eps, cos,
-                        sin, cfg.positions == "rope", bool(cfg.rope_interleaved), keys, values, pos, qr)
-        window = cfg.layer_window(i)
+        fused.decode_qk(q.reshape(-1, d), k.reshape(-1, d), v.reshape(-1, d), qn, kn, self.qk_norm, eps, cos, sin,
+                        self.rope, self.interleaved, keys, values, pos, qr)
         z = np.empty_like(qr)  # (n_heads, d)
-        fused.attend_one(qr, keys, values, max(0, pos - window + 1) if window else 0, pos + 1,
-                         np.float32(cfg.attn_scale), np.float32(cfg.attn_softcap or 0.0), z)
+        fused.attend_one(qr, keys, values, max(0, pos - window + 1) if window else 0, pos + 1, self.scale,
+                         self.softcap, z)
         a = np.empty_like(x)  # (1, hidden)
         mo(z.reshape(-1), a[0])
         _add(x, a, pan, eps)
@@ -122,8 +127,7 @@ class DecodeLayers:
             np.tanh(t, out=t)
             prefill_ops._gelu_outer(gate, t, up)
         else:
-            with np.errstate(over="ignore"):  # exp(-x) = inf far below 0: x / inf = 0
-                np.exp(np.negative(gate, out=t), out=t)
+            np.exp(np.negative(gate, out=t), out=t)  # overflow ignored by the caller (above)
             prefill_ops._silu_outer(gate, t, up)
         m = np.empty_like(x)  # (1, hidden)
         md(t, m[0])

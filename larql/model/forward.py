@@ -295,24 +295,34 @@ class Forward:
             x = run_hook(hooks, "hook_embed", x, segs[0].start)
         with step_threads(len(ids)):  # one thread for a decode step on a busy machine (busy.py)
             plan = self.decode_layers() if len(ids) == 1 and len(segs) == 1 and not hooks else None
-            if plan is not None:  # a decode step: the plain layers by direct kernel calls (decode_layer.py)
-                x = np.array(x, dtype=np.float32, order="C")  # (1, hidden), updated in place
-                s, ropes = segs[0], {}
-            for i in range(self.cfg.n_layers):
-                if plan is not None and plan.covers(i):
-                    base = self.cfg.layer_rope_base(i)
-                    if base not in ropes:
-                        cos, sin = self.rope(i, [s]) if self.cfg.positions == "rope" else (_NO_ROPE, _NO_ROPE)
-                        ropes[base] = (np.ascontiguousarray(cos[0]), np.ascontiguousarray(sin[0]))  # (d/2,) each
-                    plan.run(i, x, s.cache.k[i], s.cache.v[i], s.start, *ropes[base])
-                else:
+            if plan is None:
+                for i in range(self.cfg.n_layers):
                     x = self.layer(i, x, segs, hooks)
+            else:  # a decode step: the plain layers by direct kernel calls (decode_layer.py)
+                x = self.decode_step(plan, x, segs[0], hooks)
         for s in segs:
             s.cache.length = s.start + s.hi - s.lo
             if self.cfg.rope_scaling == "longrope":
                 s.cache.ids = np.concatenate([s.cache.ids[:s.start], ids[s.lo:s.hi]])
                 s.cache.rope_long = self.cfg.long_rope(s.cache.length)
         return x if keep is None else x[keep]
+
+    def decode_step(self, plan: DecodeLayers, x: F32, s: Segment, hooks: Hooks | None) -> F32:
+        """The layers of a one-position pass, those `plan` covers by its direct calls, the rest by
+        `layer`: the final residual `(1, hidden)`."""
+        x = np.array(x, dtype=np.float32, order="C")  # (1, hidden), updated in place
+        ropes: dict[float, tuple[F32, F32]] = {}
+        with np.errstate(over="ignore"):  # SiLU's exp(-x) = inf far below 0 (DecodeLayers.run)
+            for i in range(self.cfg.n_layers):
+                if not plan.covers(i):
+                    x = self.layer(i, x, [s], hooks)
+                    continue
+                base = self.cfg.layer_rope_base(i)
+                if base not in ropes:
+                    cos, sin = self.rope(i, [s]) if self.cfg.positions == "rope" else (_NO_ROPE, _NO_ROPE)
+                    ropes[base] = (np.ascontiguousarray(cos[0]), np.ascontiguousarray(sin[0]))  # (d/2,) each
+                plan.run(i, x, s.cache.k[i], s.cache.v[i], s.start, *ropes[base])
+        return x
 
     def decode_layers(self) -> DecodeLayers | None:
         """The plan a decode step runs its plain layers by (None: the general path for every layer:
