@@ -22,17 +22,21 @@ class RopeTable:
     def __init__(self, inv_freq: F32, scale: float = 1.0) -> None:
         self.inv_freq = np.asarray(inv_freq, dtype=np.float32)  # (d/2,)
         self.scale = np.float32(scale)
-        self.cos = np.empty((0, len(self.inv_freq)), dtype=np.float32)
-        self.sin = np.empty((0, len(self.inv_freq)), dtype=np.float32)
+        empty = np.empty((0, len(self.inv_freq)), dtype=np.float32)
+        # (cos, sin), replaced whole when grown: threads sharing a model (larql serve's sessions) read
+        # one pair, never a new cos beside an old sin, nor one not yet scaled
+        self.table: tuple[F32, F32] = (empty, empty)
 
     def get(self, start: int, stop: int) -> tuple[F32, F32]:
-        if stop > len(self.cos):
-            n = max(stop, 2 * len(self.cos), 256)
+        cos, sin = self.table
+        if stop > len(cos):
+            n = max(stop, 2 * len(cos), 256)
             angles = np.arange(n, dtype=np.float32)[:, None] * self.inv_freq[None, :]  # (n, d/2)
-            self.cos, self.sin = np.cos(angles), np.sin(angles)
+            cos, sin = np.cos(angles), np.sin(angles)
             if self.scale != 1.0:
-                self.cos, self.sin = self.cos * self.scale, self.sin * self.scale
-        return self.cos[start:stop], self.sin[start:stop]
+                cos, sin = cos * self.scale, sin * self.scale
+            self.table = (cos, sin)
+        return cos[start:stop], sin[start:stop]
 
 
 def apply_rope(x: F32, cos: F32, sin: F32, interleaved: bool) -> F32:

@@ -189,8 +189,8 @@ class Tail:
                                    f"({cfg.rope_original_context} tokens) are not supported")
         table = self._ropes.setdefault(base, RopeTable(cfg.rope_inv_freq(base),
                                                        cfg.rope_attn_factor if base == cfg.rope_base else 1.0))
-        table.get(0, int(positions.max()) + 1)  # grown to cover every position (the forward's own table)
-        cos, sin = table.cos[positions], table.sin[positions]  # (T, d/2)
+        whole_cos, whole_sin = table.get(0, int(positions.max()) + 1)  # grown to cover every position
+        cos, sin = whole_cos[positions], whole_sin[positions]  # (T, d/2)
         saved["cos"], saved["sin"] = cos, sin
         return apply_rope(q, cos, sin, cfg.rope_interleaved), apply_rope(k, cos, sin, cfg.rope_interleaved), v, saved
 
