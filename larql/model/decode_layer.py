@@ -17,7 +17,6 @@ A layer qualifies when its block is the plain one: RMS norms, rotary or no posit
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -26,7 +25,6 @@ from numpy.typing import NDArray
 from larql.model import fused, prefill_ops
 from larql.model.config import ModelConfig
 from larql.model.weights import LayerWeights
-from larql.quant import dot_kernels, matvec_rows
 from larql.quant.tensor import QuantMatrix
 
 F32 = NDArray[np.float32]
@@ -35,22 +33,9 @@ _NO_VEC = np.zeros(1, dtype=np.float32)  # an absent q/k norm's placeholder (dec
 
 
 def matvec(m: QuantMatrix | None) -> MatVec | None:
-    """The kernel QuantMatrix.matmul runs for m and one activation, chosen as it chooses (the repacked
-    copy first, else the type's kernel over the GGUF rows) and bound to m's weights; None where the
-    layer must take the general path (F32 / F16 / BF16 weights, or a type with no kernel of its own)."""
-    if m is None:
-        return None
-    p = m.repacked()
-    if p is not None:
-        if p.group == 16:
-            return partial(matvec_rows.matvec_g16, p.q, p.scale)
-        if p.offset is None:
-            return partial(matvec_rows.matvec_g32, p.q, p.scale)
-        return partial(matvec_rows.matvec_g32_offset, p.q, p.scale, p.offset)
-    kernel = dot_kernels.MATVEC.get(int(m.qtype))
-    if kernel is None:
-        return None
-    return partial(kernel, *m.kernel_args()[3:])
+    """The kernel QuantMatrix.matmul runs for m and one activation, bound to m's weights (None where
+    the layer must take the general path: F32 / F16 / BF16 weights)."""
+    return None if m is None else m.vector_kernel()
 
 
 def _vec(w: F32 | None) -> F32 | None:
@@ -61,7 +46,7 @@ class DecodeLayers:
     """The layers of one model that a decode step runs by `run`, with their kernels chosen once."""
 
     def __init__(self, cfg: ModelConfig, layers: tuple[LayerWeights, ...] | list[LayerWeights]) -> None:
-        self.cfg, self.gelu = cfg, cfg.activation == "gelu_tanh"
+        self.cfg, self.activation = cfg, cfg.activation
         # the configuration's scalars as the kernels take them, once (a few us a layer read each step)
         self.eps, self.scale = np.float32(cfg.norm_eps), np.float32(cfg.attn_scale)
         self.softcap = np.float32(cfg.attn_softcap or 0.0)
@@ -94,7 +79,7 @@ class DecodeLayers:
         appending its key and value to the cache arrays `(n_kv, capacity, d)`; cos, sin `[d/2]`.
         Forward.layer's operations in its order (decode_attention's two fused calls included). The
         caller ignores floating-point overflow (np.errstate(over="ignore")): SiLU's exp(-x) is inf far
-        below 0, and x / inf = 0, as it should be (prefill_ops.gated_mul sets the same per call)."""
+        below 0, and x / inf = 0, as it should be (prefill_ops.gated_mul ignores it per call)."""
         eps, args, window = self.eps, self.args[i], self.windows[i]
         assert args is not None  # run only for a layer `covers`
         (mq, mk, mv, mo, mg, mu, md), (nq, nk, nv, nf), qb, kb, vb, qn, kn, an, fn, pan, pfn = args
@@ -122,13 +107,7 @@ class DecodeLayers:
         gate, up, t = np.empty(nf, np.float32), np.empty(nf, np.float32), np.empty(nf, np.float32)
         mg(h[0], gate)  # (ffn,)
         mu(h[0], up)  # (ffn,)
-        if self.gelu:  # prefill_ops.gated_mul's steps: act(gate) * up into t
-            prefill_ops._gelu_inner(gate, t)
-            np.tanh(t, out=t)
-            prefill_ops._gelu_outer(gate, t, up)
-        else:
-            np.exp(np.negative(gate, out=t), out=t)  # overflow ignored by the caller (above)
-            prefill_ops._silu_outer(gate, t, up)
+        prefill_ops.gated_mul_into(self.activation, gate, up, t)  # act(gate) * up; overflow ignored by the caller
         m = np.empty_like(x)  # (1, hidden)
         md(t, m[0])
         _add(x, m, pfn, eps)

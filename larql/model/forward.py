@@ -299,7 +299,7 @@ class Forward:
                 for i in range(self.cfg.n_layers):
                     x = self.layer(i, x, segs, hooks)
             else:  # a decode step: the plain layers by direct kernel calls (decode_layer.py)
-                x = self.decode_step(plan, x, segs[0], hooks)
+                x = self.decode_step(plan, x, segs[0])
         for s in segs:
             s.cache.length = s.start + s.hi - s.lo
             if self.cfg.rope_scaling == "longrope":
@@ -307,15 +307,15 @@ class Forward:
                 s.cache.rope_long = self.cfg.long_rope(s.cache.length)
         return x if keep is None else x[keep]
 
-    def decode_step(self, plan: DecodeLayers, x: F32, s: Segment, hooks: Hooks | None) -> F32:
-        """The layers of a one-position pass, those `plan` covers by its direct calls, the rest by
-        `layer`: the final residual `(1, hidden)`."""
+    def decode_step(self, plan: DecodeLayers, x: F32, s: Segment) -> F32:
+        """The layers of a one-position pass without hooks, those `plan` covers by its direct calls,
+        the rest by `layer`: the final residual `(1, hidden)`."""
         x = np.array(x, dtype=np.float32, order="C")  # (1, hidden), updated in place
         ropes: dict[float, tuple[F32, F32]] = {}
         with np.errstate(over="ignore"):  # SiLU's exp(-x) = inf far below 0 (DecodeLayers.run)
             for i in range(self.cfg.n_layers):
                 if not plan.covers(i):
-                    x = self.layer(i, x, [s], hooks)
+                    x = self.layer(i, x, [s], None)
                     continue
                 base = self.cfg.layer_rope_base(i)
                 if base not in ropes:

@@ -161,14 +161,14 @@ def attend_one(q, keys, values, first, stop, scale, softcap, out):
     w = np.empty((tasks, group, max(size, 1)), dtype=np.float32)
     for t in prange(tasks):
         kv, p = t // parts, t % parts
-        a = min(stop, first + p * size)
+        a = first + p * size  # < stop: parts <= n // PART_MIN, so every range holds positions
         _attend_part(q, keys, values, kv, kv * group, group, a, min(stop, a + size), scale, softcap, w[t], o[t],
                      top[t], total[t])
     for h in range(n_heads):
         kv, g = h // group, h % group
         best = np.float32(-np.inf)
         for p in range(parts):
-            if total[kv * parts + p, g] > 0.0:  # an empty range (n not a multiple of parts) adds nothing
+            if total[kv * parts + p, g] > 0.0:  # a range whose scores are all -inf adds nothing
                 best = max(best, top[kv * parts + p, g])
         s = np.float32(0.0)
         for i in range(d):

@@ -47,17 +47,23 @@ def gated_mul(activation: str, gate: F32, up: F32) -> F32:
     """act(gate) * up for "gelu_tanh" or "silu", float32 C-contiguous of one shape `(T, ffn)`, in a
     new array (neither input is written: an edit's top-k reads the gate scores after): the same bits
     as ffn.gated's numpy steps."""
-    g, u = gate.reshape(-1), up.reshape(-1)
-    out = np.empty_like(g)  # (T*ffn,) the inner term, then tanh / exp of it, then the product
+    out = np.empty_like(gate)  # (T, ffn)
+    with np.errstate(over="ignore"):  # exp(-x) = inf far below 0 (an inserted gate): x / inf = 0
+        gated_mul_into(activation, gate.reshape(-1), up.reshape(-1), out.reshape(-1))
+    return out
+
+
+def gated_mul_into(activation: str, g: F32, u: F32, out: F32) -> None:
+    """gated_mul's steps on flat float32 rows into `out` (a third array): the inner term, then numpy's
+    tanh / exp of it, then the product. Overflow in exp is the caller's to ignore (a decode step
+    does once for all its layers, decode_layer.py)."""
     if activation == "gelu_tanh":
         _gelu_inner(g, out)
         np.tanh(out, out=out)
         _gelu_outer(g, out, u)
     else:
-        with np.errstate(over="ignore"):  # exp(-x) = inf far below 0 (an inserted gate): x / inf = 0
-            np.exp(np.negative(g, out=out), out=out)
+        np.exp(np.negative(g, out=out), out=out)
         _silu_outer(g, out, u)
-    return out.reshape(gate.shape)
 
 
 @njit(cache=True, fastmath=False)

@@ -11,7 +11,9 @@ and is not repacked; F16/BF16/F32 are not quantized.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 from numba import njit, prange
@@ -263,14 +265,18 @@ def matmul_g16(q, scale, xs, out):
 
 
 
+def matvec_kernel(p: Repacked) -> Callable[[NDArray[np.float32], NDArray[np.float32]], None]:
+    """matvec_rows' kernel for p's layout, bound to p's parts: kernel(x `[cols]`, out `[rows]`)."""
+    if p.group == 16:
+        return partial(matvec_rows.matvec_g16, p.q, p.scale)
+    if p.offset is None:
+        return partial(matvec_rows.matvec_g32, p.q, p.scale)
+    return partial(matvec_rows.matvec_g32_offset, p.q, p.scale, p.offset)
+
+
 def matvec(p: Repacked, x: NDArray[np.float32], out: NDArray[np.float32]) -> None:
     """out `[rows]` = the weights times one activation x `[cols]` (float32, contiguous)."""
-    if p.group == 16:
-        matvec_rows.matvec_g16(p.q, p.scale, x, out)
-    elif p.offset is None:
-        matvec_rows.matvec_g32(p.q, p.scale, x, out)
-    else:
-        matvec_rows.matvec_g32_offset(p.q, p.scale, p.offset, x, out)
+    matvec_kernel(p)(x, out)
 
 
 def matmul(p: Repacked, xs: NDArray[np.float32]) -> NDArray[np.float32]:

@@ -8,6 +8,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TypeVar
 
 import numba
@@ -126,11 +127,6 @@ class QuantMatrix:
     def nbytes(self) -> int:
         return int(self.raw.nbytes)
 
-    def kernel_args(self) -> KernelArgs:
-        """(type, block size, type size, rows, rows as int8, f16/bf16 table): what the GGUF-block
-        kernels take (dot_kernels), for all of this matrix's rows."""
-        return self._args(self.raw)
-
     def _args(self, raw: NDArray[np.uint8]) -> KernelArgs:
         block_size, type_size = BLOCK_LAYOUT[self.qtype]
         table = kernels.BF16_TO_F32 if self.qtype == GGMLType.BF16 else kernels.F16_TO_F32
@@ -201,6 +197,17 @@ class QuantMatrix:
             return result
 
         return _made_once(self._repacked, make)
+
+    def vector_kernel(self) -> Callable[[NDArray[np.float32], NDArray[np.float32]], None] | None:
+        """The kernel `matmul` runs for one activation, bound to these weights: kernel(x `[n_cols]`,
+        out `[n_rows]`, both float32 C-contiguous) — the repacked copy's, else the type's over the
+        GGUF rows; None where matmul takes numpy or the generic kernel (F32, F16, BF16). For a caller
+        that runs one matrix many times (decode_layer.py) without matmul's checks."""
+        fast = self.repacked()
+        if fast is not None:
+            return repack.matvec_kernel(fast)
+        kernel = dot_kernels.MATVEC.get(int(self.qtype))
+        return None if kernel is None else partial(kernel, *self._args(self.raw)[3:])
 
     def row_norms(self) -> NDArray[np.float64] | None:
         """|w_r| of every Q8_0 row (argmax.row_norms), made once (None: not finite)."""
