@@ -16,7 +16,6 @@ positions, so a hooked pass is a single segment.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -30,22 +29,12 @@ from larql.model.config import ModelConfig
 from larql.model.decode_layer import DecodeLayers
 from larql.model.ffn import FFN, FFNEdits
 from larql.model.hooks import HookFns, LayerHookNames, layer_hook_names, run_hook
+from larql.model.segments import Segment, packed_segments, positions
 from larql.model.weights import LayerWeights, Weights
 
 F32 = NDArray[np.float32]
 _NO_ROPE = np.zeros((1, 1), dtype=np.float32)  # cos/sin (and absent q/k norm weights) where unused
 Hooks = HookFns  # compiled hook functions: name -> fn(x, name, start), see hooks.compile_spec
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One sequence of a (packed) pass: rows lo..hi-1 of the activations are its positions
-    start..start+(hi-lo)-1, appended to `cache`."""
-
-    lo: int
-    hi: int
-    cache: KVCache
-    start: int
 
 
 def rms_norm(x: F32, weight: F32, eps: float) -> F32:
@@ -393,15 +382,3 @@ class Forward:
 def _vec(w: F32 | None) -> F32:
     assert w is not None  # qk_norm: the loader read both
     return np.ascontiguousarray(w, dtype=np.float32).reshape(-1)
-
-
-def packed_segments(ids: list[NDArray[np.int64]], caches: list[KVCache]) -> tuple[NDArray[np.int64], list[Segment]]:
-    """Sequences packed end to end: the row bounds `(B + 1,)` and each one's segment, after what its
-    cache holds."""
-    bounds = np.cumsum([0, *(len(a) for a in ids)])
-    return bounds, [Segment(int(lo), int(hi), c, c.length) for lo, hi, c in zip(bounds[:-1], bounds[1:], caches)]
-
-
-def positions(segs: list[Segment]) -> NDArray[np.int64]:
-    """Every row's position `(T,)`: each segment counts on from its cache's length."""
-    return np.concatenate([np.arange(s.start, s.start + s.hi - s.lo) for s in segs])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 import larql
-from larql.model.forward import Segment
+from larql.model.segments import Segment
 from larql.quant import argmax
 
 

@@ -132,7 +132,7 @@ def test_real_gemma_hidden_states(gemma: larql.Model) -> None:
     """Gemma 3's 262,144 x 640 tied embedding and the final-norm states of every position of two
     prompts: the tiled pass's argmax is np.argmax of the full float32 logits each time, and the
     bound lets a handful of rows through."""
-    from larql.model.forward import Segment
+    from larql.model.segments import Segment
 
     out = gemma.weights.output
     out.argmax_matvec(np.zeros(out.n_cols, np.float32))  # row norms, then the tiled copy
