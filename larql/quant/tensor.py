@@ -110,6 +110,8 @@ class QuantMatrix:
     _tiled: list[argmax_tiles.Tiled | None] = field(default_factory=list, compare=False, repr=False)
     _greedy_steps: list[int] = field(default_factory=lambda: [0], compare=False, repr=False)
     _dense: list[weakref.ref[NDArray[np.float32]]] = field(default_factory=list, compare=False, repr=False)
+    _vector: list[Callable[[NDArray[np.float32], NDArray[np.float32]], None] | None] = field(
+        default_factory=list, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         expected = (self.n_rows, row_bytes(self.qtype, self.n_cols))
@@ -202,12 +204,15 @@ class QuantMatrix:
         """The kernel `matmul` runs for one activation, bound to these weights: kernel(x `[n_cols]`,
         out `[n_rows]`, both float32 C-contiguous) — the repacked copy's, else the type's over the
         GGUF rows; None where matmul takes numpy or the generic kernel (F32, F16, BF16). For a caller
-        that runs one matrix many times (decode_layer.py) without matmul's checks."""
-        fast = self.repacked()
-        if fast is not None:
-            return repack.matvec_kernel(fast)
-        kernel = dot_kernels.MATVEC.get(int(self.qtype))
-        return None if kernel is None else partial(kernel, *self._args(self.raw)[3:])
+        that runs one matrix many times (decode_layer.py) without matmul's checks. Bound once."""
+        def make() -> Callable[[NDArray[np.float32], NDArray[np.float32]], None] | None:
+            fast = self.repacked()
+            if fast is not None:
+                return repack.matvec_kernel(fast)
+            kernel = dot_kernels.MATVEC.get(int(self.qtype))
+            return None if kernel is None else partial(kernel, *self._args(self.raw)[3:])
+
+        return _made_once(self._vector, make)
 
     def row_norms(self) -> NDArray[np.float64] | None:
         """|w_r| of every Q8_0 row (argmax.row_norms), made once (None: not finite)."""
@@ -248,12 +253,12 @@ class QuantMatrix:
 
     def matmul(self, x: NDArray[np.float32]) -> NDArray[np.float32]:
         """x `[k]` or `[t, k]` (k = n_cols) -> x @ W.T, `[n_rows]` or `[t, n_rows]` float32."""
-        packed = self._repacked[0] if self._repacked else None
-        if packed is not None and isinstance(x, np.ndarray) and 1 <= x.ndim <= 2 and x.size == x.shape[-1] == self.n_cols:
-            # a decode step's activation on a repacked matrix: straight to the kernel (~200 calls a
-            # token, where the checks and reshapes below cost a few us each)
+        vector = self._vector[0] if self._vector else None  # bound by a first one-row call (below)
+        if vector is not None and isinstance(x, np.ndarray) and 1 <= x.ndim <= 2 and x.size == x.shape[-1] == self.n_cols:
+            # one activation (a decode step's, on the general path: hooks, edits): straight to the
+            # kernel, where the checks and reshapes below cost a few us each
             out = np.empty((1, self.n_rows) if x.ndim == 2 else self.n_rows, dtype=np.float32)
-            repack.matvec(packed, np.ascontiguousarray(x, dtype=np.float32).reshape(-1), out.reshape(-1))
+            vector(np.ascontiguousarray(x, dtype=np.float32).reshape(-1), out.reshape(-1))
             return out
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.shape[-1] != self.n_cols or x.ndim not in (1, 2):
@@ -263,21 +268,18 @@ class QuantMatrix:
             )
         if self.qtype == GGMLType.F32:
             return x @ self.raw.view(np.float32).T
-        if x.shape[0] <= SMALL_BATCH or x.ndim == 1:
-            fast = self.repacked()
-            if fast is not None:
-                out = repack.matmul(fast, x.reshape(-1, self.n_cols))
-                return out.reshape(-1) if x.ndim == 1 else out
         if x.ndim == 1 or x.shape[0] == 1:
             out = np.empty(self.n_rows, dtype=np.float32)
-            args = self._args(self.raw)
-            kernel = dot_kernels.MATVEC.get(args[0])
-            if kernel is not None:
-                kernel(*args[3:], x.reshape(-1), out)
+            vector = self.vector_kernel()  # the repacked copy's kernel, else the type's over the GGUF rows
+            if vector is not None:
+                vector(x.reshape(-1), out)
             else:
-                dot_kernels.matvec_generic(*args, x.reshape(-1), out)
+                dot_kernels.matvec_generic(*self._args(self.raw), x.reshape(-1), out)
             return out if x.ndim == 1 else out.reshape(1, -1)
         if x.shape[0] <= SMALL_BATCH:
+            fast = self.repacked()
+            if fast is not None:
+                return repack.matmul(fast, x)
             out = np.empty((x.shape[0], self.n_rows), dtype=np.float32)
             args = self._args(self.raw)
             small = dot_kernels.MATMUL_SMALL.get(args[0])
