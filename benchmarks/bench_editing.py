@@ -4,7 +4,7 @@ prompts the edit never optimised on (natural paraphrases, the prompt behind unse
 prefixes, neighbours, reverse prompts, unrelated prompts), single-edit and all-stacked.
 
     python benchmarks/bench_editing.py --vindex g.vindex [--data benchmarks/data/counterfact_gemma3_270m.json]
-        [--methods rome,feature] [--protocols single,stacked] [--limit N] [--every K] [--layers 2,3,4] [--stats-tokens N]
+        [--methods rome,feature] [--protocols single,stacked,sequential] [--limit N] [--every K] [--layers 2,3,4] [--stats-tokens N]
 
 The decoy subjects a weight edit holds still are filtered so that none appears in any prompt of the
 edit set (the neighbourhood score would otherwise be measured on keys the edit was told to keep).
@@ -18,6 +18,7 @@ import os
 import platform
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from results_file import save_results
@@ -29,12 +30,17 @@ import larql.threads
 larql.threads.configure()
 
 DATA = Path(__file__).parent / "data" / "counterfact_gemma3_270m.json"
-COLUMNS = ("S", "ES", "PS", "NS", "RS", "ES_first", "PS_first", "NS_first", "token_acc", "para_token_acc", "GEN",
+COLUMNS = ("S", "ES", "PS", "NS", "RS", "RelS", "ES_first", "PS_first", "NS_first", "token_acc", "para_token_acc", "GEN",
            "unrelated_top1_kept", "unrelated_kl", "fluency")
 
 
 def machine() -> dict:
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+    from larql.bench import machine as larql_machine
+    from larql.quant.argmax import host_has_vnni
+
+    return {"platform": platform.platform(), "cpu": larql_machine()["cpu"],
+            # the int8 candidate passes the value step and probes use, or their float32 form
+            "tier": "avx512-vnni int8" if host_has_vnni() else "float32",
             "cpus": os.cpu_count(), "numba_threads": os.environ.get("NUMBA_NUM_THREADS", "default"),
             # what configure() left BLAS (one thread when the machine looked busy at start-up)
             "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS", "default"),
@@ -51,9 +57,12 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=1, help="take every k-th record (a spread over relations)")
     parser.add_argument("--name", default="")
     parser.add_argument("--layers", default="", help="edit layers, comma-separated (default: the crown layer)")
+    parser.add_argument("--no-hold-relations", action="store_true",
+                        help="do not hold the subjects' other relations in the value step (for comparison)")
     parser.add_argument("--stats-tokens", type=int, default=0, help="tokens of key statistics (default: larql's)")
     args = parser.parse_args()
     from larql.edit.evaluate import EditRecord, evaluate, load_edit_set
+    from larql.edit.facts import rewrites
     from larql.edit.insert_facts import insert_facts
     from larql.edit.view import edit_vindex
     from larql.edit.weight_edit import DECOY_SUBJECTS
@@ -61,7 +70,16 @@ def main() -> None:
     records = load_edit_set(args.data)[:: args.every]
     if args.limit:
         records = records[: args.limit]
-    text = " ".join(r.prompt + " " + " ".join(r.paraphrases) + " " + " ".join(p for p, _ in r.neighbours + r.reverse)
+    # a paraphrase the value step itself optimises on (the prompt in other words) is not held out
+    def same(p: str) -> str:
+        return " ".join(p.lower().split())
+
+    trained = {r.subject: {same(p) for p in rewrites(r.prompt, r.subject)} for r in records}
+    dropped = sum(same(p) in trained[r.subject] for r in records for p in r.paraphrases)
+    records = [replace(r, paraphrases=tuple(p for p in r.paraphrases if same(p) not in trained[r.subject]))
+               for r in records]
+    text = " ".join(r.prompt + " " + " ".join(r.paraphrases) + " "
+                    + " ".join(p for p, _ in r.neighbours + r.reverse + r.other_relations)
                     for r in records)
     decoys = [d for d in DECOY_SUBJECTS if d not in text]
     held_out = set(re.findall(r"\w+", text))  # no automatic neighbour may be a subject the scores use
@@ -69,12 +87,14 @@ def main() -> None:
     m = v.model()
     layers = [int(x) for x in args.layers.split(",")] if args.layers else None
     out: dict = {"model": v.index["model"], "data": Path(args.data).name, "edits": len(records), "machine": machine(),
+                 "paraphrases_dropped_as_trained": dropped, "hold_relations": not args.no_hold_relations,
                  "decoys_used": decoys, "layers": layers, "stats_tokens": args.stats_tokens or None, "methods": {}}
     for method in args.methods.split(","):
         def apply(batch: list[EditRecord], method: str = method):
             kept = len(v.patches.pending)
             insert_facts(v, [r.fact() for r in batch], method, layers, measure=False, decoys=decoys,
-                         exclude=held_out, stats_tokens=args.stats_tokens or None)
+                         exclude=held_out, stats_tokens=args.stats_tokens or None,
+                         hold_relations=not args.no_hold_relations)
             return lambda: v.patches.undo(len(v.patches.pending) - kept)
 
         t0 = time.perf_counter()
@@ -85,7 +105,8 @@ def main() -> None:
         print("| protocol | " + " | ".join(COLUMNS) + " | s/edit |")
         print("|---|" + "---:|" * (len(COLUMNS) + 1))
         for name, row, secs in (("unedited", rep.unedited, None), ("single", rep.single, rep.seconds_per_edit),
-                                ("stacked", rep.stacked, rep.seconds_stacked)):
+                                ("stacked", rep.stacked, rep.seconds_stacked),
+                                ("sequential", rep.sequential, rep.seconds_sequential)):
             if row is not None:
                 cells = ["—" if row.get(c) is None else f"{row[c]:.3f}" if c == "unrelated_kl" else f"{row[c]:.1f}"
                          for c in COLUMNS]

@@ -7,6 +7,8 @@ For each edit record (see `edit_set.schema.json` and vindex_spec/EDITING.md):
       from a seed the edit never saw (`facts.model_prefixes(seed=EVAL_PREFIX_SEED)`);
 - NS  neighbourhood: on prompts about other subjects, their own target still beats the new one;
 - RS  reverse: prompts about the old object ("Paris is the capital of") keep their answer;
+- RelS relation specificity: prompts about the subject's other relations ("Most people in France
+      speak" after an edit of France's capital) keep their answer as the first-token top-1;
 - the same comparisons by first token only (LARQL's and larql's earlier benchmark), and token
   accuracy (every target token the top-1, EasyEdit's "reliability");
 - magnitudes: mean probability of the whole new target on the prompt (product of its tokens);
@@ -16,8 +18,9 @@ For each edit record (see `edit_set.schema.json` and vindex_spec/EDITING.md):
 S is the harmonic mean of ES, PS and NS. Every score is measured on prompts the edit did not optimise
 on, except ES (its own prompt), and reported beside the unedited model's.
 
-Two protocols: "single" (each edit alone, then undone: ROME's table) and "stacked" (all edits at
-once, scored at the end: MEMIT's). Editing is a callable, so any method is scored the same way.
+Three protocols: "single" (each edit alone, then undone: ROME's table), "stacked" (all edits in one
+apply, scored at the end: MEMIT's) and "sequential" (each edit its own apply, one after another in
+one session, scored at the end). Editing is a callable, so any method is scored the same way.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ class EditRecord:
     neighbours: tuple[tuple[str, str], ...] = ()  # (prompt, its target)
     reverse: tuple[tuple[str, str], ...] = ()
     generation_prompts: tuple[str, ...] = ()
+    other_relations: tuple[tuple[str, str], ...] = ()  # (prompt about the subject's other relation, answer)
 
     def fact(self) -> Fact:
         return Fact(self.subject, self.prompt, self.target_new, self.relation, self.target_true)
@@ -102,7 +106,8 @@ def load_edit_set(path: str | Path) -> list[EditRecord]:
                          tuple(e.get("paraphrases", ())),
                          tuple((n["prompt"], n["target"]) for n in e.get("neighbours", ())),
                          tuple((n["prompt"], n["target"]) for n in e.get("reverse", ())),
-                         tuple(e.get("generation_prompts", ())))
+                         tuple(e.get("generation_prompts", ())),
+                         tuple((n["prompt"], n["target"]) for n in e.get("other_relations", ())))
         try:
             rec.fact()
         except EditError as err:
@@ -149,6 +154,7 @@ class EditScores:
     ps: list[float] = field(default_factory=list)
     ns: list[float] = field(default_factory=list)
     rs: list[float] = field(default_factory=list)
+    rels: list[float] = field(default_factory=list)  # other relations' first-token top-1 kept
     es_first: float | None = None
     ps_first: list[float] = field(default_factory=list)
     ns_first: list[float] = field(default_factory=list)
@@ -170,7 +176,8 @@ def _pairs(rec: EditRecord, prefixes: Sequence[str]) -> list[tuple[str, str]]:
     """Every (prompt, target) `score_records` reads for `rec`."""
     targets = [rec.target_new] + ([rec.target_true] if rec.target_true is not None else [])
     out = [(p, t) for p in [rec.prompt, *_paraphrases(rec, prefixes)] for t in targets]
-    return out + [(p, t) for p, good in [*_neighbours(rec), *rec.reverse] for t in (good, rec.target_new)]
+    return (out + [(p, t) for p, good in [*_neighbours(rec), *rec.reverse] for t in (good, rec.target_new)]
+            + list(rec.other_relations))
 
 
 def score_records(model: Model, records: Sequence[EditRecord], prefixes: Sequence[str]) -> list[EditScores]:
@@ -202,6 +209,8 @@ def score_records(model: Model, records: Sequence[EditRecord], prefixes: Sequenc
             s.ns_first.append(c.first)
         for prompt, target in rec.reverse:
             s.rs.append(_compare(sc, prompt, target, rec.target_new).whole)
+        for prompt, target in rec.other_relations:
+            s.rels.append(float(sc.token_logps(sc.prompt(prompt), target)[0][1]))
         s.gen = float(rec.target_new.strip().lower() in model.detokenize(gen).lower())
         out.append(s)
     return out
@@ -243,6 +252,7 @@ def fluency(model: Model, prompts: Sequence[str]) -> float:
 
 
 Apply = Callable[[Sequence[EditRecord]], Callable[[], None]]  # makes the edits, returns their undo
+PROTOCOLS = ("single", "stacked", "sequential")
 
 
 def _mean(xs: Sequence[float | None]) -> float:
@@ -256,7 +266,8 @@ def summarise(scores: Sequence[EditScores], unrelated_before: list[NDArray[np.fl
         return [float(np.mean(getattr(s, key))) if getattr(s, key) else None for s in scores]
     es, ps, ns = _mean([s.es for s in scores]), _mean(per_edit("ps")), _mean(per_edit("ns"))
     out = {"S": 3 / (1 / es + 1 / ps + 1 / ns) if min(es, ps, ns) > 0 else 0.0, "ES": es, "PS": ps, "NS": ns,
-           "RS": _mean(per_edit("rs")), "ES_first": _mean([s.es_first for s in scores]),
+           "RS": _mean(per_edit("rs")), "RelS": _mean([x for s in scores for x in s.rels]),
+           "ES_first": _mean([s.es_first for s in scores]),
            "PS_first": _mean(per_edit("ps_first")), "NS_first": _mean(per_edit("ns_first")),
            "token_acc": _mean([s.acc for s in scores]), "para_token_acc": _mean(per_edit("para_acc")),
            "p_new": float(np.mean([s.p_new for s in scores])), "GEN": _mean([s.gen for s in scores])}
@@ -274,13 +285,16 @@ class EvalReport:
     unedited: dict[str, float]
     single: dict[str, float] | None
     stacked: dict[str, float] | None
+    sequential: dict[str, float] | None = None
+    seconds_sequential: float | None = None
     seconds_per_edit: float | None = None
     seconds_stacked: float | None = None
     per_edit: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"edits": self.edits, "unedited": self.unedited, "single": self.single, "stacked": self.stacked,
-                "seconds_per_edit": self.seconds_per_edit, "seconds_stacked": self.seconds_stacked,
+                "sequential": self.sequential, "seconds_per_edit": self.seconds_per_edit,
+                "seconds_stacked": self.seconds_stacked, "seconds_sequential": self.seconds_sequential,
                 "per_edit": self.per_edit}
 
 
@@ -291,8 +305,8 @@ def evaluate(model: Model, records: Sequence[EditRecord], apply: Apply, protocol
     if not records:
         raise EditError("the edit set is empty")
     for p in protocols:
-        if p not in ("single", "stacked"):
-            raise EditError(f"unknown protocol {p!r} (single, stacked)")
+        if p not in PROTOCOLS:
+            raise EditError(f"unknown protocol {p!r} ({', '.join(PROTOCOLS)})")
     say = progress or (lambda _msg: None)
     prefixes = model_prefixes(model, EVAL_PREFIXES, seed=EVAL_PREFIX_SEED)
     gen_prompts = [g for r in records for g in r.generation_prompts][:20]
@@ -318,7 +332,7 @@ def evaluate(model: Model, records: Sequence[EditRecord], apply: Apply, protocol
             kept.append(summary["unrelated_top1_kept"])
             report.per_edit.append({"edit": r.fact().label, "seconds": times[-1], **summary})
             say(f"  {times[-1]:.1f} s; ES {summary['ES']:.0f} PS {summary['PS']:.0f} NS {summary['NS']:.0f} "
-                f"RS {summary['RS']:.0f} GEN {summary['GEN']:.0f} unrelated kept {summary['unrelated_top1_kept']:.0f}")
+                f"RS {summary['RS']:.0f} RelS {summary['RelS']:.0f} GEN {summary['GEN']:.0f} unrelated kept {summary['unrelated_top1_kept']:.0f}")
         report.single = summarise(scores) | {"unrelated_kl": float(np.mean(kls)),
                                              "unrelated_top1_kept": float(np.mean(kept))}
         report.seconds_per_edit = float(np.mean(times))
@@ -333,4 +347,19 @@ def evaluate(model: Model, records: Sequence[EditRecord], apply: Apply, protocol
                 "fluency": fluency(model, gen_prompts)}
         finally:
             undo()
+    if "sequential" in protocols:
+        say(f"{len(records)} edits one after another")
+        t0 = time.perf_counter()
+        undos = []
+        try:
+            for i, r in enumerate(records):
+                say(f"sequential edit {i + 1}/{len(records)}: {r.fact().label}")
+                undos.append(apply([r]))
+            report.seconds_sequential = time.perf_counter() - t0
+            scores = score_records(model, records, prefixes)
+            report.sequential = summarise(scores, base_unrelated, unrelated_logps(model)) | {
+                "fluency": fluency(model, gen_prompts)}
+        finally:
+            for undo in reversed(undos):
+                undo()
     return report

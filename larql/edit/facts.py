@@ -10,6 +10,7 @@ edit does not depend on what comes before the subject.
 
 from __future__ import annotations
 
+import re
 import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -62,6 +63,23 @@ class Fact:
     def label(self) -> str:
         rel = f"-[{self.relation}]-> " if self.relation else "-> "
         return f"{self.subject} {rel}{self.target}"
+
+
+_RELATION_FIRST = re.compile(r"^(?:The|the) (?P<noun>[\w' -]+?) of (?P<subject>.+?) (?P<verb>is|was|are|were)(?P<rest>( [\w' -]+)?)$")
+
+
+def rewrites(prompt: str, subject: str) -> list[str]:
+    """The fact's prompt asked in other words that the value step also optimises on, where the prompt
+    reads "The <noun> of <subject> is": the subject first ("Japan's capital is") and a question
+    ("Q: What is the capital of Japan? A:"). A value optimised only with the relation before the
+    subject learns to answer only there: at the subject's token later layers have read the relation,
+    and in "Japan's capital city is" they have not."""
+    m = _RELATION_FIRST.match(prompt.strip())
+    if m is None or m.group("subject") != subject:
+        return []
+    noun, verb, rest = m.group("noun"), m.group("verb"), m.group("rest")
+    answer = f" {rest.strip()[:1].upper()}{rest.strip()[1:]}" if rest else ""  # "A: The city of"
+    return [f"{subject}'s {noun} {verb}{rest}", f"Q: What {verb} the {noun} of {subject}? A:{answer}"]
 
 
 def target_ids(model: Model, target: str) -> list[int]:

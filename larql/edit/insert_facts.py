@@ -40,6 +40,7 @@ from larql.edit.methods import (
 from larql.edit.neighbours import similar_subjects
 from larql.edit.neuron import bias_direction, plan_neuron_edit
 from larql.edit.neuron_settle import settle_layer, settle_texts
+from larql.edit.relations import RelationCheck, known_edges, known_relations, recheck, relation_holds
 from larql.edit.rome import KeyMetric
 from larql.edit.stats import second_moments, token_budget
 from larql.edit.view import EditableVindex, installed, neuron_subjects
@@ -57,6 +58,7 @@ from larql.model.grad import require_backward
 from larql.model.interp import kl
 from larql.model.model import Model
 from larql.model.tokenizer import cache_dir
+from larql.vindex.describe import Edge
 
 
 def default_layers(model: Model) -> tuple[int, ...]:
@@ -75,18 +77,29 @@ def _writable(p: Path) -> bool:
     return os.access(p, os.W_OK)
 
 
-_metrics: weakref.WeakKeyDictionary[Model, dict[tuple[int, int, str], KeyMetric]] = weakref.WeakKeyDictionary()
+# id(weights) -> {(layer, tokens, point): KeyMetric}. The statistics are the weights' (their cache file is
+# named by them), so every model over the same weights shares them: a server's sessions, `with_edits`,
+# `dense()`. An entry goes when its weights do (Weights, holding arrays, cannot be a dictionary key).
+_metrics: dict[int, dict[tuple[int, int, str], KeyMetric]] = {}
+
+
+def _metrics_of(model: Model) -> dict[tuple[int, int, str], KeyMetric]:
+    key = id(model.weights)
+    if key not in _metrics:
+        weakref.finalize(model.weights, _metrics.pop, key, None)
+    return _metrics.setdefault(key, {})
 
 
 def key_metrics(model: Model, layers: Sequence[int], directory: Path | None,
                 n_tokens: int | None = None, point: str = "key") -> dict[int, KeyMetric]:
     """C (+ ridge), factored, per layer: from memory, the statistics cache, or computed; of the
-    down projection's input (`point="key"`) or of the MLP's normalised input ("input")."""
+    down projection's input (`point="key"`) or of the MLP's normalised input ("input"). Computed on
+    the dense model, so that they are the same whichever model over these weights asks first."""
     n_tokens = n_tokens or token_budget(model.config.ffn)
-    have = _metrics.setdefault(model, {})
+    have = _metrics_of(model)
     missing = [layer for layer in layers if (layer, n_tokens, point) not in have]
     if missing:
-        for layer, got in second_moments(model, missing, directory, n_tokens, point).items():
+        for layer, got in second_moments(model.dense(), missing, directory, n_tokens, point).items():
             bias = bias_direction(got.cov, got.mean) if point == "input" else None
             have[(layer, n_tokens, point)] = KeyMetric(got.cov, bias=bias)
     return {layer: have[(layer, n_tokens, point)] for layer in layers}
@@ -132,6 +145,11 @@ class InsertReport:
     ops: int  # patch operations recorded
     notes: list[str] = field(default_factory=list)
     plan: WeightEditPlan | None = None
+    relations: list[RelationCheck] = field(default_factory=list)  # the subjects' other relations, before and after
+
+    @property
+    def relations_kept(self) -> int:
+        return sum(c.kept for c in self.relations)
 
 
 SIBLING_NAME = "Acme"  # another entity ending in the subject's last word, for the report's sibling check
@@ -160,7 +178,8 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
                  layers: Sequence[int] | None = None, progress: Callable[[str, int, int], None] | None = None,
                  measure: bool = True, decoys: Sequence[str] | None = None,
                  n_neighbours: int = N_NEIGHBOURS, exclude: Collection[str] = (),
-                 stats_tokens: int | None = None, hold_objects: bool = True) -> InsertReport:
+                 stats_tokens: int | None = None, hold_objects: bool = True,
+                 hold_relations: bool = True) -> InsertReport:
     """Teach `facts` to the vindex's model through its overlay (recorded on its patch stack, all or
     nothing) and measure the result on held-out prompts.
 
@@ -188,6 +207,14 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
     def held_out(f: Fact) -> list[str]:
         return [p + f.prompt for p in held_prefixes]
 
+    edges: list[list[Edge]] = []
+
+    def probed() -> list[list[Edge]]:
+        """DESCRIBE's probe edges of each subject, read once for the holds and the report."""
+        if not edges:
+            edges.extend(known_edges(model, list(dict.fromkeys(f.subject for f in facts))))
+        return edges
+
     before = []
     if measure:
         siblings = {f: s for f in facts if (s := sibling_prompt(f)) is not None}
@@ -198,6 +225,7 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
             before.append((p, top, _probe(sc, held_out(f), f.target)[0]))
         sibling_before = {f: _probe(sc, [s], f.target)[1] for f, s in siblings.items()}
         unrelated_before = unrelated_logps(model)
+        relations_before = known_relations(model, facts, probed())
     recorded = len(v.patches.pending)
     plan = None
     if method == "feature":
@@ -218,7 +246,8 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
             facts = [f if f.key else replace(f, key=keys[f.subject]) for f in facts]
             keys |= {f.subject: f.keyed for f in facts}
         near = {s: similar_subjects(v.store, keys[s], n_neighbours, exclude) for s in subjects}
-        objects = dict(zip(subjects, known_objects_many(model, subjects, exclude))) if hold_objects else None
+        objects = dict(zip(subjects, known_objects_many(model, subjects, exclude, probed()))) if hold_objects else None
+        holds = relation_holds(model, facts) if hold_relations else None
     if method == "neuron":
         by_layer = neuron_layer_plan(v, model, subjects, layers)
         n_prefixes = neuron_prefixes(len(subjects))  # of the whole INSERT, not of one layer's share
@@ -244,7 +273,7 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
                                                v.overlay.next_feature(layer), DECOY_SUBJECTS if decoys is None else decoys,
                                                near, objects, earlier=earlier,
                                                n_prefixes=n_prefixes, elsewhere=elsewhere,
-                                               memo=memo, lower=lower)
+                                               memo=memo, lower=lower, holds=holds)
                 v.patches.record_all(list(neuron_plan.ops))
                 # settled before the next layer is planned: its values are then optimised on what these
                 # neurons really do (settling all layers after the fact, against values that had learnt to
@@ -266,7 +295,7 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
                 preserved = {layer: k for layer in used if (k := v.overlay.held_keys(layer)) is not None}
                 plan = plan_weight_edit(model, group, used, metrics, preserved, model.edits,
                                         DECOY_SUBJECTS if decoys is None else decoys, neighbours=near,
-                                        objects=objects)
+                                        objects=objects, holds=holds)
                 facts_meta = tuple({"subject": f.subject, "relation": f.relation, "prompt": f.prompt,
                                     "target": f.target} for f in group)
                 v.patches.record_all([WeightOp(d.layer, d.u, d.v, plan.keys[d.layer], facts_meta, method)
@@ -290,6 +319,12 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
     kls = [kl(b, a) for b, a in zip(unrelated_before, after)]
     report.unrelated_kept = sum(int(np.argmax(b) == np.argmax(a)) for b, a in zip(unrelated_before, after))
     report.unrelated_total, report.unrelated_kl = len(after), float(np.mean(kls))
+    report.relations = recheck(model, relations_before)
+    moved = [c for c in report.relations if not c.kept]
+    if moved:
+        report.notes.append("other relations of the subject that moved: " + "; ".join(
+            f"{c.subject} {c.relation} {c.before} -> {c.after or '?'}" for c in moved[:5])
+            + (f" and {len(moved) - 5} more" if len(moved) > 5 else ""))
     # the key is what the fact's own neuron reads: a fact keyed on its leading words does not fire on the sibling
     keyed = {f.subject: f.keyed for f in facts}
     leaked = [(f, s) for f, s in siblings.items() if keyed[f.subject] == f.subject and not sibling_before[f]

@@ -241,7 +241,8 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metr
                      objects: Mapping[str, Sequence[str]] | None = None,
                      n_prefixes: int = N_PREFIXES, earlier: Mapping[str, str] | None = None,
                      elsewhere: Sequence[HeldPrompt] = (),
-                     memo: HeldMemo | None = None, lower: LowerLayers | None = None) -> NeuronPlan:
+                     memo: HeldMemo | None = None, lower: LowerLayers | None = None,
+                     holds: Mapping[str, Sequence[str]] | None = None) -> NeuronPlan:
     """Compute (do not apply) one neuron per subject of `facts` at `layer` of `model` (whose FFN
     already carries the vindex's edits). `first`: the id of the first feature to add at the layer
     (the overlay's next_feature, the rest follow); `decoys`:
@@ -251,7 +252,8 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metr
     (`neuron_directions`); `elsewhere`: texts of the subjects whose neurons sit at other layers (this
     batch's and earlier ones'), held where a new neuron opens on them; `memo`: `held_keys`' columns
     at this layer read before (and kept for settling); `lower`: the texts' residuals below the layer,
-    kept across an INSERT's layers (`capture.LowerLayers`)."""
+    kept across an INSERT's layers (`capture.LowerLayers`); `holds`: per subject, prompts about its
+    other relations whose answers the value must leave as they are (`relations.relation_holds`)."""
     if not facts:
         raise EditError("no facts to edit")
     if not 0 <= layer < model.config.n_layers:
@@ -269,7 +271,8 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metr
     unknown = {s for s, objs in objects.items() if not objs} if objects is not None else set()
     values: list[ValueResult] = []
     for i in range(0, len(groups), VALUE_BATCH):
-        values += optimise_values(model, groups[i: i + VALUE_BATCH], [layer], prefixes, ffn_layers, unknown=unknown)
+        values += optimise_values(model, groups[i: i + VALUE_BATCH], [layer], prefixes, ffn_layers, unknown=unknown,
+                                  holds=holds)
     prompts = held_prompts(facts, decoys, neighbours=neighbours, objects=objects)
     held, owner_names = held_keys(model, prompts, [layer], point="input", memo=memo, lower=lower)
     templates = list(dict.fromkeys(f.prompt.replace(f.subject, "{}", 1) for f in facts))[:2]
@@ -292,8 +295,8 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metr
                           lower=lower)
     fire = [np.concatenate([inputs[:, j: j + 1], x], axis=1) for j, x in enumerate(more)]
     bias = input_metric.bias
-    holds = (THRESHOLD_NEAR_OTHERS, THRESHOLD_LEAK) if bias is not None else (NEAR_OTHERS, LEAK)
-    directions = neuron_directions(input_metric, fire, held[layer], owners, candidates, *holds,
+    limits = (THRESHOLD_NEAR_OTHERS, THRESHOLD_LEAK) if bias is not None else (NEAR_OTHERS, LEAK)
+    directions = neuron_directions(input_metric, fire, held[layer], owners, candidates, *limits,
                                    thresholded=bias is not None)
     ops = []
     for group, value, feature, g, x_fire in zip(groups, values, features, directions, fire):

@@ -26,12 +26,14 @@ from numpy.typing import NDArray
 from larql.edit.capture import LowerLayers, capture_batch
 from larql.edit.facts import Fact, model_prefixes, subject_position
 from larql.edit.methods import N_PREFIXES
+from larql.edit.relations import known_edges
 from larql.edit.rome import KeyMetric, LowRankDelta, solve_update
 from larql.edit.value import ValueResult, optimise_values
 from larql.errors import EditError
 from larql.model.forward import norm
 from larql.model.grad import DenseLayer
 from larql.model.model import Model
+from larql.vindex.describe import Edge
 
 if TYPE_CHECKING:
     from larql.model.ffn import FFNEdits
@@ -75,12 +77,14 @@ class DenseLayers:
     added features after the base ones: gate / up `(ffn + n, hidden)`, down `(hidden, ffn + n)`)."""
 
     def __init__(self, model: Model) -> None:
-        self.model = model
+        # the layers' weights, not the model: `_dense` maps a model weakly to this, and a value that
+        # held its key would keep every dropped editing session's model (and these copies) for good
+        self.layers = model.weights.layers
         self._base: dict[int, DenseLayer] = {}
 
     def __call__(self, layer: int, edits: FFNEdits | None = None) -> DenseLayer:
         if layer not in self._base:
-            self._base[layer] = DenseLayer.of(self.model.weights.layers[layer])
+            self._base[layer] = DenseLayer.of(self.layers[layer])
         base = self._base[layer]
         if edits is None:
             return base
@@ -224,26 +228,16 @@ def decoy_keys(model: Model, facts: Sequence[Fact], layers: Sequence[int], decoy
     return held_keys(model, prompts, layers, point)[0], len(prompts)
 
 
-def known_objects_many(model: Model, subjects: Sequence[str], exclude: Collection[str] = ()) -> list[list[str]]:
+def known_objects_many(model: Model, subjects: Sequence[str], exclude: Collection[str] = (),
+                       edges: Sequence[Sequence[Edge]] | None = None) -> list[list[str]]:
     """What the model says each subject relates to: DESCRIBE's probe answers (its capital, language,
     continent...), less words in `exclude`, the probes of all subjects batched together. An edit
     about a subject must not fire on these where they open a text: ten stacked capital edits
     (METHOD NEURON) turned "Berlin is a city in" from Germany to "the" through the Germany edit,
-    whose subject input "Berlin" shares (g·x = 0.4)."""
-    from larql.vindex.probes import MAX_ANSWER_TOKENS, TEMPLATES, probe_edges_many, probe_prompt
-
+    whose subject input "Berlin" shares (g·x = 0.4). `edges`: `known_edges` of `subjects`, read before."""
     low = {w.lower() for w in exclude}
-    out: list[list[str]] = [[] for _ in subjects]
-    by_fit: dict[tuple, list[int]] = {}  # a small model's context may not hold every few-shot probe
-    for i, subject in enumerate(subjects):
-        fits = tuple(t for t in TEMPLATES if len(model.tokenize(probe_prompt(t, subject))) + MAX_ANSWER_TOKENS
-                     <= model.config.context_length)
-        if fits:
-            by_fit.setdefault(fits, []).append(i)
-    for fits, idx in by_fit.items():
-        for i, edges in zip(idx, probe_edges_many(model, [subjects[i] for i in idx], fits)):
-            out[i] = [e.target for e in edges if not set(e.target.lower().split()) & low]
-    return out
+    return [[e.target for e in found if not set(e.target.lower().split()) & low]
+            for found in (known_edges(model, subjects) if edges is None else edges)]
 
 
 def plan_weight_edit(model: Model, facts: Sequence[Fact], layers: Sequence[int], metrics: dict[int, KeyMetric],
@@ -251,9 +245,11 @@ def plan_weight_edit(model: Model, facts: Sequence[Fact], layers: Sequence[int],
                      decoys: Sequence[str] = DECOY_SUBJECTS, n_prefixes: int = N_PREFIXES,
                      progress: Callable[[str], None] | None = None,
                      neighbours: Mapping[str, Sequence[str]] | None = None,
-                     objects: Mapping[str, Sequence[str]] | None = None) -> WeightEditPlan:
+                     objects: Mapping[str, Sequence[str]] | None = None,
+                     holds: Mapping[str, Sequence[str]] | None = None) -> WeightEditPlan:
     """Compute (do not apply) the update of `layers`' down projections that teaches `facts` to
-    `model`, whose FFN already carries `edits` (the value step must see earlier edits)."""
+    `model`, whose FFN already carries `edits` (the value step must see earlier edits); `holds`:
+    per subject, prompts about its other relations the value leaves as they are."""
     if not facts:
         raise EditError("no facts to edit")
     layers = tuple(sorted(set(layers)))
@@ -278,7 +274,7 @@ def plan_weight_edit(model: Model, facts: Sequence[Fact], layers: Sequence[int],
     for i in range(0, len(groups), VALUE_BATCH):
         part = groups[i: i + VALUE_BATCH]
         say(f"values {i + 1}-{i + len(part)}/{len(groups)}: {part[0][0].subject}...")
-        values += optimise_values(model, part, layers, prefixes, ffn_layers)
+        values += optimise_values(model, part, layers, prefixes, ffn_layers, holds=holds)
     t_value = time.perf_counter()
     decoy, n_decoys = decoy_keys(model, facts, layers, decoys, neighbours=neighbours, objects=objects)
     deltas, keys = [], {}

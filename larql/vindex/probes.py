@@ -180,3 +180,12 @@ def probe_edges(model: Model, entity: str, templates: tuple[RelationTemplate, ..
     `progress(stage, done, total)` hears when the templates, run as one batch, are done."""
     edges = [e for e in probe_candidates(model, entity, templates, progress, MIN_PROB) if e.score >= MIN_PROB]
     return sorted(edges, key=lambda e: -e.score)
+
+
+def probe_answers(model: Model, pairs: Sequence[tuple[RelationTemplate, str]]) -> list[tuple[str, float]]:
+    """(answer text, probability of its first token) of each (template, entity) pair, whatever the
+    probability, in batches of PAIRS_PER_BATCH: what an edit's report reads again after the edit."""
+    out: list[tuple[str, float]] = []
+    for i in range(0, len(pairs), PAIRS_PER_BATCH):
+        out += _run_pairs(model, pairs[i: i + PAIRS_PER_BATCH], 0.0)
+    return out

@@ -105,6 +105,12 @@ def insert_result(r: InsertReport, result: Result) -> None:
                     f.held_out_after, f.held_out_top1] for f in r.facts]
     result.notes.append(f"unrelated prompts keeping their top-1: {r.unrelated_kept} of {r.unrelated_total}, "
                         f"mean KL(before || after) {r.unrelated_kl:.4f}")
+    if r.relations:
+        result.notes.append(f"the subjects' other relations (DESCRIBE's probes) keeping their answer: "
+                            f"{r.relations_kept} of {len(r.relations)} ("
+                            + ", ".join(f"{c.subject} {c.relation} {c.before}"
+                                        + ("" if c.kept else f" -> {c.after or '?'}") for c in r.relations[:8])
+                            + (", ..." if len(r.relations) > 8 else "") + ")")
     result.notes.append("held out: the prompt behind model-written prefixes the edit never saw; p is the whole "
                         "target's probability (every token)")
     result.notes += r.notes

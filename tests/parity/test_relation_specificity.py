@@ -1,0 +1,37 @@
+"""An edit of one relation leaves the subject's other relations alone (Gemma 3 270M, METHOD NEURON,
+INSERT's default there): a new capital for Germany does not move the language its people speak or the
+continent it lies in, asked in words no edit or hold uses, and INSERT's report lists those relations
+before and after."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from larql.edit.facts import Fact
+from larql.edit.insert_facts import insert_facts
+from larql.edit.view import edit_vindex
+from larql.model.model import Model
+
+OTHER = ("Most of the people living in Germany speak", "The country of Germany is located in the continent of")
+
+
+def _top1(m: Model, prompts: tuple[str, ...]) -> list[str]:
+    logits = m.next_logits_batch([m.tokenize(p) for p in prompts])
+    return [m.detokenize([int(np.argmax(row))]).strip() for row in logits]
+
+
+def test_a_new_capital_keeps_the_subjects_language_and_continent(gemma_vindex: Path) -> None:
+    v = edit_vindex(gemma_vindex)
+    m = v.model()
+    before = _top1(m, OTHER)
+    assert before == ["German", "Europe"]
+    r = insert_facts(v, [Fact("Germany", "The capital of Germany is", "Islamabad", "capital", "Berlin")])
+    assert r.facts[0].top1_after  # the edit took
+    assert _top1(m, OTHER) == before
+    checked = {c.relation: c for c in r.relations}
+    assert {"language", "continent"} <= set(checked), r.relations  # the report reads them before and after
+    assert checked["language"].before == "German" and checked["language"].kept
+    assert checked["continent"].before == "Europe" and checked["continent"].kept
+    v.patches.undo(len(v.patches.pending))
