@@ -65,7 +65,7 @@ def chat_template(model: Model) -> ChatTemplate | None:
     source = Path(model.source)
     if (source / "index.json").is_file():  # a vindex: the template of the model it was extracted from
         from larql.errors import VindexError
-        from larql.jsonfile import read_json
+        from larql.io.jsonfile import read_json
 
         try:
             index = read_json(source / "index.json", 16 << 20, 64, "index.json", VindexError)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from larql.cachedir import cache_dir
+from larql.io.cachedir import cache_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("numpy", "numba", "faiss", "tokenizers", "llvmlite")

@@ -17,7 +17,7 @@ TOP = {"cli", "cli_core", "cli_chat", "cli_db", "cli_edit", "cli_build", "build"
        "meta_commands", "__main__", "serve"}  # the shells above lql
 
 
-LEAVES = {"version", "_lazy", "jsonfile", "threads", "formats", "tempfiles"}  # helpers anyone may import
+LEAVES = {"version", "_lazy", "threads", "formats"}  # helpers anyone may import
 
 
 def _layer(module: str) -> str | None:
@@ -39,8 +39,7 @@ def _layer(module: str) -> str | None:
 
 
 TOP |= {"bench", "cli_bench"}  # `larql bench` and the benchmark it runs
-LEAVES |= {"cachedir"}  # the cache directory, read by the parser, the tokenizer and the CLI
-LEAVES |= {"pathguard"}  # what a write may not touch: LQL and every command that writes
+LEAVES |= {"io"}  # files and directories (larql/io/): the cache directory, JSON, path guard, temporaries
 
 
 def _modules() -> list[tuple[str, str, bool]]:

@@ -29,7 +29,7 @@ from larql.build.vindexfile import Instruction, Vindexfile, read_vindexfile
 from larql.edit.patch import Patch, index_checksum, save_patch
 from larql.edit.view import EditableVindex, edit_vindex
 from larql.errors import BuildError, LarqlError, LqlError
-from larql.pathguard import overlap
+from larql.io.pathguard import overlap
 from larql.version import __version__
 from larql.vindex import layout
 from larql.vindex.check import validate_index

@@ -39,7 +39,7 @@ from numpy.typing import NDArray
 from larql.edit.facts import Fact, model_prefixes
 from larql.edit.scoring import Scorer, _log_softmax
 from larql.errors import EditError
-from larql.jsonfile import read_json
+from larql.io.jsonfile import read_json
 from larql.model.interp import kl
 from larql.model.model import Model
 

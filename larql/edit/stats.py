@@ -32,8 +32,8 @@ from numpy.typing import NDArray
 
 from larql.edit.capture import BATCH_ROWS, capture_batch
 from larql.errors import EditError
+from larql.io.tempfiles import clean_stale, temp_path
 from larql.model.forward import norm
-from larql.tempfiles import clean_stale, temp_path
 
 if TYPE_CHECKING:
     from larql.model.model import Model

@@ -23,8 +23,8 @@ from lark.exceptions import (
     VisitError,
 )
 
-from larql.cachedir import cache_dir
 from larql.errors import LqlError, LqlSyntaxError
+from larql.io.cachedir import cache_dir
 from larql.lql import ast
 from larql.lql.transformer import BAD_CHARS, ToAst
 
@@ -89,7 +89,7 @@ _OPTIONS = {"parser": "lalr", "strict": True, "propagate_positions": True, "mayb
 
 
 def _cache_file(grammar: str) -> Path | None:
-    """Where the built parser is kept: the cache directory (larql/cachedir.py), one file per grammar,
+    """Where the built parser is kept: the cache directory (larql/io/cachedir.py), one file per grammar,
     options, Lark and Python version; None (no cache) if the directory cannot be made."""
     root = cache_dir()
     try:

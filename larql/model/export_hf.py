@@ -25,14 +25,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import ModelError, UnsupportedError
-from larql.jsonfile import read_json
+from larql.io.jsonfile import read_json
+from larql.io.tempfiles import clean_stale, temp_path
 from larql.model.config import ModelConfig
 from larql.model.hf_names import SANDWICH_ARCHS, hf_tensor
 from larql.model.model import Model
 from larql.model.weights import named_tensors
 from larql.quant import QuantMatrix
 from larql.quant.reference import to_bf16
-from larql.tempfiles import clean_stale, temp_path
 
 F32 = NDArray[np.float32]
 

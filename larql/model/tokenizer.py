@@ -34,9 +34,9 @@ from tokenizers import (
     processors,
 )
 
-from larql.cachedir import cache_dir
 from larql.errors import TokenizerError
-from larql.jsonfile import read_json
+from larql.io.cachedir import cache_dir
+from larql.io.jsonfile import read_json
 
 CONTROL, USER_DEFINED = 3, 4
 _STOP_NAMES = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>")

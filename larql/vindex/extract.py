@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 
 from larql.errors import VindexError
+from larql.io.pathguard import overlap
 from larql.model import Model
 from larql.model.config import ModelConfig
 from larql.model.load import load, resolve
 from larql.model.weights import named_tensors
-from larql.pathguard import overlap
 from larql.quant import BLOCK_LAYOUT, GGMLType, QuantMatrix
 from larql.quant.quantize import quantize_q4_k, quantize_q6_k
 from larql.version import __version__

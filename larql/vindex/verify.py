@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from larql.errors import LarqlError, VindexError
-from larql.jsonfile import read_json
+from larql.io.jsonfile import read_json
 from larql.model.config import ModelConfig
 from larql.vindex import check, integrity
 

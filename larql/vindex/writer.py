@@ -15,7 +15,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from larql.errors import VindexError
-from larql.tempfiles import clean_stale, temp_path
+from larql.io.tempfiles import clean_stale, temp_path
 from larql.vindex import integrity
 from larql.vindex.layout import INDEX_FILE, align
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from larql.edit.patch import Shape, load_patch
+from larql.io.tempfiles import TEMP_RE, clean_stale
 from larql.lql.executor import execute
-from larql.tempfiles import TEMP_RE, clean_stale
 from larql.vindex.store import open_vindex
 from larql.vindex.verify import verify_vindex
 from tests.synthetic import TinySpec, tiny_vindex
