@@ -6,6 +6,7 @@ The facade, and the only module that knows a path may be a vindex, a GGUF file o
                              editable view, so patches applied to the view show in the model)
     larql.open_vindex(path)  the read-only store (vindex.store.Vindex)
     larql.edit_vindex(path)  the editable view (edit.view.EditableVindex: store + overlay + patches)
+    larql.plot               pictures of results (larql/shell/plot.py; the extra `larql[plot]`)
 
 Everything resolves on first use (PEP 562): `import larql` loads no numpy, numba or faiss, and LQL
 parsing and planning never load the numba runtime.
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
 __all__ = ["EditableVindex", "Model", "Vindex", "__version__", "edit_vindex", "load", "open_vindex"]
 
 _CLASSES = {"Model": "larql.model.model", "Vindex": "larql.vindex.store", "EditableVindex": "larql.edit.view"}
+# modules the facade names: `from larql import plot` (the module lives with the presentation code)
+_MODULES = {"plot": "larql.shell.plot"}
 
 
 def load(src: str | Path) -> Model:
@@ -76,6 +79,8 @@ def edit_vindex(path: str | Path) -> EditableVindex:
 
 
 def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        return importlib.import_module(_MODULES[name])
     home = _CLASSES.get(name)
     if home is None:
         raise AttributeError(f"module 'larql' has no attribute {name!r}")

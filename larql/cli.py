@@ -114,7 +114,7 @@ def run_with_progress(args: argparse.Namespace, work: Callable[[Callable[[str, i
     seconds taken. Threads were set by main() before numpy loaded."""
     from rich.console import Console
 
-    from larql.progress import StatementProgress
+    from larql.shell.progress import StatementProgress
 
     console = Console(stderr=True)
     t0 = time.perf_counter()
@@ -173,8 +173,8 @@ def cmd_lql(args: argparse.Namespace) -> int:
     from larql.lql.planner import plan
     from larql.lql.session import Session
     from larql.lql.unparse import unparse
-    from larql.progress import StatementProgress
-    from larql.render import render_as
+    from larql.shell.progress import StatementProgress
+    from larql.shell.render import render_as
 
     fmt = args.format or ("json" if args.json else "table")
     if args.json and fmt != "json":
@@ -217,7 +217,7 @@ def cmd_lql(args: argparse.Namespace) -> int:
 
 
 def cmd_repl(args: argparse.Namespace) -> int:
-    from larql.repl import run_repl
+    from larql.shell.repl import run_repl
 
     return run_repl(args.vindex, json_output=args.json)
 

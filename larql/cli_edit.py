@@ -59,7 +59,7 @@ def cmd_edit(args: argparse.Namespace) -> int:
 def _render(result: Any, as_json: bool) -> None:
     from rich.console import Console
 
-    from larql.render import render, render_json
+    from larql.shell.render import render, render_json
 
     if as_json:
         render_json(result, sys.stdout)

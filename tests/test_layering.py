@@ -13,11 +13,10 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "larql"
 # the layer of each part of larql, lowest first; a module may import its own layer and lower ones
 ORDER = ["errors", "quant", "model", "vindex", "edit", "facade", "lql", "top"]
-TOP = {"cli", "cli_core", "cli_chat", "cli_db", "cli_edit", "cli_build", "build", "progress", "repl", "repl_config", "render", "plot",
-       "meta_commands", "__main__", "serve"}  # the shells above lql
+TOP = {"cli", "cli_core", "cli_chat", "cli_db", "cli_edit", "cli_build", "build", "shell", "__main__", "serve"}  # the shells above lql
 
 
-LEAVES = {"version", "_lazy", "threads", "formats"}  # helpers anyone may import
+LEAVES = {"version", "_lazy", "threads"}  # helpers anyone may import
 
 
 def _layer(module: str) -> str | None:

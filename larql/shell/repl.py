@@ -26,10 +26,10 @@ from larql.lql.parser import _lark, parse
 from larql.lql.planner import plan
 from larql.lql.session import Session
 from larql.lql.unparse import unparse
-from larql.meta_commands import META, ReplState, shell_word
-from larql.progress import StatementProgress
-from larql.render import print_wrapped, render, render_json
-from larql.repl_config import history_path, load_settings, settings_path
+from larql.shell.meta_commands import META, ReplState, shell_word
+from larql.shell.progress import StatementProgress
+from larql.shell.render import print_wrapped, render, render_json
+from larql.shell.repl_config import history_path, load_settings, settings_path
 
 STYLE = Style.from_dict({"keyword": "bold ansiblue", "string": "ansigreen", "number": "ansimagenta",
                          "comment": "italic ansibrightblack"})
