@@ -22,7 +22,7 @@ from rich.console import Console
 from larql.errors import LarqlError
 from larql.lql.complete import complete, current_statement, vocabulary_lookup
 from larql.lql.executor import run_statement
-from larql.lql.parser import _lark, parse
+from larql.lql.parser import lark_parser, parse
 from larql.lql.planner import plan
 from larql.lql.session import Session
 from larql.lql.unparse import unparse
@@ -37,7 +37,7 @@ _TOKENS = re.compile(r"(--[^\n]*)|(\"(?:[^\"\\]|\\.)*\"?|'(?:[^'\\]|\\.)*'?)|(\d
 
 
 def keywords() -> frozenset[str]:
-    return frozenset(str(t.pattern.value).upper() for t in _lark().terminals
+    return frozenset(str(t.pattern.value).upper() for t in lark_parser().terminals
                      if t.pattern.type == "str" and str(t.pattern.value).replace("_", "").isalpha())
 
 

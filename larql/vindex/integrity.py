@@ -77,6 +77,19 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def sha256_path(path: Path) -> tuple[str, int]:
+    """The sha256 and byte size of a file, or of a directory's files in path order (an HF model
+    directory): the source a vindex records it was extracted from."""
+    h, size = hashlib.sha256(), 0
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for f in files:
+        with open(f, "rb") as fh:
+            while block := fh.read(1 << 22):
+                h.update(block)
+                size += len(block)
+    return h.hexdigest(), size
+
+
 def _stat_key(st: os.stat_result) -> list[int]:
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 

@@ -41,7 +41,7 @@ def _same_extraction(target: Path, src: str | Path, options: dict[str, Any]) -> 
     """Whether the vindex at `target` was extracted from `src` with `options` (None: no vindex there)."""
     from larql.errors import LarqlError
     from larql.model.load import resolve
-    from larql.vindex.extract import _sha256_path
+    from larql.vindex.integrity import sha256_path
 
     if not (target / "index.json").is_file():
         return None
@@ -50,7 +50,7 @@ def _same_extraction(target: Path, src: str | Path, options: dict[str, Any]) -> 
         _, source = resolve(src)
         return (i["extract_level"], i["dtype"], i["quant"], i["down_top_k"]) == (
             options["level"], options["dtype"], options["quant"], options["top_k"]) \
-            and i["source"]["sha256"] == _sha256_path(source)[0]
+            and i["source"]["sha256"] == sha256_path(source)[0]
     except LarqlError:  # damaged, or from a source that is gone: not the same
         return False
 
