@@ -1,4 +1,4 @@
-"""`larql build DIR [--output X] [--stage NAME] [--force] [--cache C]`: a thin shell over larql.build.run."""
+"""`larql build DIR [--output X] [--stage NAME] [--force] [--cache C]`: a thin shell over larql.vindexfile.run."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from larql.cli.common import run_with_progress, wrote
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from larql.build.run import build
+    from larql.vindexfile.run import build
 
     report, console, seconds = run_with_progress(args, lambda progress: build(
         args.dir, args.output, stage=args.stage, force=args.force, cache=args.cache, progress=progress))
