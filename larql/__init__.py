@@ -1,6 +1,7 @@
 """larql: a language model as a database.
 
-The facade, and the only module that knows a path may be a vindex, a GGUF file or an HF directory:
+The facade (whether a path is a vindex, a GGUF file or an HF directory is decided in
+edit/load_any.py, which LQL's USE MODEL shares):
 
     larql.load(src)          a Model: alias / .gguf / HF directory, or a vindex (its walk FFN over an
                              editable view, so patches applied to the view show in the model)
@@ -43,14 +44,9 @@ def load(src: str | Path) -> Model:
         >>> m = larql.load("gemma3-270m")
         >>> m.generate("The capital of France is", max_new_tokens=4).text
     """
-    from larql.model.load import resolve
+    from larql.edit.load_any import load_any
 
-    name, path = resolve(src)
-    if path.is_dir() and (path / "index.json").is_file():
-        return edit_vindex(path).model()
-    from larql.model.load import load_path
-
-    return load_path(name, path)
+    return load_any(src)
 
 
 def open_vindex(path: str | Path) -> Vindex:

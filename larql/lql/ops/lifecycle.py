@@ -27,10 +27,10 @@ def use(stmt: ast.UseStmt, session: Session, result: Result, run: PlanRun) -> No
         result.notes.append(f"Using: {session.describe_backend()}")
         return
     if (step := run.take_if("load_model")) is not None:
-        # the facade's load: USE MODEL also takes a vindex (the model it carries, walk FFN)
-        from larql import load
+        # as the facade's larql.load: USE MODEL also takes a vindex (the model it carries, walk FFN)
+        from larql.edit.load_any import load_any
 
-        session.model = load(step["target"])
+        session.model = load_any(step["target"])
         result.notes.append(f"Using model: {session.model!r}")
         return
     session.vindex = edit_vindex(run.take("open_vindex")["target"])
