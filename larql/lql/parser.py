@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
 import sys
-import tempfile
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
@@ -25,6 +23,7 @@ from lark.exceptions import (
 
 from larql.errors import LqlError, LqlSyntaxError
 from larql.io.cachedir import cache_dir
+from larql.io.tempfiles import write_cache
 from larql.lql import ast
 from larql.lql.transformer import BAD_CHARS, ToAst
 
@@ -117,17 +116,8 @@ def lark_parser() -> Lark:
         except Exception as e:
             _log.debug("rebuilding the LQL parser tables: %s: %s", path, e)
     parser = Lark(grammar, postlex=_TokenLimit(), **_OPTIONS)
-    if path is not None:
-        try:
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        except OSError:  # read-only: the next process builds again
-            return parser
-        try:
-            with os.fdopen(fd, "wb") as f:
-                parser.save(f)
-            os.replace(tmp, path)
-        except OSError:  # full: the next process builds again
-            Path(tmp).unlink(missing_ok=True)
+    if path is not None:  # read-only or full: the next process builds again
+        write_cache(path, parser.save, private=True)
     return parser
 
 

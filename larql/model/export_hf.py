@@ -14,7 +14,6 @@ is one dequantized tensor. Everything goes to a hidden directory that is renamed
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from numpy.typing import NDArray
 
 from larql.errors import ModelError, UnsupportedError
 from larql.io.jsonfile import read_json
-from larql.io.tempfiles import clean_stale, temp_path
+from larql.io.tempfiles import clean_stale, swap_dir, temp_path
 from larql.model.config import ModelConfig
 from larql.model.hf_names import SANDWICH_ARCHS, hf_tensor
 from larql.model.model import Model
@@ -314,13 +313,7 @@ def write_hf_dir(out: str | Path, cfg: ModelConfig, tensors: Sequence[ExportTens
         for name, text in files.items():
             (tmp / name).write_text(text)
         write_safetensors(tmp / "model.safetensors", written, dtype)
-        if out.exists():  # overwrite: move the old one aside first, so a crash loses nothing
-            old = temp_path(out, "old")
-            os.rename(out, old)
-            os.rename(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
+        swap_dir(tmp, out)  # an old directory is moved aside first, so a crash loses nothing
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

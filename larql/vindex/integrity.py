@@ -15,11 +15,11 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from larql.errors import VindexError
+from larql.io.tempfiles import write_cache
 from larql.model.tokenizer import cache_dir
 from larql.vindex import layout
 
@@ -122,15 +122,9 @@ class CheckedFiles:
         """Write atomically (temp + rename); a cache that cannot be written is not an error."""
         if not self._dirty:
             return
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".verified-")
-            with os.fdopen(fd, "w") as f:
-                json.dump({"version": _CACHE_VERSION, "files": self.entries}, f)
-            os.replace(tmp, self.path)
+        doc = json.dumps({"version": _CACHE_VERSION, "files": self.entries}).encode()
+        if write_cache(self.path, lambda f: f.write(doc), private=True, dir_mode=0o700):
             self._dirty = False
-        except OSError:
-            pass
 
 
 def check_contents(path: Path, index: dict[str, Any], names: list[str] | None = None,
