@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 from results_file import save_results  # noqa: E402
 
 import larql  # noqa: E402
-from larql.bench import machine  # noqa: E402
+from larql.cli.benchmark import machine  # noqa: E402
 from larql.edit import evaluate as ev  # noqa: E402
 from larql.edit.facts import model_prefixes, target_ids  # noqa: E402
 from larql.model.generate import log_softmax  # noqa: E402
@@ -63,9 +63,9 @@ def scores_one_by_one(m: larql.Model, pairs: list[tuple[str, str]]) -> None:
         toks = target_ids(m, target)
         ids = m.tokenize(prompt)
         cache = m.new_cache(len(ids) + len(toks))
-        ev._log_softmax(m.next_logits(ids, cache))
+        log_softmax(m.next_logits(ids, cache), np.float64)
         for tok in toks[1:]:
-            ev._log_softmax(m.next_logits([tok], cache))
+            log_softmax(m.next_logits([tok], cache), np.float64)
 
 
 def knn_faiss_ms(gates: list[np.ndarray], queries: np.ndarray) -> float:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from results_file import save_results
 
-from larql.bench import machine
+from larql.cli.benchmark import machine
 
 PROMPT = "The capital of France is"
 
@@ -59,7 +59,7 @@ def wall(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
 
 def parser_tables(env: dict[str, str]) -> dict[str, float]:
     """ms to build the LQL parser's tables, and to load them from the cache, in fresh processes."""
-    code = ("import time, larql.lql.parser as p\nt = time.perf_counter(); p._lark()\n"
+    code = ("import time, larql.lql.parser as p\nt = time.perf_counter(); p.lark_parser()\n"
             "print((time.perf_counter() - t) * 1e3)")
     out = {}
     with tempfile.TemporaryDirectory() as cache:

@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--vindex", required=True)
     args = parser.parse_args()
     import larql
-    from larql.bench import machine
+    from larql.cli.benchmark import machine
     from larql.edit import diff as diff_mod
     from larql.lql.executor import execute
     from larql.lql.session import Session

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from results_file import save_results
 
-from larql.bench import machine
+from larql.cli.benchmark import machine
 
 PROMPT = "The capital of France is"
 

@@ -3,7 +3,7 @@ plus GB/s of every quant matvec kernel against the machine's memory read bandwid
 
     python benchmarks/bench_runtime.py [--threads 2] [--models gemma3-270m smollm2-135m] [--decode 64]
 
-larql and llama.cpp are measured by larql/bench.py (the same code as `larql bench`); this script adds
+larql and llama.cpp are measured by larql/cli/benchmark.py (the same code as `larql bench`); this script adds
 transformers and the kernel table. Prints tables and writes benchmarks/results/runtime.json. Peers are
 measured only when installed (`pip install llama-cpp-python`, `pip install torch==2.13.0 transformers`);
 they are never runtime dependencies.
@@ -23,9 +23,9 @@ configure()  # before numpy starts OpenBLAS; main() applies --threads on top
 
 import numpy as np  # noqa: E402
 
-from larql.bench import describe_run, prompt_ids, run_bench, table  # noqa: E402
+from larql.cli.benchmark import describe_run, prompt_ids, run_bench, table  # noqa: E402
 from larql.model.forward import Segment  # noqa: E402
-from larql.quant import argmax  # noqa: E402
+from larql.quant import argmax, q8_bounds  # noqa: E402
 
 
 def bench_transformers(key: str, n_prompt: int, n_decode: int, threads: int) -> dict[str, float] | None:
@@ -107,7 +107,7 @@ def kernel_speeds(keys: list[str]) -> list[dict[str, object]]:
         # its candidate pass alone: on the tiled copy (what argmax_matvec runs) and on the GGUF rows
         tiled, norms = out.tiled(), out._row_norms[0] if out._row_norms else None
         if argmax.HAVE_VNNI and tiled is not None and norms is not None:
-            c = 1.01 * (out.n_cols + 2) * argmax.U
+            c = 1.01 * (out.n_cols + 2) * q8_bounds.U
             for label, fn in (("candidates, tiled", partial(tiled.candidates, h, c)),
                               ("candidates, rows", partial(argmax.candidate_rows, out.raw, norms, h))):
                 fn()

@@ -22,7 +22,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vindex", required=True)
     args = parser.parse_args()
-    from larql.bench import machine
+    from larql.cli.benchmark import machine
     from larql.edit.gguf_meta import vindex_fields
     from larql.model.config import config_from_gguf
     from larql.model.gguf_file import GGUFFile

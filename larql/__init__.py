@@ -1,11 +1,13 @@
 """larql: a language model as a database.
 
-The facade, and the only module that knows a path may be a vindex, a GGUF file or an HF directory:
+The facade (whether a path is a vindex, a GGUF file or an HF directory is decided in
+edit/load_any.py, which LQL's USE MODEL shares):
 
     larql.load(src)          a Model: alias / .gguf / HF directory, or a vindex (its walk FFN over an
                              editable view, so patches applied to the view show in the model)
     larql.open_vindex(path)  the read-only store (vindex.store.Vindex)
     larql.edit_vindex(path)  the editable view (edit.view.EditableVindex: store + overlay + patches)
+    larql.plot               pictures of results (larql/shell/plot.py; the extra `larql[plot]`)
 
 Everything resolves on first use (PEP 562): `import larql` loads no numpy, numba or faiss, and LQL
 parsing and planning never load the numba runtime.
@@ -27,6 +29,8 @@ if TYPE_CHECKING:
 __all__ = ["EditableVindex", "Model", "Vindex", "__version__", "edit_vindex", "load", "open_vindex"]
 
 _CLASSES = {"Model": "larql.model.model", "Vindex": "larql.vindex.store", "EditableVindex": "larql.edit.view"}
+# modules the facade names: `from larql import plot` (the module lives with the presentation code)
+_MODULES = {"plot": "larql.shell.plot"}
 
 
 def load(src: str | Path) -> Model:
@@ -40,14 +44,9 @@ def load(src: str | Path) -> Model:
         >>> m = larql.load("gemma3-270m")
         >>> m.generate("The capital of France is", max_new_tokens=4).text
     """
-    from larql.model.load import resolve
+    from larql.edit.load_any import load_any
 
-    name, path = resolve(src)
-    if path.is_dir() and (path / "index.json").is_file():
-        return edit_vindex(path).model()
-    from larql.model.load import load_path
-
-    return load_path(name, path)
+    return load_any(src)
 
 
 def open_vindex(path: str | Path) -> Vindex:
@@ -76,6 +75,8 @@ def edit_vindex(path: str | Path) -> EditableVindex:
 
 
 def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        return importlib.import_module(_MODULES[name])
     home = _CLASSES.get(name)
     if home is None:
         raise AttributeError(f"module 'larql' has no attribute {name!r}")

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from larql.cachedir import cache_dir
+from larql.io.cachedir import cache_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("numpy", "numba", "faiss", "tokenizers", "llvmlite")
@@ -48,7 +48,7 @@ def test_the_parser_tables_are_cached_once_and_reused(tmp_path: Path) -> None:
     files = sorted(tmp_path.iterdir())
     assert [f.name.startswith("lql-grammar-") and f.suffix == ".lark" for f in files] == [True]  # no .tmp left
     stamp = files[0].stat().st_mtime_ns
-    again = _fresh(code + "\nfrom larql.lql.parser import _lark\nprint(_lark().source_path)", tmp_path)
+    again = _fresh(code + "\nfrom larql.lql.parser import lark_parser\nprint(lark_parser().source_path)", tmp_path)
     assert again.stdout.split() == ["2", "<deserialized>"], again.stderr  # loaded from the file, not rebuilt
     assert files[0].stat().st_mtime_ns == stamp and sorted(tmp_path.iterdir()) == files
 
@@ -101,7 +101,7 @@ def test_the_second_process_compiles_what_a_run_reaches_last(tmp_path: Path) -> 
     compiled = eval(got.stdout.strip().splitlines()[-1])
     assert "decode_qk" in compiled and "rms_norm_rows" in compiled  # the first process's share
     # Gemma's last type met is Q6_K (its repacked matmul), and the lm_head's greedy argmax
-    assert not {"q8_0_candidates", "_quantize_activation", "_select", "matmul_g16"} & set(compiled), compiled
+    assert not {"q8_0_candidates", "quantize_q8", "_select", "matmul_g16"} & set(compiled), compiled
     assert _with_numba_cache(check, numba_cache).stdout.strip() == "True"
 
 

@@ -1,7 +1,15 @@
-"""Imports go one way: cli/repl -> lql -> (facade) -> edit -> vindex -> model -> quant, errors a leaf.
-The facade (larql/__init__.py: load, open_vindex, edit_vindex) sits above edit, so the shells and
-LQL may call it and nothing below may. Read from the source with ast, lazy imports included (an
-import inside a function is still a dependency)."""
+"""The import rule of larql, checked on the source with ast (a lazy import inside a function, and one
+under TYPE_CHECKING, is still a dependency):
+
+1. layers, lowest first: the leaves (errors, version, threads, io/) < quant < model < vindex < edit <
+   the facade (larql/__init__.py) < lql < the shells (cli/, shell/, serve/, vindexfile/); a module
+   imports its own layer and lower ones, never a higher one;
+2. no import cycle between larql modules, in any layer;
+3. no private name (`_x`) of one module used by another: imported, or read as an attribute of an
+   imported module.
+
+Every part of larql has a layer here; a new top-level module or package must be given one.
+"""
 
 from __future__ import annotations
 
@@ -11,87 +19,179 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "larql"
-# the layer of each part of larql, lowest first; a module may import its own layer and lower ones
-ORDER = ["errors", "quant", "model", "vindex", "edit", "facade", "lql", "top"]
-TOP = {"cli", "cli_core", "cli_chat", "cli_db", "cli_edit", "cli_build", "build", "progress", "repl", "repl_config", "render", "plot",
-       "meta_commands", "__main__", "serve"}  # the shells above lql
+
+# the parts of larql by layer, lowest first; "larql" is the facade (the package's own __init__)
+LAYERS: list[tuple[str, set[str]]] = [
+    ("leaf", {"errors", "version", "threads", "io"}),
+    ("quant", {"quant"}),
+    ("model", {"model"}),
+    ("vindex", {"vindex"}),
+    ("edit", {"edit"}),
+    ("facade", {""}),
+    ("lql", {"lql"}),
+    ("shells", {"cli", "shell", "serve", "vindexfile", "__main__"}),
+]
+RANK = {part: rank for rank, (_, parts) in enumerate(LAYERS) for part in parts}
 
 
-LEAVES = {"version", "_lazy", "jsonfile", "threads", "formats", "tempfiles"}  # helpers anyone may import
-
-
-def _layer(module: str) -> str | None:
-    """'larql.vindex.store' -> 'vindex'; 'facade' for the package itself and names it defines;
-    None outside larql and for the leaf helpers."""
+def layer(module: str) -> int:
+    """The rank of a module's layer: 'larql.vindex.store' -> 3; 'larql' (the facade) -> 5."""
     parts = module.split(".")
-    if parts[0] != "larql":
-        return None
-    if len(parts) == 1:
-        return "facade"
-    head = parts[1]
-    if head in LEAVES:
-        return None
-    if head in TOP:
-        return "top"
-    if head in ORDER:
-        return head
-    return "facade"  # `from larql import load`: a name of the facade
+    head = parts[1] if len(parts) > 1 else ""
+    if head not in RANK:
+        raise KeyError(f"{module}: larql/{head} has no layer in tests/test_layering.py LAYERS")
+    return RANK[head]
 
 
-TOP |= {"bench", "cli_bench"}  # `larql bench` and the benchmark it runs
-LEAVES |= {"cachedir"}  # the cache directory, read by the parser, the tokenizer and the CLI
-LEAVES |= {"pathguard"}  # what a write may not touch: LQL and every command that writes
+def _is_module(dotted: str, root: Path, known: set[str]) -> bool:
+    if dotted in known:
+        return True
+    rel = Path(*dotted.split(".")[1:]) if "." in dotted else Path()
+    base = root / rel
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
 
 
-def _modules() -> list[tuple[str, str, bool]]:
+Modules = list[tuple[str, str, bool]]  # (dotted name, source, is a package __init__)
+
+
+class Imports:
+    """What one module takes from the rest of larql: (module, line) for every import, and
+    (module, name, line) for every private name it imports or reads off an imported module."""
+
+    def __init__(self, module: str, source: str, is_package: bool, root: Path, known: set[str]) -> None:
+        self.modules: list[tuple[str, int]] = []
+        self.private: list[tuple[str, str, int]] = []
+        package = module if is_package else module.rpartition(".")[0]
+        bound: dict[str, str] = {}  # local name -> the larql module it is bound to
+        tree = ast.parse(source)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    self._add(a.name, node.lineno)
+                    if a.asname:
+                        bound[a.asname] = a.name
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: resolve against the importing package
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                if base.split(".")[0] != "larql":
+                    continue
+                for a in node.names:
+                    sub = f"{base}.{a.name}"
+                    if _is_module(sub, root, known):  # `from larql.lql import parser`: the submodule
+                        self._add(sub, node.lineno)
+                        bound[a.asname or a.name] = sub
+                    else:
+                        self._add(base, node.lineno)
+                        if _private(a.name):
+                            self.private.append((base, a.name, node.lineno))
+        for node in ast.walk(tree):  # `parser._lark()` on a module imported above
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and _private(node.attr):
+                target = bound.get(node.value.id)
+                if target is not None:
+                    self.private.append((target, node.attr, node.lineno))
+
+    def _add(self, name: str, line: int) -> None:
+        if name.split(".")[0] == "larql":
+            self.modules.append((name, line))
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def sources(root: Path = PACKAGE) -> Modules:
     """(dotted name, source, is a package __init__) of every larql module."""
     out = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
         out.append((".".join(parts), path.read_text(), path.name == "__init__.py"))
     return out
 
 
-def _imports(module: str, source: str, is_package: bool = False) -> list[tuple[str, int]]:
-    """(imported larql module or facade name, line) for every import in the source, at any depth."""
-    package = module if is_package else module.rpartition(".")[0]
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found += [(a.name, node.lineno) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative: resolve against the importing package
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(anchor + ([base] if base else []))
-            if base == "larql":  # `from larql import x`: a subpackage, a leaf or a facade name
-                found += [(f"larql.{a.name}", node.lineno) for a in node.names]
-            else:
-                found.append((base, node.lineno))
-    return [(name, line) for name, line in found if name.split(".")[0] == "larql"]
+def _imports(modules: Modules, root: Path) -> list[tuple[str, Imports]]:
+    known = {m for m, _, _ in modules}
+    return [(m, Imports(m, source, is_package, root, known)) for m, source, is_package in modules]
 
 
-def violations(module: str, source: str, is_package: bool = False) -> list[str]:
-    mine = _layer(module)
-    if mine is None:
-        return []
+def upward(modules: Modules, root: Path = PACKAGE) -> list[str]:
     bad = []
-    for target, line in _imports(module, source, is_package):
-        theirs = _layer(target)
-        if theirs is None or theirs == mine:
-            continue
-        if mine == "errors":
-            bad.append(f"{module}:{line} imports {target}: errors.py is a leaf")
-        elif ORDER.index(theirs) > ORDER.index(mine):
-            bad.append(f"{module}:{line} ({mine}) imports {target} ({theirs}), a layer above it")
+    for module, imports in _imports(modules, root):
+        for target, line in imports.modules:
+            if layer(target) > layer(module):
+                bad.append(f"{module}:{line} imports {target}, a layer above it")
     return bad
 
 
-def test_imports_go_one_way() -> None:
-    bad = [v for module, source, is_package in _modules() for v in violations(module, source, is_package)]
-    assert bad == []
+def private_names(modules: Modules, root: Path = PACKAGE) -> list[str]:
+    return [f"{module}:{line} uses {name} of {target}: make it public where it lives, or move it"
+            for module, imports in _imports(modules, root) for target, name, line in imports.private if target != module]
+
+
+def cycles(modules: Modules, root: Path = PACKAGE) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), each sorted."""
+    graph: dict[str, set[str]] = {}
+    for module, imports in _imports(modules, root):
+        graph.setdefault(module, set()).update(t for t, _ in imports.modules if t != module)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = []
+    for module, _, _ in sources():
+        try:
+            layer(module)
+        except KeyError as e:
+            missing.append(str(e))
+    assert missing == []
+
+
+def test_no_upward_import() -> None:
+    assert upward(sources()) == []
+
+
+def test_no_import_cycle() -> None:
+    assert cycles(sources()) == []
+
+
+def test_no_private_name_across_modules() -> None:
+    assert private_names(sources()) == []
+
+
+# the checker itself, on small made-up modules
 
 
 @pytest.mark.parametrize("module, source", [
@@ -101,22 +201,51 @@ def test_imports_go_one_way() -> None:
     ("larql.vindex.extract", "import larql\n"),
     ("larql.vindex.extract", "from larql import load\n"),
     ("larql.edit.view", "from larql.lql import session\n"),
-    ("larql.lql.planner", "from larql import cli\n"),
+    ("larql.lql.planner", "from larql.cli import main\n"),
     ("larql.errors", "from larql.model import hooks\n"),
+    ("larql.io.jsonfile", "from larql.quant.types import GGMLType\n"),
     ("larql", "from larql.lql import parse\n"),
     ("larql.vindex.knn", "from ..edit import overlay\n"),
+    ("larql.model.model", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from larql.vindex.store import Vindex\n"),
 ])
 def test_the_checker_sees_an_upward_import(module: str, source: str) -> None:
-    assert violations(module, source) != []
+    assert upward([(module, source, False)]) != []
 
 
 @pytest.mark.parametrize("module, source", [
     ("larql.lql.session", "from larql.edit.view import EditableVindex\n"),
     ("larql.edit.view", "from larql.vindex import knn\nfrom larql.errors import VindexError\n"),
     ("larql.vindex.store", "from larql.model.tokenizer import TextTokenizer\n"),
-    ("larql.cli", "from larql.lql.executor import run_statement\nimport larql\n"),
-    ("larql.lql.ops.lifecycle", "from larql import load\n"),
+    ("larql.cli.parser", "from larql.lql.executor import run_statement\nimport larql\n"),
+    ("larql.shell.repl", "from larql.io.cachedir import cache_dir\n"),
     ("larql", "from larql.edit.view import edit_vindex\n"),
 ])
 def test_the_checker_allows_downward_imports(module: str, source: str) -> None:
-    assert violations(module, source) == []
+    assert upward([(module, source, False)]) == []
+
+
+def test_the_checker_sees_a_cycle() -> None:
+    two = [("larql.vindex.store", "from larql.vindex import knn\n", False),
+           ("larql.vindex.knn", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                "    from larql.vindex.store import Vindex\n", False)]
+    assert cycles(two) == [["larql.vindex.knn", "larql.vindex.store"]]
+    three = [("larql.cli.a", "from larql.cli import b\n", False), ("larql.cli.b", "import larql.cli.c\n", False),
+             ("larql.cli.c", "def f():\n    from .a import x\n", False)]
+    assert cycles(three) == [["larql.cli.a", "larql.cli.b", "larql.cli.c"]]
+    assert cycles(two[:1] + three[:2]) == []
+
+
+@pytest.mark.parametrize("source", [
+    "from larql.lql.parser import _lark\n",
+    "from larql.lql import parser\nparser._lark()\n",
+    "import larql.lql.parser as p\np._lark()\n",
+    "def f():\n    from ..edit.scoring import _log_softmax\n",
+])
+def test_the_checker_sees_a_private_name(source: str) -> None:
+    assert private_names([("larql.vindex.verify", source, False)]) != []
+
+
+def test_the_checker_allows_public_and_own_names() -> None:
+    assert private_names([("larql.vindex.verify", "from larql.lql.parser import lark_parser\n"
+                                                  "from larql.version import __version__\n", False),
+                          ("larql.lql.parser", "def _lark(): ...\n_lark()\n", False)]) == []

@@ -59,8 +59,8 @@ def shell_commands() -> list[tuple[int, list[str]]]:
 
 
 def test_every_larql_line_parses() -> None:
-    from larql.cli import build_parser
-    from larql.cli_core import preflight
+    from larql.cli.options import preflight
+    from larql.cli.parser import build_parser
     from larql.lql.parser import parse
 
     COMMANDS = next(a for a in build_parser()._actions if hasattr(a, "choices") and a.choices).choices

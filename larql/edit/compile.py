@@ -29,9 +29,9 @@ from larql.edit.overlay import FeatureOverride
 from larql.edit.view import EditableVindex
 from larql.edit.widen import ffn_width, gate_rows, widened, widened_shape, zero_rows
 from larql.errors import VindexError
-from larql.pathguard import overlap, vindex_reads
+from larql.io.pathguard import overlap, vindex_reads
+from larql.io.tempfiles import clean_stale, publish, temp_path
 from larql.quant import GGMLType, QuantMatrix
-from larql.tempfiles import clean_stale, publish, temp_path
 from larql.vindex import layout
 from larql.vindex.weights import VindexWeightSource
 from larql.vindex.writer import VindexWriter

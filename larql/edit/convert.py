@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from larql.errors import LarqlError
-from larql.pathguard import overlap
+from larql.io.pathguard import overlap
 from larql.vindex import layout
 
 TARGETS = ("vindex", "gguf", "safetensors")

@@ -40,9 +40,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.edit.facts import Fact, model_prefixes
-from larql.edit.scoring import Scorer, _log_softmax
+from larql.edit.scoring import Scorer
 from larql.errors import EditError
-from larql.jsonfile import read_json
+from larql.io.jsonfile import read_json
+from larql.model.generate import log_softmax
 from larql.model.interp import kl
 from larql.model.model import Model
 
@@ -238,7 +239,7 @@ def unrelated_logps(model: Model) -> list[NDArray[np.float64]]:
         if revision is not None:
             logits.flags.writeable = False  # shared by later calls
             _unrelated[model] = (revision, logits)
-    return [_log_softmax(row) for row in logits]
+    return [log_softmax(row, np.float64) for row in logits]
 
 
 def fluency(model: Model, prompts: Sequence[str]) -> float:

@@ -55,7 +55,7 @@ CHECK_PROMPTS = ("The capital of Germany is", "The sun rises in the", "Two plus 
                  "The largest ocean on Earth is the", "A dog is a kind of", "The opposite of hot is",
                  "Paris is a city in", "The colour of grass is")
 PRE_ACTIVATION = 12.0  # gate . h at the prompt: deep in the linear part of GELU / SiLU
-# The feature fires only where h is at least 70% as close as the prompt (see _selective). Measured
+# The feature fires only where h is at least 70% as close as the prompt (see selective). Measured
 # over 8 facts on gemma3-270m: neighbours' mean KL 0.031 (0.051 at 0.5, 0.108 at 0.3), few-shot p same.
 THRESHOLD = 0.7
 MAX_SCALE = 32.0  # the down vector stays within 32x the layer's median down-column norm: beyond, edits leak
@@ -93,7 +93,7 @@ def relation_prompt(entity: str, relation: str) -> str:
     return f"The {words} of {entity} is"
 
 
-def _ffn_inputs(model: object, prompts: list[str], layer: int, last_only: bool) -> tuple[F32, F32 | None]:
+def ffn_inputs(model: object, prompts: list[str], layer: int, last_only: bool) -> tuple[F32, F32 | None]:
     """(FFN inputs h `[n, hidden]`, activations `[n, ffn]`) at `layer` for the prompts' positions;
     no activations for a mixture of experts (there is no one FFN: see `_slot_ffn`)."""
     cfg, lw = model.config, model.weights.layers[layer]  # type: ignore[attr-defined]
@@ -148,7 +148,7 @@ def _distributions(model: object, prompts: tuple[str, ...]) -> list[F32]:
     return [log_softmax(model.next_logits(model.tokenize(p))) for p in prompts]  # type: ignore[attr-defined]
 
 
-def _selective(h_all: F32, suppress: F32, common: F32) -> tuple[F32, F32]:
+def selective(h_all: F32, suppress: F32, common: F32) -> tuple[F32, F32]:
     """gate and up for a feature that fires on h_all[-1] and not on `suppress` nor h_all[:-1].
 
     u, the part of the target orthogonal to everything suppressed, measures c(h) = u.h / u.target
@@ -212,17 +212,17 @@ def plan_insert(vindex: EditableVindex, entity: str, relation: str, target: str,
     before = log_softmax(model.next_logits(ids))
     para_before = p_of(paraphrase) if paraphrase else None
     checks_before = _distributions(model, CHECK_PROMPTS)
-    h_all, _ = _ffn_inputs(model, [prompt], layer, last_only=False)
+    h_all, _ = ffn_inputs(model, [prompt], layer, last_only=False)
     decoy_prompts = list(DECOY_PROMPTS) + [relation_prompt(e, relation) for e in DECOY_ENTITIES
                                            if e.lower() != entity.lower()]
-    h_decoys, acts = _ffn_inputs(model, decoy_prompts, layer, last_only=True)
+    h_decoys, acts = ffn_inputs(model, decoy_prompts, layer, last_only=True)
     common = h_decoys.mean(axis=0)  # (hidden,) what ordinary positions share
 
     # facts already installed here: the same (entity, relation) is replaced in its own slot
     others = installed(v, layer)
     same = [op for op in others if op.entity == entity and (op.relation or "").lower() == relation.lower()]
     others = [op for op in others if op not in same]
-    other_h = [_ffn_inputs(model, [relation_prompt(op.entity or "", op.relation or "")], layer, last_only=False)[0]
+    other_h = [ffn_inputs(model, [relation_prompt(op.entity or "", op.relation or "")], layer, last_only=False)[0]
                for op in others]
 
     first, down_cols, acts = _slot_ffn(model, layer, h_all[-1], h_decoys, acts)  # down_cols: (hidden, ffn)
@@ -233,7 +233,7 @@ def plan_insert(vindex: EditableVindex, entity: str, relation: str, target: str,
         taken = set(overlay.layer(layer)) | overlay.deleted(layer) | set(overlay.meta(layer))
         feature = next(first + int(f) for f in np.argsort(importance, kind="stable") if first + int(f) not in taken)
     try:
-        gate, up = _selective(h_all, np.concatenate([h_decoys] + [h[-1:] for h in other_h]), common)
+        gate, up = selective(h_all, np.concatenate([h_decoys] + [h[-1:] for h in other_h]), common)
     except VindexError:
         raise VindexError(f"INSERT: the prompt {prompt!r} is indistinguishable from the decoy prompts and the "
                           f"facts installed at layer {layer}; try another layer (AT LAYER n)") from None
@@ -242,7 +242,7 @@ def plan_insert(vindex: EditableVindex, entity: str, relation: str, target: str,
         own = relation_prompt(op.entity or "", op.relation or "")
         decoys = h_decoys[[d != own for d in decoy_prompts]]  # a decoy may be this fact's own prompt
         rest = [x[-1:] for j, x in enumerate(other_h) if j != i] + [h_all[-1:]]
-        g, u = _selective(h, np.concatenate([decoys] + rest), common)
+        g, u = selective(h, np.concatenate([decoys] + rest), common)
         retuned.append(PatchOp("update", layer, op.feature, {"gate": g, "up": u}))
     unit_down = target_direction(model, layer, tid)
     ref = float(np.median(np.linalg.norm(down_cols, axis=0)))

@@ -302,10 +302,10 @@ def _least_used(v: EditableVindex, layer: int) -> list[int]:
     prompts x |down column|) with model weights and a dense FFN, else the lowest down_meta score."""
     if not v.has_model_weights or v.num_experts(layer):
         return [int(f) for f in np.argsort(np.abs(v.store.down_meta(layer)[1][:, 0]), kind="stable")]
-    from larql.edit.feature_insert import DECOY_PROMPTS, _ffn_inputs
+    from larql.edit.feature_insert import DECOY_PROMPTS, ffn_inputs
 
     model = v.model()
-    _, acts = _ffn_inputs(model, list(DECOY_PROMPTS), layer, last_only=True)
+    _, acts = ffn_inputs(model, list(DECOY_PROMPTS), layer, last_only=True)
     down_matrix = model.weights.layers[layer].down
     assert down_matrix is not None and acts is not None  # a dense FFN (experts are ranked above)
     down = down_matrix.dequantize()

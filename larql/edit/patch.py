@@ -38,8 +38,8 @@ from numpy.typing import NDArray
 from larql.edit.overlay import MAX_ADDED, FeatureOverride, MetaOverride, PatchOverlay
 from larql.edit.weight_op import WeightOp, f32_b64
 from larql.errors import VindexError
-from larql.jsonfile import read_json
-from larql.tempfiles import clean_stale, publish, temp_path
+from larql.io.jsonfile import read_json
+from larql.io.tempfiles import clean_stale, publish, temp_path
 from larql.vindex.store import Vindex
 
 PATCH_FORMAT = "larql-patch"

@@ -2,7 +2,7 @@
 report each fact's p(target | its prompt) before and after.
 
 INSERT does this implicitly for the facts at its layer, one insert at a time: it rebuilds the
-earlier facts' gates against the new prompt (the "cliff-breaker", feature_insert._selective) and
+earlier facts' gates against the new prompt (the "cliff-breaker", feature_insert.selective) and
 searches the new feature's down scale alone. After several inserts, a MERGE or an APPLY PATCH, the
 facts at a layer were never tuned all together. REBALANCE, per layer:
 1. rebuilds every installed fact's gate and up against the decoys and every other fact's prompt
@@ -24,9 +24,9 @@ from larql.edit.feature_insert import (
     DECOY_ENTITIES,
     DECOY_PROMPTS,
     MAX_SCALE,
-    _ffn_inputs,
-    _selective,
+    ffn_inputs,
     relation_prompt,
+    selective,
 )
 from larql.edit.methods import (
     REBALANCE_CEILING,
@@ -118,7 +118,7 @@ def _rebalance_layer(v: EditableVindex, L: int, limit: int, floor: float,
         return [float(np.exp(log_softmax(model.next_logits(i))[t])) for i, t in zip(ids, tids)]
 
     before = probs()
-    hs = [_ffn_inputs(model, [p], L, last_only=False)[0] for p in prompts]
+    hs = [ffn_inputs(model, [p], L, last_only=False)[0] for p in prompts]
     snap = overlay.snapshot([(L, op.feature) for op in facts])
     downs = []
     for op in facts:
@@ -133,15 +133,15 @@ def _rebalance_layer(v: EditableVindex, L: int, limit: int, floor: float,
     gates = []
     try:
         neutral = [d for d in DECOY_PROMPTS if d not in prompts]
-        h_neutral, _ = _ffn_inputs(model, neutral, L, last_only=True)  # captured once per layer
+        h_neutral, _ = ffn_inputs(model, neutral, L, last_only=True)  # captured once per layer
         for i, op in enumerate(facts):  # 1. every gate against the decoys and every other prompt
             templated = [d for e in DECOY_ENTITIES if e.lower() != (op.entity or "").lower()
                          and (d := relation_prompt(e, op.relation or "")) not in prompts]
-            h_decoys = np.concatenate([h_neutral, _ffn_inputs(model, templated, L, last_only=True)[0]]) \
+            h_decoys = np.concatenate([h_neutral, ffn_inputs(model, templated, L, last_only=True)[0]]) \
                 if templated else h_neutral
             rest = [h[-1:] for j, h in enumerate(hs) if j != i]
             try:
-                g, u = _selective(hs[i], np.concatenate([h_decoys] + rest), h_decoys.mean(axis=0))
+                g, u = selective(hs[i], np.concatenate([h_decoys] + rest), h_decoys.mean(axis=0))
             except VindexError:
                 raise EditError(f"REBALANCE: at layer {L}, the prompt {prompts[i]!r} cannot be told apart from the "
                                 "decoys and the other facts there; DELETE one of them or move it (INSERT ... AT LAYER n)") from None

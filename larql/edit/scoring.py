@@ -4,7 +4,6 @@ copy of the prompt's KV cache, all targets of a group of prompts in one packed p
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 import numpy as np
@@ -15,11 +14,6 @@ from larql.model.model import Model
 from larql.model.prefix import fork
 
 F32 = NDArray[np.float32]
-
-
-def _log_softmax(x: F32) -> NDArray[np.float64]:
-    z = x.astype(np.float64) - float(np.max(x))
-    return z - math.log(float(np.exp(z).sum()))
 
 
 # Teacher-forced logit rows per batch: each is a vocabulary of float32 (1 MB on gemma3-270m)

@@ -22,7 +22,6 @@ DEFAULT_TOKENS is the chosen size.
 from __future__ import annotations
 
 import hashlib
-import os
 import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -32,8 +31,8 @@ from numpy.typing import NDArray
 
 from larql.edit.capture import BATCH_ROWS, capture_batch
 from larql.errors import EditError
+from larql.io.tempfiles import write_cache
 from larql.model.forward import norm
-from larql.tempfiles import clean_stale, temp_path
 
 if TYPE_CHECKING:
     from larql.model.model import Model
@@ -176,16 +175,11 @@ def _load(path: Path, width: int) -> Moments | None:
 
 def _save(path: Path, moments: Moments) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale(path)  # what a killed writer of this cache left
-    tmp = temp_path(path)
     cov32 = np.ascontiguousarray(moments.cov, dtype=np.float32)
     mean32 = np.ascontiguousarray(moments.mean, dtype=np.float32)
-    try:
-        with open(tmp, "wb") as f:
-            np.savez(f, cov=cov32, mean=mean32, count=np.int64(moments.tokens), sha256=_digest(cov32, mean32))
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)  # a cache that cannot be written is recomputed next time
+    # a cache that cannot be written is recomputed next time
+    write_cache(path, lambda f: np.savez(f, cov=cov32, mean=mean32, count=np.int64(moments.tokens),
+                                         sha256=_digest(cov32, mean32)))
 
 
 def _as_stored(a: F64) -> F64:

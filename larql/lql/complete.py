@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from lark.exceptions import LarkError
 
-from larql.lql.parser import _lark
+from larql.lql.parser import lark_parser
 
 PATH_KEYWORDS = ("USE", "INTO", "STATS", "PATCH", "MERGE", "DIFF", "SAVE", "FROM")
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
@@ -59,12 +59,12 @@ def _open_quote(stmt: str) -> tuple[str, int] | None:
 def keywords_accepted(prefix: str) -> list[str]:
     """Keyword terminals the grammar accepts after `prefix` (an incomplete statement)."""
     try:
-        ip = _lark().parse_interactive(prefix)
+        ip = lark_parser().parse_interactive(prefix)
         ip.exhaust_lexer()
         accepted = ip.accepts()
     except (LarkError, ValueError):
         return []
-    terminals = _lark().terminals
+    terminals = lark_parser().terminals
     patterns = {t.name: t.pattern for t in terminals}
     out = []
     for name in accepted:

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from larql.errors import LarqlError, LqlSemanticError
+from larql.io.pathguard import overlap, relation  # noqa: F401  (relation: what the tests and serve read)
 from larql.lql import ast
 from larql.lql.unparse import unparse
-from larql.pathguard import overlap, relation  # noqa: F401  (relation: what the tests and serve read)
 
 if TYPE_CHECKING:
     from larql.lql.session import Session
@@ -48,7 +48,7 @@ def _source_model(vindex: Path, index: dict[str, Any] | None = None) -> Path | N
     """The model file or directory a vindex was extracted from, as its index.json records it."""
     try:
         if index is None:
-            from larql.jsonfile import read_json  # here: it loads numpy, which planning must not
+            from larql.io.jsonfile import read_json  # here: it loads numpy, which planning must not
 
             index = read_json(vindex / "index.json", 16 << 20, 64, "vindex index")
         src = index.get("source", {}).get("path") if isinstance(index, dict) else None

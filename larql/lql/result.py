@@ -1,5 +1,5 @@
 """Result: what a statement returns — a value, its floats at full precision; rendering (rich tables,
-HTML, Markdown: larql/formats.cell_text) decides the digits shown, and JSON carries them whole."""
+HTML, Markdown: larql/lql/formats.cell_text) decides the digits shown, and JSON carries them whole."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ class Result:
         return [dict(zip(self.columns, row)) for row in self.rows]
 
     def _repr_html_(self) -> str:
-        """Jupyter shows a result as an HTML table (larql/formats.py renders it, escaped)."""
-        from larql.formats import to_html
+        """Jupyter shows a result as an HTML table (larql/lql/formats.py renders it, escaped)."""
+        from larql.lql.formats import to_html
 
         return to_html(self, self.statement)
 

@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import ModelFormatError, UnsupportedError
-from larql.jsonfile import read_json
+from larql.io.jsonfile import read_json
 
 MAX_HF_CONFIG_BYTES = 4 << 20  # a config.json is a few KB; a multimodal one with its processor ~50 KB
 MAX_HF_CONFIG_DEPTH = 16

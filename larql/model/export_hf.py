@@ -14,7 +14,6 @@ is one dequantized tensor. Everything goes to a hidden directory that is renamed
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,14 +24,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import ModelError, UnsupportedError
-from larql.jsonfile import read_json
+from larql.io.jsonfile import read_json
+from larql.io.tempfiles import clean_stale, swap_dir, temp_path
 from larql.model.config import ModelConfig
 from larql.model.hf_names import SANDWICH_ARCHS, hf_tensor
 from larql.model.model import Model
 from larql.model.weights import named_tensors
 from larql.quant import QuantMatrix
 from larql.quant.reference import to_bf16
-from larql.tempfiles import clean_stale, temp_path
 
 F32 = NDArray[np.float32]
 
@@ -314,13 +313,7 @@ def write_hf_dir(out: str | Path, cfg: ModelConfig, tensors: Sequence[ExportTens
         for name, text in files.items():
             (tmp / name).write_text(text)
         write_safetensors(tmp / "model.safetensors", written, dtype)
-        if out.exists():  # overwrite: move the old one aside first, so a crash loses nothing
-            old = temp_path(out, "old")
-            os.rename(out, old)
-            os.rename(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
+        swap_dir(tmp, out)  # an old directory is moved aside first, so a crash loses nothing
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -26,9 +27,11 @@ class Generation:
     finish_reason: str = "length"  # "length" | "stop"
 
 
-def log_softmax(logits: NDArray[np.float32]) -> NDArray[np.float32]:
+def log_softmax(logits: NDArray[np.floating[Any]], dtype: type[np.floating[Any]] = np.float32) -> NDArray[Any]:
+    """log softmax of `(vocab,)` logits, computed in float64 and shifted by the max (no overflow);
+    returned as `dtype`: float32 for sampling and tables, float64 where NLLs are compared (edit/evaluate.py)."""
     shifted = logits.astype(np.float64) - np.max(logits)
-    return (shifted - np.log(np.sum(np.exp(shifted)))).astype(np.float32)
+    return (shifted - np.log(np.sum(np.exp(shifted)))).astype(dtype)
 
 
 def sample(logits: NDArray[np.float32], params: SamplingParams, rng: np.random.Generator) -> int:

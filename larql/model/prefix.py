@@ -15,15 +15,21 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from larql.model.attention import KVCache
 
-if TYPE_CHECKING:
-    from larql.model.model import Model
-
 # kept prompts per model (DESCRIBE uses 8, one per relation template); the oldest goes first
 SLOTS = 32
+
+
+class CachingModel(Protocol):
+    """What a PrefixCache asks of a model (model.py Model): the state its caches were computed in,
+    and an empty cache of its shape."""
+
+    def revision(self) -> Hashable | None: ...
+
+    def new_cache(self, capacity: int = 256) -> KVCache: ...
 
 
 def fork(cache: KVCache, length: int, capacity: int) -> KVCache:
@@ -54,7 +60,7 @@ class PrefixCache:
         self._kept: OrderedDict[Hashable, tuple[object, list[int], KVCache]] = OrderedDict()
         self._lock = threading.Lock()  # a served model answers several clients
 
-    def start(self, model: Model, key: Hashable, ids: Sequence[int], extra: int = 0) -> tuple[KVCache, list[int]]:
+    def start(self, model: CachingModel, key: Hashable, ids: Sequence[int], extra: int = 0) -> tuple[KVCache, list[int]]:
         """(a cache already holding the longest prefix of `ids` kept under `key`, the ids still to
         run); at least the last id is left to run, so its logits come out. `extra`: room for more."""
         ids = list(ids)
@@ -70,7 +76,7 @@ class PrefixCache:
         # positions < n of a kept cache are never rewritten (its owner only appends after them)
         return fork(kept_cache, n, len(ids) + extra), ids[n:]
 
-    def keep(self, model: Model, key: Hashable, ids: Sequence[int], cache: KVCache) -> None:
+    def keep(self, model: CachingModel, key: Hashable, ids: Sequence[int], cache: KVCache) -> None:
         """Keep `cache`, which holds at least `ids`' positions, for later prompts under `key`."""
         revision = model.revision()
         if revision is None:

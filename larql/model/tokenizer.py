@@ -16,7 +16,6 @@ built from them in each process.
 from __future__ import annotations
 
 import hashlib
-import os
 from itertools import repeat
 from operator import itemgetter
 from pathlib import Path
@@ -34,9 +33,10 @@ from tokenizers import (
     processors,
 )
 
-from larql.cachedir import cache_dir
 from larql.errors import TokenizerError
-from larql.jsonfile import read_json
+from larql.io.cachedir import cache_dir
+from larql.io.jsonfile import read_json
+from larql.io.tempfiles import write_cache
 
 CONTROL, USER_DEFINED = 3, 4
 _STOP_NAMES = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>")
@@ -103,7 +103,7 @@ def _spm_merge_ids(tokens: list[str], scores: np.ndarray) -> np.ndarray:
 def _spm_merges(tokens: list[str], scores: np.ndarray, key: str | None = None) -> list[tuple[str, str]]:
     """The merges of `_spm_merge_ids` as token strings (the BPE model's input), the ids cached
     under `key` in the cache directory (an `.npy` of int32 pairs, written to a private name and
-    renamed into place; one that does not load or does not fit the vocabulary is rebuilt)."""
+    renamed into place by io/tempfiles.write_cache; one that does not load or does not fit the vocabulary is rebuilt)."""
     path = None if key is None else cache_dir() / "tokenizers" / f"{key}-spm-merges.npy"
     ids = None
     if path is not None and path.is_file():
@@ -116,15 +116,8 @@ def _spm_merges(tokens: list[str], scores: np.ndarray, key: str | None = None) -
             ids = None
     if ids is None:
         ids = _spm_merge_ids(tokens, scores).astype(np.int32)
-        if path is not None:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-                with open(tmp, "wb") as f:
-                    np.save(f, ids)
-                os.replace(tmp, path)
-            except OSError:
-                pass  # caching is an optimisation; a read-only home still works
+        if path is not None:  # caching is an optimisation; a read-only home still works
+            write_cache(path, lambda f: np.save(f, ids))
     return [(tokens[a], tokens[b]) for a, b in ids.tolist()]
 
 

@@ -10,8 +10,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import ModelError, ModelFormatError
+from larql.io.tempfiles import clean_stale, publish, temp_path
 from larql.model.interp import attribution, logit_lens
-from larql.tempfiles import clean_stale, publish, temp_path
 
 if TYPE_CHECKING:
     from larql.model.model import Model

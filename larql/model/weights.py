@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import ModelFormatError
-from larql.jsonfile import parse_json
+from larql.io.jsonfile import parse_json
 from larql.model.config import ModelConfig
 from larql.model.hf_names import HFSlice, hf_candidates, hf_tensor
 from larql.quant import GGMLType, QuantMatrix

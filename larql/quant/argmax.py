@@ -26,7 +26,7 @@ compiling for another CPU than this one) `argmax_q8_0` is np.argmax of the full 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 from llvmlite import ir
@@ -37,13 +37,10 @@ from numpy.typing import NDArray
 
 from larql.quant import dot_kernels, kernels
 from larql.quant.ir_parts import ir_row
-
-if TYPE_CHECKING:  # argmax_tiles imports this module's IR helpers
-    from larql.quant.argmax_tiles import Tiled
+from larql.quant.q8_bounds import bound_slack, quantize_q8, rounding
 
 _I8, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
 _V32I8, _V8I32, _V8F32 = ir.VectorType(_I8, 32), ir.VectorType(_I32, 8), ir.VectorType(_F32, 8)
-U = 2.0 ** -24  # float32 unit roundoff
 
 
 def host_has_vnni() -> bool:
@@ -112,42 +109,6 @@ def _q8_0_row_dot_q8(typingctx, w, r, xu, dx):
 
 
 @njit(cache=True)
-def _quantize_activation(x, xu, dx):
-    """Q8_0 of x `[n]` (n % 32 == 0): per 32 values dx = max|x|/127 and q = round(x/dx) in -127..127,
-    written as xu = q + 128. Returns (|x̂ - x|, |x̂|) in float64, x̂ = q * dx (the exact products)."""
-    err2, hat2 = 0.0, 0.0
-    for k in range(x.shape[0] // 32):
-        top = np.float32(0.0)
-        for i in range(32):
-            top = max(top, abs(x[32 * k + i]))
-        d = top / np.float32(127.0)
-        dx[k] = d
-        inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
-        for i in range(32):
-            q = min(max(np.round(x[32 * k + i] * inv), np.float32(-127.0)), np.float32(127.0))
-            xu[32 * k + i] = np.uint8(np.int32(q) + 128)
-            hat = np.float64(q) * np.float64(d)
-            err2 += (hat - np.float64(x[32 * k + i])) ** 2
-            hat2 += hat * hat
-    return np.sqrt(err2), np.sqrt(hat2)
-
-
-def rounding(n: int) -> float:
-    """c of the module docstring's bound for activations of n values: 1.01 (n + 2) 2^-24."""
-    return 1.01 * (n + 2) * U
-
-
-@njit(cache=True)
-def bound_slack(x, err, hat, c):
-    """E_r / |w_r| for the activation x `[n]` (module docstring): |x̂ - x| + c (|x| + |x̂|), err = |x̂ - x|
-    and hat = |x̂| from the quantization, |x| in float64, rounded up (every candidate pass's bound)."""
-    xn2 = 0.0
-    for i in range(x.shape[0]):
-        xn2 += np.float64(x[i]) * np.float64(x[i])
-    return (err + c * (np.sqrt(xn2) + hat)) * (1 + 1e-9) + 1e-30
-
-
-@njit(cache=True)
 def _select(approx, norms, slack):
     """Rows r whose A_r + E_r reaches max(A - E), E_r = norms[r] * slack, ascending."""
     best = -np.inf
@@ -174,7 +135,7 @@ def q8_0_candidates(w, x, norms, c):
     n = x.shape[0]
     xu = np.empty(n, dtype=np.uint8)
     dx = np.empty(n // 32, dtype=np.float32)
-    err, hat = _quantize_activation(x, xu, dx)
+    err, hat = quantize_q8(x, xu, dx)
     slack = bound_slack(x, err, hat, c)
     approx = np.empty(w.shape[0], dtype=np.float32)
     for r in prange(w.shape[0]):
@@ -185,7 +146,7 @@ def q8_0_candidates(w, x, norms, c):
 # The pieces alone, for the tests (production compiles only q8_0_candidates).
 @njit(cache=True)
 def quantize_activation(x, xu, dx):
-    return _quantize_activation(x, xu, dx)
+    return quantize_q8(x, xu, dx)
 
 
 @njit(cache=True, parallel=True)
@@ -203,8 +164,14 @@ def candidate_rows(raw: NDArray[np.uint8], norms: NDArray[np.float64], x: NDArra
     return q8_0_candidates(raw, x, norms, rounding(x.shape[0]))
 
 
+class CandidateFinder(Protocol):
+    """A faster copy of the matrix that finds the same candidates (argmax_tiles.py Tiled)."""
+
+    def candidates(self, x: NDArray[np.float32], c: float) -> NDArray[np.int64]: ...
+
+
 def argmax_q8_0(raw: NDArray[np.uint8], norms: NDArray[np.float64] | None, x: NDArray[np.float32],
-                tiled: Tiled | None = None) -> int:
+                tiled: CandidateFinder | None = None) -> int:
     """np.argmax of the float32 Q8_0 matvec raw `[rows, bytes]` times x `[n]`, the same index always;
     norms: `row_norms` of raw (None, or no VNNI: the full matvec); tiled: raw's argmax_tiles copy
     (the same candidates, found ~2x faster), if made."""

@@ -28,8 +28,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numpy.typing import NDArray
 
-from larql.quant.argmax import _quantize_activation, bound_slack
 from larql.quant.ir_parts import ir_row, splat
+from larql.quant.q8_bounds import bound_slack, quantize_q8
 
 ROWS = 16  # rows per tile: the 16 int32 lanes of one 512-bit vector
 CHUNK = 64  # tiles per unit of parallel work (1,024 rows), each keeping its best score
@@ -128,10 +128,10 @@ def _tile_scores(typingctx, packed, scales, xq, corr, dx, t, out):  # type: igno
 @njit(cache=True)
 def quantize_signed(x: NDArray[np.float32], xq: NDArray[np.int8], corr: NDArray[np.int32],
                     dx: NDArray[np.float32]) -> tuple[float, float]:  # pragma: no cover - numba
-    """Q8_0 of x `[n]` by argmax._quantize_activation (the same codes), kept signed: xq int8 `[n]`,
+    """Q8_0 of x `[n]` by q8_bounds.quantize_q8 (the same codes), kept signed: xq int8 `[n]`,
     corr[k] = -128 x (block k's code sum), dx `[n / 32]`. Returns (|x̂ - x|, |x̂|) in float64."""
     xu = np.empty(x.shape[0], dtype=np.uint8)  # the codes as argmax.py's pass reads them: q + 128
-    errs = _quantize_activation(x, xu, dx)
+    errs = quantize_q8(x, xu, dx)
     for k in range(x.shape[0] // 32):
         total = np.int32(0)
         for i in range(32):

@@ -22,10 +22,10 @@ from larql.quant.kernels import (
     T_Q6_K,
     T_Q8_0,
     Kernel,
-    _dequant_block,
-    _k_scale_min,
-    _u16r,
-    _u32r,
+    dequant_block,
+    k_scale_min,
+    u16r,
+    u32r,
 )
 
 # Dot products of one dequantized row with x. Each block's weights are dequantized on the fly and
@@ -36,7 +36,7 @@ from larql.quant.kernels import (
 
 
 @njit(cache=True, fastmath=True, inline="always")
-def _lane_sum(acc):
+def lane_sum(acc):
     total = np.float32(0.0)
     for i in range(32):
         total += acc[i]
@@ -48,10 +48,10 @@ def _dot_q8_0(w, wi8, r, tab, x):
     acc = np.zeros(32, dtype=np.float32)
     for k in range(w.shape[1] // 34):
         b, xo = 34 * k, 32 * k
-        d = tab[_u16r(w, r, b)]
+        d = tab[u16r(w, r, b)]
         for i in range(32):
             acc[i] += (np.float32(wi8[r, b + 2 + i]) * d) * x[xo + i]
-    return _lane_sum(acc)
+    return lane_sum(acc)
 
 
 @njit(cache=True, fastmath=True, inline="always")
@@ -62,8 +62,8 @@ def _dot_q4(w, r, tab, x, type_size, has_min):
     qs = 4 if has_min else 2
     for k in range(w.shape[1] // type_size):
         b, xo = type_size * k, 32 * k
-        d = tab[_u16r(w, r, b)]
-        m = tab[_u16r(w, r, b + 2)] if has_min else np.float32(-8.0) * d
+        d = tab[u16r(w, r, b)]
+        m = tab[u16r(w, r, b + 2)] if has_min else np.float32(-8.0) * d
         for j in range(16):
             byte = w[r, b + qs + j]
             acc_lo[j] += (d * np.float32(byte & 15) + m) * x[xo + j]
@@ -82,16 +82,16 @@ def _dot_q5(w, r, tab, x, type_size, has_min):
     sixteen, zero = np.float32(16.0), np.float32(0.0)
     for k in range(w.shape[1] // type_size):
         b, xo = type_size * k, 32 * k
-        d = tab[_u16r(w, r, b)]
-        m = tab[_u16r(w, r, b + 2)] if has_min else np.float32(-16.0) * d
-        qh = np.uint32(_u32r(w, r, b + hb))
+        d = tab[u16r(w, r, b)]
+        m = tab[u16r(w, r, b + 2)] if has_min else np.float32(-16.0) * d
+        qh = np.uint32(u32r(w, r, b + hb))
         for j in range(16):  # a mask test, not a per-lane shift: no AVX2 here
             q = np.float32(w[r, b + hb + 4 + j] & 15) + (sixteen if qh & BIT[j] else zero)
             acc[j] += (d * q + m) * x[xo + j]
         for j in range(16):
             q = np.float32(w[r, b + hb + 4 + j] >> 4) + (sixteen if qh & BIT[16 + j] else zero)
             acc[16 + j] += (d * q + m) * x[xo + 16 + j]
-    return _lane_sum(acc)
+    return lane_sum(acc)
 
 
 @njit(cache=True, fastmath=True, inline="always")
@@ -99,17 +99,17 @@ def _dot_q4_k(w, r, tab, x):
     acc = np.zeros(32, dtype=np.float32)
     for k in range(w.shape[1] // 144):
         b, xo = 144 * k, 256 * k
-        d, dmin = tab[_u16r(w, r, b)], tab[_u16r(w, r, b + 2)]
+        d, dmin = tab[u16r(w, r, b)], tab[u16r(w, r, b + 2)]
         for c in range(4):  # 32-byte chunk c: sub-block 2c in low nibbles, 2c+1 in high
-            sc, mn = _k_scale_min(w[r], b + 4, 2 * c)
+            sc, mn = k_scale_min(w[r], b + 4, 2 * c)
             scale, shift = d * np.float32(sc), dmin * np.float32(mn)
             for i in range(32):
                 acc[i] += (scale * np.float32(w[r, b + 16 + 32 * c + i] & 15) - shift) * x[xo + 64 * c + i]
-            sc, mn = _k_scale_min(w[r], b + 4, 2 * c + 1)
+            sc, mn = k_scale_min(w[r], b + 4, 2 * c + 1)
             scale, shift = d * np.float32(sc), dmin * np.float32(mn)
             for i in range(32):
                 acc[i] += (scale * np.float32(w[r, b + 16 + 32 * c + i] >> 4) - shift) * x[xo + 64 * c + 32 + i]
-    return _lane_sum(acc)
+    return lane_sum(acc)
 
 
 @njit(cache=True, fastmath=True, inline="always")
@@ -117,7 +117,7 @@ def _dot_q6_k(w, wi8, r, tab, x):
     acc = np.zeros(32, dtype=np.float32)
     for k in range(w.shape[1] // 210):
         b, xo = 210 * k, 256 * k
-        d = tab[_u16r(w, r, b + 208)]
+        d = tab[u16r(w, r, b + 208)]
         for h in range(2):  # each half: 64 ql bytes and 32 qh bytes give 4 groups t of 32 weights
             ql, qh, xh = b + 64 * h, b + 128 + 32 * h, xo + 128 * h
             for half in range(2):  # 16 weights share an int8 scale
@@ -133,7 +133,7 @@ def _dot_q6_k(w, wi8, r, tab, x):
                     q3 = np.float32(np.int32((lo1 >> 4) | ((hi >> 6) << 4)) - 32)
                     acc[c] += ((s0 * q0) * x[xh + c] + (s1 * q1) * x[xh + 32 + c]
                                + (s2 * q2) * x[xh + 64 + c] + (s3 * q3) * x[xh + 96 + c])
-    return _lane_sum(acc)
+    return lane_sum(acc)
 
 
 @njit(cache=True, fastmath=True, inline="always")
@@ -141,11 +141,11 @@ def _dot_generic(qtype, w, wi8, r, tab, x, buf, type_size, block_size):
     """F16, BF16, Q5_K: dequantize a block at a time, then multiply-accumulate."""
     acc = np.zeros(32, dtype=np.float32)
     for k in range(w.shape[1] // type_size):
-        _dequant_block(qtype, w[r], wi8[r], k * type_size, tab, buf, 0)
+        dequant_block(qtype, w[r], wi8[r], k * type_size, tab, buf, 0)
         xo = k * block_size
         for i in range(block_size):
             acc[i % 32] += buf[i] * x[xo + i]
-    return _lane_sum(acc)
+    return lane_sum(acc)
 
 
 # One matvec and one small-batch matmul kernel per type: a type switch inside the row loop costs
@@ -221,15 +221,15 @@ def _dot4_q8_0(w, wi8, r, tab, xs, t0, out):
     x0, x1, x2, x3 = xs[t0], xs[t0 + 1], xs[t0 + 2], xs[t0 + 3]
     for k in range(w.shape[1] // 34):
         b, xo = 34 * k, 32 * k
-        d = tab[_u16r(w, r, b)]
+        d = tab[u16r(w, r, b)]
         for i in range(32):
             wv = np.float32(wi8[r, b + 2 + i]) * d
             a0[i] += wv * x0[xo + i]
             a1[i] += wv * x1[xo + i]
             a2[i] += wv * x2[xo + i]
             a3[i] += wv * x3[xo + i]
-    out[t0, r], out[t0 + 1, r] = _lane_sum(a0), _lane_sum(a1)
-    out[t0 + 2, r], out[t0 + 3, r] = _lane_sum(a2), _lane_sum(a3)
+    out[t0, r], out[t0 + 1, r] = lane_sum(a0), lane_sum(a1)
+    out[t0 + 2, r], out[t0 + 3, r] = lane_sum(a2), lane_sum(a3)
 
 
 @njit(cache=True, fastmath=True, parallel=True)

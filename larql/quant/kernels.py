@@ -38,23 +38,23 @@ T_Q6_K = int(GGMLType.Q6_K)
 
 
 @njit(cache=True, inline="always")
-def _u16(w, i):  # little-endian 16-bit word at byte i
+def u16(w, i):  # little-endian 16-bit word at byte i
     return np.int64(w[i]) | (np.int64(w[i + 1]) << 8)
 
 
 @njit(cache=True, inline="always")
-def _u32(w, i):  # little-endian 32-bit word at byte i
+def u32(w, i):  # little-endian 32-bit word at byte i
     return (np.int64(w[i]) | (np.int64(w[i + 1]) << 8)
             | (np.int64(w[i + 2]) << 16) | (np.int64(w[i + 3]) << 24))
 
 
 @njit(cache=True, inline="always")
-def _u16r(w, r, i):  # little-endian 16-bit word at byte i of row r
+def u16r(w, r, i):  # little-endian 16-bit word at byte i of row r
     return np.int64(w[r, i]) | (np.int64(w[r, i + 1]) << 8)
 
 
 @njit(cache=True, inline="always")
-def _u32r(w, r, i):  # little-endian 32-bit word at byte i of row r
+def u32r(w, r, i):  # little-endian 32-bit word at byte i of row r
     return (np.int64(w[r, i]) | (np.int64(w[r, i + 1]) << 8)
             | (np.int64(w[r, i + 2]) << 16) | (np.int64(w[r, i + 3]) << 24))
 
@@ -65,7 +65,7 @@ BIT = np.uint32(1) << np.arange(32, dtype=np.uint32)
 
 
 @njit(cache=True, inline="always")
-def _k_scale_min(w, b, s):
+def k_scale_min(w, b, s):
     """6-bit (scale, min) of sub-block s from the 12 scale bytes at b (diagram in reference.py)."""
     if s < 4:
         return np.int64(w[b + s] & 63), np.int64(w[b + 4 + s] & 63)
@@ -93,18 +93,18 @@ def _q6_k_quant(w, b, e):
 
 
 @njit(cache=True)
-def _dequant_block(qtype, w, wi8, b, tab, out, o):
+def dequant_block(qtype, w, wi8, b, tab, out, o):
     """Write the weights of the block starting at byte b of row `w` to out[o:o+block_size]."""
     f32 = np.float32
     if qtype == T_F16 or qtype == T_BF16:
-        out[o] = tab[_u16(w, b)]
+        out[o] = tab[u16(w, b)]
     elif qtype == T_Q8_0:
-        d = tab[_u16(w, b)]
+        d = tab[u16(w, b)]
         for i in range(32):
             out[o + i] = f32(wi8[b + 2 + i]) * d
     elif qtype == T_Q4_0 or qtype == T_Q4_1:
-        d = tab[_u16(w, b)]
-        m = tab[_u16(w, b + 2)] if qtype == T_Q4_1 else f32(0.0)
+        d = tab[u16(w, b)]
+        m = tab[u16(w, b + 2)] if qtype == T_Q4_1 else f32(0.0)
         qs = b + 2 if qtype == T_Q4_0 else b + 4
         for j in range(16):
             lo, hi = np.int64(w[qs + j] & 15), np.int64(w[qs + j] >> 4)
@@ -115,10 +115,10 @@ def _dequant_block(qtype, w, wi8, b, tab, out, o):
                 out[o + j] = d * f32(lo) + m
                 out[o + j + 16] = d * f32(hi) + m
     elif qtype == T_Q5_0 or qtype == T_Q5_1:
-        d = tab[_u16(w, b)]
-        m = tab[_u16(w, b + 2)] if qtype == T_Q5_1 else f32(0.0)
+        d = tab[u16(w, b)]
+        m = tab[u16(w, b + 2)] if qtype == T_Q5_1 else f32(0.0)
         hb = b + 2 if qtype == T_Q5_0 else b + 4
-        qh = _u32(w, hb)
+        qh = u32(w, hb)
         for j in range(16):
             lo = np.int64(w[hb + 4 + j] & 15) | (((qh >> j) & 1) << 4)
             hi = np.int64(w[hb + 4 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4)
@@ -129,16 +129,16 @@ def _dequant_block(qtype, w, wi8, b, tab, out, o):
                 out[o + j] = d * f32(lo) + m
                 out[o + j + 16] = d * f32(hi) + m
     elif qtype == T_Q4_K or qtype == T_Q5_K:
-        d, dmin = tab[_u16(w, b)], tab[_u16(w, b + 2)]
+        d, dmin = tab[u16(w, b)], tab[u16(w, b + 2)]
         qs = b + 16 if qtype == T_Q4_K else b + 48
         for s in range(8):
-            sc, mn = _k_scale_min(w, b + 4, s)
+            sc, mn = k_scale_min(w, b + 4, s)
             scale, shift = d * f32(sc), dmin * f32(mn)
             shift_bits = 4 * (s % 2)
             for i in range(32):
                 out[o + 32 * s + i] = scale * f32(_k_quant(qtype, w, b, qs, s, shift_bits, i)) - shift
     elif qtype == T_Q6_K:
-        d = tab[_u16(w, b + 208)]
+        d = tab[u16(w, b + 208)]
         for e in range(256):
             out[o + e] = (d * f32(wi8[b + 192 + e // 16])) * f32(_q6_k_quant(w, b, e))
 
@@ -152,18 +152,18 @@ def dequantize_rows(qtype, block_size, type_size, w, wi8, tab, out):
     n_rows, n_blocks = w.shape[0], w.shape[1] // type_size
     for r in prange(n_rows):
         for k in range(n_blocks):
-            _dequant_block(qtype, w[r], wi8[r], k * type_size, tab, out[r], k * block_size)
+            dequant_block(qtype, w[r], wi8[r], k * type_size, tab, out[r], k * block_size)
 
 
 # Per-type exact dequantizers over 2-D arrays for the prefill path (dequantize, then BLAS). The
-# same float operations in the same order as `_dequant_block`, in loops LLVM can vectorize.
+# same float operations in the same order as `dequant_block`, in loops LLVM can vectorize.
 
 
 @njit(cache=True, parallel=True)
 def dequantize_q8_0(w, wi8, tab, out):
     for r in prange(w.shape[0]):
         for k in range(w.shape[1] // 34):
-            d = tab[_u16r(w, r, 34 * k)]
+            d = tab[u16r(w, r, 34 * k)]
             for i in range(32):
                 out[r, 32 * k + i] = np.float32(wi8[r, 34 * k + 2 + i]) * d
 
@@ -173,8 +173,8 @@ def dequantize_q5_0(w, wi8, tab, out):
     for r in prange(w.shape[0]):
         for k in range(w.shape[1] // 22):
             b, o = 22 * k, 32 * k
-            d = tab[_u16r(w, r, b)]
-            qh = np.uint32(_u32r(w, r, b + 2))
+            d = tab[u16r(w, r, b)]
+            qh = np.uint32(u32r(w, r, b + 2))
             for j in range(16):
                 q = np.int32(w[r, b + 6 + j] & 15) | (np.int32(16) if qh & BIT[j] else np.int32(0))
                 out[r, o + j] = d * np.float32(q - 16)
@@ -188,7 +188,7 @@ def dequantize_q4_1(w, wi8, tab, out):
     for r in prange(w.shape[0]):
         for k in range(w.shape[1] // 20):
             b, o = 20 * k, 32 * k
-            d, m = tab[_u16r(w, r, b)], tab[_u16r(w, r, b + 2)]
+            d, m = tab[u16r(w, r, b)], tab[u16r(w, r, b + 2)]
             for j in range(16):
                 out[r, o + j] = d * np.float32(w[r, b + 4 + j] & 15) + m
             for j in range(16):
@@ -200,9 +200,9 @@ def dequantize_q4_k(w, wi8, tab, out):
     for r in prange(w.shape[0]):
         for k in range(w.shape[1] // 144):
             b, o = 144 * k, 256 * k
-            d, dmin = tab[_u16r(w, r, b)], tab[_u16r(w, r, b + 2)]
+            d, dmin = tab[u16r(w, r, b)], tab[u16r(w, r, b + 2)]
             for s in range(8):
-                sc, mn = _k_scale_min(w[r], b + 4, s)
+                sc, mn = k_scale_min(w[r], b + 4, s)
                 scale, shift = d * np.float32(sc), dmin * np.float32(mn)
                 q0, sh = b + 16 + 32 * (s // 2), 4 * (s % 2)
                 for i in range(32):
@@ -214,7 +214,7 @@ def dequantize_q6_k(w, wi8, tab, out):
     for r in prange(w.shape[0]):
         for k in range(w.shape[1] // 210):
             b, o = 210 * k, 256 * k
-            d = tab[_u16r(w, r, b + 208)]
+            d = tab[u16r(w, r, b + 208)]
             for g in range(8):
                 h, t = g // 4, g % 4
                 lo0, lo_sh = b + 64 * h + 32 * (t % 2), 4 * (t // 2)

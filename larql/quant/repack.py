@@ -2,7 +2,7 @@
 per group of 32 (16 for Q6_K), so a matvec is convert + multiply-add per weight, not bit unpacking.
 
 Every GGML type here is `w = scale * q + offset` with a small integer q and one (scale, offset) per
-16 or 32 weights; repacking writes exactly those parts (the products computed as `_dequant_block`
+16 or 32 weights; repacking writes exactly those parts (the products computed as `dequant_block`
 computes them), so `scale * q + offset` is bit-identical to the exact dequantization (test). It costs
 1.125-1.25 bytes per weight instead of 0.56-0.82, kept in memory, in exchange for kernels that run
 1.3-2.9x faster on this AVX-without-AVX2 CPU (benchmarks/bench_runtime.py). Q8_0 is already int8
@@ -20,8 +20,8 @@ from numba import njit, prange
 from numpy.typing import NDArray
 
 from larql.quant import matvec_rows
-from larql.quant.dot_kernels import _lane_sum
-from larql.quant.kernels import _k_scale_min, _u16, _u32
+from larql.quant.dot_kernels import lane_sum
+from larql.quant.kernels import k_scale_min, u16, u32
 from larql.quant.types import GGMLType
 
 REPACKABLE = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
@@ -52,7 +52,7 @@ class Repacked:
 # serial: the single parallel kernel with a type switch per block before took 1.75 s to compile
 # and 0.5-0.7 s of CPU to repack gemma3-270m's 117 matrices; these take 1.1 s for the three
 # families Gemma holds (3 parallel ones: 4.4 s) and 0.055 s to repack (numba's parallel setup
-# costs more than the work on matrices this size). The unpacking is `_dequant_block`'s (bit diagrams in reference.py); here the integer and its
+# costs more than the work on matrices this size). The unpacking is `dequant_block`'s (bit diagrams in reference.py); here the integer and its
 # (scale, offset) are written apart instead of multiplied.
 
 
@@ -63,10 +63,10 @@ def _repack_legacy(has_min, five, type_size, w, tab, q, scale, offset):
         row = w[r]
         for k in range(w.shape[1] // type_size):
             b, o = k * type_size, 32 * k
-            scale[r, k] = tab[_u16(row, b)]
-            offset[r, k] = tab[_u16(row, b + 2)] if has_min else np.float32(0.0)
+            scale[r, k] = tab[u16(row, b)]
+            offset[r, k] = tab[u16(row, b + 2)] if has_min else np.float32(0.0)
             qs = b + (4 if has_min else 2) + (4 if five else 0)
-            qh = _u32(row, qs - 4) if five else np.int64(0)
+            qh = u32(row, qs - 4) if five else np.int64(0)
             centre = 0 if has_min else (16 if five else 8)
             for j in range(16):
                 lo = np.int64(row[qs + j] & 15) | (((qh >> j) & 1) << 4)
@@ -82,10 +82,10 @@ def _repack_k(five, type_size, w, tab, q, scale, offset):
         row = w[r]
         for k in range(w.shape[1] // type_size):
             b, o = k * type_size, 256 * k
-            d, dmin = tab[_u16(row, b)], tab[_u16(row, b + 2)]
+            d, dmin = tab[u16(row, b)], tab[u16(row, b + 2)]
             qs = b + 48 if five else b + 16
             for s in range(8):
-                sc, mn = _k_scale_min(row, b + 4, s)
+                sc, mn = k_scale_min(row, b + 4, s)
                 scale[r, 8 * k + s] = d * np.float32(sc)
                 offset[r, 8 * k + s] = -(dmin * np.float32(mn))
                 base, shift = qs + 32 * (s // 2), 4 * (s % 2)
@@ -103,7 +103,7 @@ def _repack_q6_k(w, wi8, tab, q, scale):
         row = w[r]
         for k in range(w.shape[1] // 210):
             b, o = 210 * k, 256 * k
-            d = tab[_u16(row, b + 208)]
+            d = tab[u16(row, b + 208)]
             for j in range(16):
                 scale[r, 16 * k + j] = d * np.float32(wi8[r, b + 192 + j])
             for h in range(2):
@@ -152,7 +152,7 @@ def _dot_g32(q, scale, r, x):
         s = scale[r, k]
         for i in range(32):
             acc[i] += (np.float32(q[r, 32 * k + i]) * s) * x[32 * k + i]
-    return _lane_sum(acc)
+    return lane_sum(acc)
 
 
 @njit(cache=True, fastmath=True, inline="always")
@@ -162,7 +162,7 @@ def _dot_g32_offset(q, scale, offset, r, x):
         s, m = scale[r, k], offset[r, k]
         for i in range(32):
             acc[i] += (np.float32(q[r, 32 * k + i]) * s + m) * x[32 * k + i]
-    return _lane_sum(acc)
+    return lane_sum(acc)
 
 
 @njit(cache=True, fastmath=True, inline="always")
@@ -173,7 +173,7 @@ def _dot_g16(q, scale, r, x):
         for i in range(32):
             s = s0 if i < 16 else s1
             acc[i] += (np.float32(q[r, 32 * k + i]) * s) * x[32 * k + i]
-    return _lane_sum(acc)
+    return lane_sum(acc)
 
 
 # Several rows at once (a batch of sequences, a short prompt): each weight widened and scaled once
@@ -195,8 +195,8 @@ def _dot4_g32(q, scale, r, xs, t0, out):
             a1[i] += wv * x1[32 * k + i]
             a2[i] += wv * x2[32 * k + i]
             a3[i] += wv * x3[32 * k + i]
-    out[t0, r], out[t0 + 1, r] = _lane_sum(a0), _lane_sum(a1)
-    out[t0 + 2, r], out[t0 + 3, r] = _lane_sum(a2), _lane_sum(a3)
+    out[t0, r], out[t0 + 1, r] = lane_sum(a0), lane_sum(a1)
+    out[t0 + 2, r], out[t0 + 3, r] = lane_sum(a2), lane_sum(a3)
 
 
 @njit(cache=True, fastmath=True, inline="always")
@@ -212,8 +212,8 @@ def _dot4_g32_offset(q, scale, offset, r, xs, t0, out):
             a1[i] += wv * x1[32 * k + i]
             a2[i] += wv * x2[32 * k + i]
             a3[i] += wv * x3[32 * k + i]
-    out[t0, r], out[t0 + 1, r] = _lane_sum(a0), _lane_sum(a1)
-    out[t0 + 2, r], out[t0 + 3, r] = _lane_sum(a2), _lane_sum(a3)
+    out[t0, r], out[t0 + 1, r] = lane_sum(a0), lane_sum(a1)
+    out[t0 + 2, r], out[t0 + 3, r] = lane_sum(a2), lane_sum(a3)
 
 
 @njit(cache=True, fastmath=True, inline="always")
@@ -229,8 +229,8 @@ def _dot4_g16(q, scale, r, xs, t0, out):
             a1[i] += wv * x1[32 * k + i]
             a2[i] += wv * x2[32 * k + i]
             a3[i] += wv * x3[32 * k + i]
-    out[t0, r], out[t0 + 1, r] = _lane_sum(a0), _lane_sum(a1)
-    out[t0 + 2, r], out[t0 + 3, r] = _lane_sum(a2), _lane_sum(a3)
+    out[t0, r], out[t0 + 1, r] = lane_sum(a0), lane_sum(a1)
+    out[t0 + 2, r], out[t0 + 3, r] = lane_sum(a2), lane_sum(a3)
 
 
 @njit(cache=True, fastmath=True, parallel=True)

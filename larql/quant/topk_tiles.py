@@ -26,10 +26,10 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numpy.typing import NDArray
 
-from larql.quant.argmax import bound_slack, rounding
 from larql.quant.argmax_tiles import ROWS, Tiled, quantize_signed
 from larql.quant.ir_parts import splat
 from larql.quant.kernels import F16_TO_F32
+from larql.quant.q8_bounds import bound_slack, rounding
 
 TB = 8  # activations per tile visit: each 64-byte weight load feeds TB vpdpbusd
 BATCH = 64  # activations scored together (their approximate scores: 64 MB on Gemma 3)

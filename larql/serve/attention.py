@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from larql.errors import LimitError, ServeError
-from larql.serve.app import LarqlJSON, ServerState, read_json, state
+from larql.serve.http import LarqlJSON, ServerState, read_json, state
 from larql.serve.sessions import ClientSession
 
 MAX_PROMPT_TOKENS = 256

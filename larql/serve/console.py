@@ -27,8 +27,8 @@ from starlette.staticfiles import StaticFiles
 
 from larql.errors import ServeError
 from larql.lql.complete import complete as complete_text
-from larql.lql.parser import _lark
-from larql.serve.app import LarqlJSON, ServerState, read_json, state
+from larql.lql.parser import lark_parser
+from larql.serve.http import LarqlJSON, ServerState, read_json, state
 
 STATIC = Path(__file__).with_name("console")
 # the page and its files come from this server only: no inline script, no CDN
@@ -41,7 +41,7 @@ MAX_TEXT = 10_000  # characters of editor text a completion request looks at
 @cache
 def keywords() -> list[str]:
     """The grammar's keyword terminals (string patterns of letters), upper case, sorted."""
-    return sorted({str(t.pattern.value).upper() for t in _lark().terminals
+    return sorted({str(t.pattern.value).upper() for t in lark_parser().terminals
                    if t.pattern.type == "str" and str(t.pattern.value).replace("_", "").isalpha()})
 
 

@@ -25,9 +25,9 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from larql.errors import LarqlError, LimitError, ServeError
+from larql.model.chat_template import ChatTemplate, find_template
 from larql.model.generate import SamplingParams, sample
-from larql.serve.app import LarqlJSON, ServerState, error_body, read_json, state
-from larql.serve.chat_template import ChatTemplate, find_template
+from larql.serve.http import LarqlJSON, ServerState, error_body, read_json, state
 from larql.serve.sessions import ClientSession
 
 if TYPE_CHECKING:

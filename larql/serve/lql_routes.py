@@ -17,7 +17,8 @@ from larql.errors import LarqlError, LimitError, ServeError
 from larql.lql import ast
 from larql.lql.parser import parse
 from larql.lql.unparse import unparse
-from larql.serve.app import (
+from larql.serve.guard import check_request, stages
+from larql.serve.http import (
     LarqlJSON,
     ServerState,
     bearer,
@@ -26,7 +27,6 @@ from larql.serve.app import (
     state,
     status_of,
 )
-from larql.serve.guard import check_request, stages
 from larql.serve.sessions import (
     SESSION_COOKIE,
     SESSION_HEADER,

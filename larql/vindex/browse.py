@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from larql.errors import VindexError
-from larql.vindex.describe import STOP_WORDS, clean_token
+from larql.vindex.tokens import STOP_WORDS, clean_token
 
 if TYPE_CHECKING:
     from larql.vindex.store import VindexReader

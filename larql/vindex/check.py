@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from larql.errors import VindexError
-from larql.jsonfile import read_json
+from larql.io.jsonfile import read_json
 from larql.vindex import integrity, layout
 
 MAX_INDEX_BYTES = 64 << 20  # an index.json is tens of KB; a bigger one is not ours

@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.vindex import topk
-from larql.vindex.describe import clean_token, is_content_token
+from larql.vindex.tokens import clean_token, is_content_token
 
 MAX_CLUSTERS = 512
 MIN_MEMBERS_PER_CLUSTER = 40  # k = n_directions // this (faiss wants ~39 points per centroid)

@@ -11,7 +11,6 @@ its first token: they are what the model knows when asked, labelled as such.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -23,6 +22,7 @@ from larql.errors import VindexError
 from larql.vindex.layout import DESCRIBE_HITS_PER_LAYER as HITS_PER_LAYER
 from larql.vindex.layout import DESCRIBE_MIN_GATE as MIN_GATE
 from larql.vindex.layout import describe_layers
+from larql.vindex.tokens import Edge, clean_token, is_content_token
 
 if TYPE_CHECKING:
     from larql.model import Model
@@ -31,15 +31,6 @@ if TYPE_CHECKING:
 BANDS = ("syntax", "knowledge", "output")
 CAP: dict[str, dict[str, int] | int] = {"brief": {"syntax": 10, "knowledge": 10, "output": 5}, "verbose": 30, "raw": 30}
 
-STOP_WORDS = frozenset("""
-a about above after again against all also am an and any are as at be because been before being
-below between both but by can could did do does doing down during each few for from further had has
-have having he her here hers herself him himself his how i if in into is it its itself just me more
-most my myself no nor not now of off on once only or other our ours out over own same she should so
-some such than that the their theirs them then there these they this those through to too under
-until up very was we were what when where which while who whom why will with would you your yours
-""".split())
-_CAMEL = re.compile(r"[a-z][A-Z]")
 
 
 # A neutral reference point for DESCRIBE's query: the mean embedding of common, unrelated words.
@@ -59,35 +50,6 @@ def baseline_query(v: VindexReader) -> np.ndarray:
     if v not in _BASELINES:
         _BASELINES[v] = np.mean([v.entity_embedding(w) for w in BASELINE_WORDS], axis=0)
     return _BASELINES[v]
-
-
-def clean_token(token: str) -> str:
-    return token.replace("▁", " ").strip()
-
-
-def is_content_token(token: str) -> bool:
-    """A readable word worth showing as an edge: 3-25 characters, mostly ASCII letters, not
-    camelCase, not a stop word."""
-    t = clean_token(token)
-    if not 3 <= len(t) <= 25 or t.lower() in STOP_WORDS or _CAMEL.search(t):
-        return False
-    if any(c.isalpha() and not c.isascii() for c in t):
-        return False
-    letters = sum(c.isalpha() for c in t)
-    return letters / len(t) >= 0.8 and t[0].isalpha()
-
-
-@dataclass(frozen=True)
-class Edge:
-    target: str
-    score: float  # feature edges: the gate score; probe edges: probability of the answer's first token
-    layer: int  # feature edges: the layer of the strongest hit; probe edges: -1
-    feature: int
-    source: str  # "feature" | "probe"
-    label: str | None = None  # probe edges: the relation
-    layers: tuple[int, ...] = ()
-    hits: int = 1
-    also: tuple[str, ...] = ()
 
 
 @dataclass

@@ -8,7 +8,6 @@ vindex_spec/FORMAT.md for the bytes.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import asdict
@@ -18,15 +17,16 @@ from typing import Any
 import numpy as np
 
 from larql.errors import VindexError
+from larql.io.pathguard import overlap
 from larql.model import Model
 from larql.model.config import ModelConfig
 from larql.model.load import load, resolve
 from larql.model.weights import named_tensors
-from larql.pathguard import overlap
 from larql.quant import BLOCK_LAYOUT, GGMLType, QuantMatrix
 from larql.quant.quantize import quantize_q4_k, quantize_q6_k
 from larql.version import __version__
 from larql.vindex import clusters, layout, topk
+from larql.vindex.integrity import sha256_path
 from larql.vindex.writer import VindexWriter
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -91,17 +91,6 @@ def _q4k_plan(model: Model) -> dict[str, int]:
     return counts
 
 
-def _sha256_path(path: Path) -> tuple[str, int]:
-    h, size = hashlib.sha256(), 0
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for f in files:
-        with open(f, "rb") as fh:
-            while block := fh.read(1 << 22):
-                h.update(block)
-                size += len(block)
-    return h.hexdigest(), size
-
-
 # model_config fields written only when not at their default (added after version 1)
 OPTIONAL_FIELDS: dict[str, Any] = {"rope_freq_factors": [], "rope_short_factors": [], "rope_long_factors": [],
                                    "rope_attn_factor": 1.0}
@@ -152,7 +141,7 @@ def extract(src: str | Path | Model, out: str | Path, level: str = "browse", dty
         raise VindexError(f"{refused}; extract into another directory")
     cfg, w = model.config, model.weights
     np_dtype = layout.DTYPES[dtype]
-    source_sha, source_size = _sha256_path(Path(source_path))
+    source_sha, source_size = sha256_path(Path(source_path))
 
     with VindexWriter(Path(out), overwrite=overwrite) as writer:
         report("tokenizer", 0, 1)

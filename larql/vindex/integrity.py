@@ -15,11 +15,11 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from larql.errors import VindexError
+from larql.io.tempfiles import write_cache
 from larql.model.tokenizer import cache_dir
 from larql.vindex import layout
 
@@ -77,6 +77,19 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def sha256_path(path: Path) -> tuple[str, int]:
+    """The sha256 and byte size of a file, or of a directory's files in path order (an HF model
+    directory): the source a vindex records it was extracted from."""
+    h, size = hashlib.sha256(), 0
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for f in files:
+        with open(f, "rb") as fh:
+            while block := fh.read(1 << 22):
+                h.update(block)
+                size += len(block)
+    return h.hexdigest(), size
+
+
 def _stat_key(st: os.stat_result) -> list[int]:
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
@@ -109,15 +122,9 @@ class CheckedFiles:
         """Write atomically (temp + rename); a cache that cannot be written is not an error."""
         if not self._dirty:
             return
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".verified-")
-            with os.fdopen(fd, "w") as f:
-                json.dump({"version": _CACHE_VERSION, "files": self.entries}, f)
-            os.replace(tmp, self.path)
+        doc = json.dumps({"version": _CACHE_VERSION, "files": self.entries}).encode()
+        if write_cache(self.path, lambda f: f.write(doc), private=True, dir_mode=0o700):
             self._dirty = False
-        except OSError:
-            pass
 
 
 def check_contents(path: Path, index: dict[str, Any], names: list[str] | None = None,

@@ -27,15 +27,13 @@ import sys
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import VindexError
 
-if TYPE_CHECKING:
-    from larql.vindex.store import Vindex
 
 @dataclass(frozen=True)
 class Int8Gates:
@@ -153,7 +151,22 @@ def top_abs(gates: NDArray[np.floating], index: Int8Gates, q: NDArray[np.float32
     return cand, exact.astype(np.float64)
 
 
-def gate_knn(v: Vindex, layer: int, query: NDArray[np.float32], k: int = 10,
+class GateStore(Protocol):
+    """What gate KNN reads of a store (vindex/store.py Vindex): its width, a layer's gate vectors
+    and the two search structures built from them (this module's), kept by the store."""
+
+    hidden: int
+
+    def num_features(self, layer: int) -> int: ...
+
+    def gate_vectors(self, layer: int) -> NDArray[np.floating]: ...
+
+    def gate_index(self, layer: int) -> Any: ...
+
+    def gate_int8(self, layer: int) -> Int8Gates: ...
+
+
+def gate_knn(v: GateStore, layer: int, query: NDArray[np.float32], k: int = 10,
              gates: Mapping[int, NDArray[np.float32]] | None = None,
              deleted: AbstractSet[int] = frozenset()) -> list[tuple[int, float]]:
     """[(feature, score)] for the k largest |score| at `layer`, sorted by |score| descending.

@@ -17,7 +17,7 @@ import numpy as np
 
 from larql.model import Model
 from larql.model.prefix import common_prefix
-from larql.vindex.describe import Edge, clean_token, is_content_token
+from larql.vindex.tokens import Edge, clean_token, is_content_token
 
 # The bar a probe's first answer token must clear to be shown, chosen on measured data
 # (benchmarks/bench_probe_threshold.py, gemma3-270m): 41 known facts against 40 made-up names the

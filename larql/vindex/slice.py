@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from larql.errors import VindexError
-from larql.pathguard import overlap, vindex_reads
+from larql.io.pathguard import overlap, vindex_reads
 from larql.vindex import layout
 
 if TYPE_CHECKING:  # PARTS and PRESETS are read by `larql --help`, which loads no numpy

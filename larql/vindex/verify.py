@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from larql.errors import LarqlError, VindexError
-from larql.jsonfile import read_json
+from larql.io.jsonfile import read_json
 from larql.model.config import ModelConfig
 from larql.vindex import check, integrity
 
@@ -29,12 +29,12 @@ class VerifyReport:
 
 def _source(index: dict[str, Any]) -> tuple[Path | None, str]:
     """The source model if it is still there and still the same bytes, else None and why not."""
-    from larql.vindex.extract import _sha256_path
+    from larql.vindex.integrity import sha256_path
 
     src = Path(index["source"]["path"])
     if not src.exists():
         return None, f"source {src} is gone; model_config not compared"
-    digest, size = _sha256_path(src)
+    digest, size = sha256_path(src)
     if size != index["source"]["size"] or digest != index["source"]["sha256"]:
         return None, f"source {src} has changed since extraction; model_config not compared"
     return src, f"model_config matches the source {src}"

@@ -9,7 +9,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import LarqlError, VindexError
-from larql.jsonfile import read_json
+from larql.io.jsonfile import read_json
 from larql.quant import GGMLType, QuantMatrix, row_bytes
 from larql.vindex import layout
 

@@ -15,7 +15,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from larql.errors import VindexError
-from larql.tempfiles import clean_stale, temp_path
+from larql.io.tempfiles import clean_stale, swap_dir, temp_path
 from larql.vindex import integrity
 from larql.vindex.layout import INDEX_FILE, align
 
@@ -111,13 +111,7 @@ class VindexWriter:
         self._open.clear()
         index = integrity.seal({**index, "files": dict(sorted(self.files.items()))})
         (self.tmp / INDEX_FILE).write_text(json.dumps(index, indent=1, allow_nan=False))
-        if self.target.exists():  # overwrite: move the old one aside first, so a crash loses nothing
-            old = temp_path(self.target, "old")
-            os.rename(self.target, old)
-            os.rename(self.tmp, self.target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(self.tmp, self.target)
+        swap_dir(self.tmp, self.target)  # an old vindex is moved aside first, so a crash loses nothing
         self._done = True
         integrity.remember_written(self.target, self.files)  # hashed while written: the first open need not
         return self.target

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from larql.bench import LLAMA_CPP_INSTALL, describe_run, llama_cpp_version, table
+from larql.cli.benchmark import LLAMA_CPP_INSTALL, describe_run, llama_cpp_version, table
 from tests.cli.conftest import larql
 
 
@@ -72,7 +72,7 @@ def test_llama_cpp_failing_in_its_process_is_one_error(tmp_path: Path) -> None:
     peer_errors, not a traceback."""
     import pytest
 
-    from larql.bench import bench_llamacpp
+    from larql.cli.benchmark import bench_llamacpp
 
     with pytest.raises(RuntimeError, match="Error") as e:
         bench_llamacpp("m", str(tmp_path / "missing.gguf"), [1, 2, 3], 1, 1)

@@ -25,7 +25,7 @@ import pyte
 import pytest
 
 import larql
-from larql.cli_chat import Conversation, chat_template, common_prefix
+from larql.cli.chat import Conversation, chat_template, common_prefix
 from tests.cli.conftest import larql as run_larql
 
 MODEL = "smollm2-135m"

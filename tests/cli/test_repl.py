@@ -17,7 +17,7 @@ from rich.console import Console
 
 from larql.errors import LarqlError
 from larql.lql.complete import complete
-from larql.repl import run_repl, statement_complete
+from larql.shell.repl import run_repl, statement_complete
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_reference_covers_every_statement_and_its_examples_parse() -> None:
 
 
 def test_history_and_settings_paths(tmp_path: Path) -> None:
-    from larql.repl_config import history_path, load_settings, settings_path
+    from larql.shell.repl_config import history_path, load_settings, settings_path
 
     env = {"HOME": "/home/u"}
     assert history_path(env) == Path("/home/u/.local/state/larql/history")

@@ -9,6 +9,7 @@ import numpy as np
 import larql
 from larql.edit import evaluate as ev
 from larql.edit.facts import target_ids
+from larql.model.generate import log_softmax
 
 TOL = 1e-5
 PAIRS = [("The capital of France is", " Paris"), ("The capital of France is", " Rome"),
@@ -26,7 +27,7 @@ def one_by_one(m: larql.Model, prompt: str, target: str) -> list[tuple[float, bo
     for i, tok in enumerate(toks):
         if i:
             logits = m.next_logits([toks[i - 1]], cache)
-        lp = ev._log_softmax(logits)
+        lp = log_softmax(logits, np.float64)
         out.append((float(lp[tok]), int(np.argmax(lp)) == tok))
     return out
 
@@ -59,7 +60,7 @@ def test_unrelated_and_generation_batches_equal_one_by_one(real_model: larql.Mod
     m = real_model
     batched = ev.unrelated_logps(m)
     for prompt, got in list(zip(ev.UNRELATED, batched))[::5]:
-        want = ev._log_softmax(m.next_logits(m.tokenize(prompt)))
+        want = log_softmax(m.next_logits(m.tokenize(prompt)), np.float64)
         assert np.abs(got - want).max() <= TOL * 10 and np.argmax(got) == np.argmax(want), prompt
     prompts = [m.tokenize(p) for p in ev.UNRELATED[:6]]
     gens = m.generate_batch(prompts, 10)

@@ -11,7 +11,8 @@ import pytest
 import larql
 from larql.errors import VindexError
 from larql.vindex import browse, open_vindex
-from larql.vindex.describe import describe, is_content_token
+from larql.vindex.describe import describe
+from larql.vindex.tokens import is_content_token
 
 FACTS = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "facts_gemma3_270m.json").read_text())["facts"]
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from larql.build.run import build
 from larql.lql.executor import execute
 from larql.vindex.describe import describe
 from larql.vindex.store import open_vindex
+from larql.vindexfile.run import build
 
 
 def test_build_on_gemma_labels_show_in_describe(gemma_vindex: Path, tmp_path: Path) -> None:

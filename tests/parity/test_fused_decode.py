@@ -122,7 +122,7 @@ def test_decode_layers_across_longrope_switch(monkeypatch: pytest.MonkeyPatch) -
 
 
 class _Doubled(FFN):
-    """An FFN block computed elsewhere (as serve/ffn_remote.py's RemoteFFN): here twice the local one."""
+    """An FFN block computed elsewhere (as model/remote_ffn.py's RemoteFFN): here twice the local one."""
 
     def __init__(self, local: FFN) -> None:
         self.local, self.calls = local, 0

@@ -111,7 +111,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> larql.Model:
 
 
 class Relayed(FFN):
-    """An FFN computed elsewhere (here: by the local one), as serve/ffn_remote.py's RemoteFFN is."""
+    """An FFN computed elsewhere (here: by the local one), as model/remote_ffn.py's RemoteFFN is."""
 
     def __init__(self, local: FFN) -> None:
         self.local = local

@@ -25,7 +25,7 @@ import httpx
 import numpy as np
 import pytest
 
-from larql.formats import cell_text
+from larql.lql.formats import cell_text
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 playwright = pytest.importorskip("playwright.sync_api", reason="pip install playwright (in the dev extra)")
@@ -146,8 +146,8 @@ def test_trace_for_is_a_chart_of_rank_and_probability(page: Any, server: str, tm
     orange = ((img[..., 0] > 200) & (img[..., 1] > 60) & (img[..., 1] < 130) & (img[..., 2] < 60)).sum()  # #ea580c
     assert blue > 300 and orange > 300, (blue, orange)  # both lines drawn, not a blank box
     assert len({tuple(p) for p in img.reshape(-1, 3)[::7]}) > 20
-    # the rows under the chart show each value as the terminal table does (larql/formats.py cell_text)
-    from larql.formats import cell_text
+    # the rows under the chart show each value as the terminal table does (larql/lql/formats.py cell_text)
+    from larql.lql.formats import cell_text
 
     cells = page.locator("article[data-kind=trace] details table.rows tbody td").all_text_contents()
     assert cells == [cell_text(v) for row in rows for v in row]

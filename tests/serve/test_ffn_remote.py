@@ -17,8 +17,8 @@ import pytest
 
 import larql
 from larql.errors import ServeError, UnsupportedError
+from larql.model.remote_ffn import use_remote_ffn
 from larql.serve.config import ServeConfig
-from larql.serve.ffn_remote import use_remote_ffn
 from larql.serve.server import ServerThread
 from larql.serve.sessions import open_served
 from tests.cli.conftest import larql as run_larql

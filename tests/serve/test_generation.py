@@ -133,7 +133,7 @@ def test_websocket_streams_and_cancels(smol: str) -> None:
 
 
 def test_chat_falls_back_to_a_built_in_template(tiny: str, infer_vx: Path, gemma: larql.Model) -> None:
-    from larql.serve.chat_template import find_template
+    from larql.model.chat_template import find_template
 
     assert httpx.get(f"{tiny}/v1/info").json()["chat_template"] == "built-in plain transcript"
     want = larql.load(infer_vx).generate("User: hi\nAssistant:", max_new_tokens=5).text

@@ -13,7 +13,6 @@ from pathlib import Path
 import gguf
 import pytest
 
-from larql.build.run import build
 from larql.edit.compile import compile_gguf, compile_safetensors, compile_vindex
 from larql.edit.convert import convert
 from larql.edit.view import edit_vindex
@@ -25,6 +24,7 @@ from larql.lql.session import Session
 from larql.serve import guard
 from larql.vindex.extract import extract
 from larql.vindex.slice import slice_vindex
+from larql.vindexfile.run import build
 from tests.synthetic import TinySpec, hf_weights, write_gguf
 
 SPEC = TinySpec("gemma3", n_layers=2, ffn=32)

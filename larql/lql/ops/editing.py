@@ -11,7 +11,7 @@ from larql.edit.patch import PatchOp
 from larql.edit.view import EditableVindex
 from larql.errors import EmptyTargetError, LqlSemanticError, VindexError
 from larql.lql import ast
-from larql.lql.ops.query import EDGE_FIELDS, _filter
+from larql.lql.ops.query import EDGE_FIELDS, filter_rows
 from larql.lql.plan import PlanRun
 from larql.lql.result import Result
 from larql.lql.session import Session
@@ -62,7 +62,7 @@ def insert(stmt: ast.InsertStmt, session: Session, result: Result, run: PlanRun)
     if r.p_after < goal:
         result.notes.append(f"the goal p >= {goal} was not reached at layer {r.layer}; a later layer "
                             f"(AT LAYER n) usually reaches it")
-    _recording_note(v, result)
+    recording_note(v, result)
 
 
 def _insert_facts(stmt: ast.InsertStmt, session: Session, result: Result, run: PlanRun, method: str) -> None:
@@ -88,7 +88,7 @@ def _insert_facts(stmt: ast.InsertStmt, session: Session, result: Result, run: P
         facts.append(Fact(row["entity"], prompt, row["target"], row["relation"], key=row.get("key") or None))
     r = insert_facts(v, facts, method, layers, progress=session.progress)
     insert_result(r, result)
-    _recording_note(v, result)
+    recording_note(v, result)
 
 
 def insert_result(r: InsertReport, result: Result) -> None:
@@ -136,7 +136,7 @@ def _slots(stmt: ast.DeleteStmt | ast.UpdateStmt, session: Session, run: PlanRun
     hits = browse.iter_features(v, None if layer is None else [layer])
     rows = [{"layer": h.layer, "feature": h.feature, "token": h.top_token, "score": h.score,
              "relation": v.feature_label(h.layer, h.feature) or ""} for h in hits]
-    return [(r["layer"], r["feature"]) for r in _filter(rows, where, EDGE_FIELDS, stmt, session)]
+    return [(r["layer"], r["feature"]) for r in filter_rows(rows, where, EDGE_FIELDS, stmt, session)]
 
 
 def delete(stmt: ast.DeleteStmt, session: Session, result: Result, run: PlanRun) -> None:
@@ -150,7 +150,7 @@ def delete(stmt: ast.DeleteStmt, session: Session, result: Result, run: PlanRun)
     result.rows = [[layer, feature] for layer, feature in slots[:50]]
     if len(slots) > 50:
         result.notes.append(f"{len(slots)} features, 50 shown")
-    _recording_note(v, result)
+    recording_note(v, result)
 
 
 def update(stmt: ast.UpdateStmt, session: Session, result: Result, run: PlanRun) -> None:
@@ -182,10 +182,10 @@ def update(stmt: ast.UpdateStmt, session: Session, result: Result, run: PlanRun)
     result.columns = ["layer", "feature"]
     result.rows = [[layer, feature] for layer, feature in slots[:50]]
     result.notes.append("metadata only: what DESCRIBE / SELECT say the feature writes; inference is unchanged")
-    _recording_note(v, result)
+    recording_note(v, result)
 
 
-def _recording_note(v: EditableVindex, result: Result) -> None:
+def recording_note(v: EditableVindex, result: Result) -> None:
     stack = v.patches
     if stack.recording is not None:
         result.notes.append(f"recording into {stack.recording.name} ({len(stack.pending)} edit(s) pending)")

@@ -27,10 +27,10 @@ def use(stmt: ast.UseStmt, session: Session, result: Result, run: PlanRun) -> No
         result.notes.append(f"Using: {session.describe_backend()}")
         return
     if (step := run.take_if("load_model")) is not None:
-        # the facade's load: USE MODEL also takes a vindex (the model it carries, walk FFN)
-        from larql import load
+        # as the facade's larql.load: USE MODEL also takes a vindex (the model it carries, walk FFN)
+        from larql.edit.load_any import load_any
 
-        session.model = load(step["target"])
+        session.model = load_any(step["target"])
         result.notes.append(f"Using model: {session.model!r}")
         return
     session.vindex = edit_vindex(run.take("open_vindex")["target"])
@@ -41,7 +41,7 @@ def _same_extraction(target: Path, src: str | Path, options: dict[str, Any]) -> 
     """Whether the vindex at `target` was extracted from `src` with `options` (None: no vindex there)."""
     from larql.errors import LarqlError
     from larql.model.load import resolve
-    from larql.vindex.extract import _sha256_path
+    from larql.vindex.integrity import sha256_path
 
     if not (target / "index.json").is_file():
         return None
@@ -50,7 +50,7 @@ def _same_extraction(target: Path, src: str | Path, options: dict[str, Any]) -> 
         _, source = resolve(src)
         return (i["extract_level"], i["dtype"], i["quant"], i["down_top_k"]) == (
             options["level"], options["dtype"], options["quant"], options["top_k"]) \
-            and i["source"]["sha256"] == _sha256_path(source)[0]
+            and i["source"]["sha256"] == sha256_path(source)[0]
     except LarqlError:  # damaged, or from a source that is gone: not the same
         return False
 

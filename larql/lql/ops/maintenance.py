@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from larql.edit.view import EditableVindex
 from larql.lql import ast
-from larql.lql.ops.editing import _recording_note
+from larql.lql.ops.editing import recording_note
 from larql.lql.plan import PlanRun
 from larql.lql.result import Result
 from larql.lql.session import Session
@@ -38,7 +38,7 @@ def merge_stmt(stmt: ast.MergeStmt, session: Session, result: Result, run: PlanR
     result.notes.append(f"{r.incoming} incoming operation(s): {r.recorded} recorded, {r.skipped} skipped (lost a "
                         f"conflict), {r.present} already present")
     result.notes += r.notes
-    _recording_note(v, result)
+    recording_note(v, result)
 
 
 def rebalance_stmt(stmt: ast.RebalanceStmt, session: Session, result: Result, run: PlanRun) -> None:
@@ -63,7 +63,7 @@ def rebalance_stmt(stmt: ast.RebalanceStmt, session: Session, result: Result, ru
     else:
         result.notes.append(f"{r.iterations} iteration(s); " + ("every fact in the band" if r.converged else
                             "not converged: some fact is outside the band (MAX n, or UNTIL CONVERGED, loops longer)"))
-    _recording_note(v, result)
+    recording_note(v, result)
 
 
 def compact_stmt(stmt: ast.CompactStmt, session: Session, result: Result, run: PlanRun) -> None:

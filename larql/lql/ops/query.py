@@ -132,7 +132,7 @@ EDGE_FIELDS = {"layer": "layer", "feature": "feature", "target": "token", "token
                "score": "score", "confidence": "score", "c_score": "score", "relation": "relation"}
 
 
-def _filter(rows: list[dict[str, Any]], where: tuple[ast.Condition, ...], fields: dict[str, str],
+def filter_rows(rows: list[dict[str, Any]], where: tuple[ast.Condition, ...], fields: dict[str, str],
             stmt: ast.Statement, session: Session) -> list[dict[str, Any]]:
     for cond in where:
         if cond.field == "entity":  # LARQL: entity is a substring of the feature's top output token
@@ -167,7 +167,7 @@ def select(stmt: ast.SelectStmt, session: Session, result: Result, run: PlanRun)
     rows = [{"layer": h.layer, "feature": h.feature, "token": h.top_token, "also": ", ".join(h.down_tokens[:3]),
              "relation": v.feature_label(h.layer, h.feature) or "", "score": h.score} for h in hits]
     if (where := run.take_if("filter")) is not None:
-        rows = _filter(rows, where["where"], EDGE_FIELDS, stmt, session)
+        rows = filter_rows(rows, where["where"], EDGE_FIELDS, stmt, session)
     if (order := run.take_if("order")) is not None:
         _order(rows, order["field"], order["descending"], stmt, session, EDGE_FIELDS)
     elif stmt.source == "edges" and emb is None:  # NEAREST keeps the KNN order
@@ -187,7 +187,7 @@ def _select_entities(stmt: ast.SelectStmt, session: Session, result: Result, run
     entities = browse.select_entities(v, layer=layer, limit=10**9)  # type: ignore[arg-type]
     rows = [{"token": e.token, "count": e.count, "score": e.max_score} for e in entities]
     fields = {"token": "token", "count": "count", "score": "score", "max_score": "score"}
-    rows = _filter(rows, tuple(c for c in conds if c.field != "layer"), fields, stmt, session)
+    rows = filter_rows(rows, tuple(c for c in conds if c.field != "layer"), fields, stmt, session)
     if (order := run.take_if("order")) is not None:
         _order(rows, order["field"], order["descending"], stmt, session, fields)
     limit = run.take("limit")["n"]

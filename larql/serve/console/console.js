@@ -27,7 +27,7 @@
     return e;
   }
 
-  // what a cell shows, as larql/formats.py cell_text: 4 significant digits ("%.4g"), one decimal past 10,000
+  // what a cell shows, as larql/lql/formats.py cell_text: 4 significant digits ("%.4g"), one decimal past 10,000
   function cellText(v) {
     if (typeof v !== "number" || Number.isInteger(v)) return String(v);
     if (Math.abs(v) >= 1e4) return v.toFixed(1);

@@ -143,7 +143,7 @@ def test_a_compiled_gguf_runs_the_added_features_in_larql_and_llama_cpp(edited: 
         return  # the peer is a dev tool, not in CI: what larql itself loads is checked above
     import llama_cpp
 
-    from larql.bench import llama_last_logits
+    from larql.cli.benchmark import llama_last_logits
 
     llm = llama_cpp.Llama(model_path=str(with_a_merge(report.path, tmp_path / "lc.gguf")), n_ctx=32, n_threads=1,
                           verbose=False)

@@ -86,6 +86,7 @@ def test_unrelated_prompts_are_reused_until_an_edit(vx: Path, monkeypatch: pytes
     that cannot name its revision."""
     from larql.edit import evaluate as ev
     from larql.edit.view import edit_vindex
+    from larql.model.generate import log_softmax
 
     v = edit_vindex(vx)
     m = v.model()
@@ -103,7 +104,7 @@ def test_unrelated_prompts_are_reused_until_an_edit(vx: Path, monkeypatch: pytes
     v.overlay.set(1, 7, FeatureOverride(down=np.full(64, 3.0, np.float32)))
     edited = ev.unrelated_logps(m)
     assert len(calls) == 2 and not all(np.array_equal(a, b) for a, b in zip(first, edited))
-    alone = [ev._log_softmax(real(m, [m.tokenize(p)])[0]) for p in ev.UNRELATED[:3]]
+    alone = [log_softmax(real(m, [m.tokenize(p)])[0], np.float64) for p in ev.UNRELATED[:3]]
     assert all(np.abs(a - b).max() <= 1e-4 for a, b in zip(edited, alone))
     v.overlay.remove(1, 7)
     back = ev.unrelated_logps(m)

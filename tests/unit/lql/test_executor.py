@@ -126,7 +126,7 @@ def test_every_statement_kind_has_a_golden_plan() -> None:
     """Each alternative of the grammar's `single` rule (USE's three forms apart) appears in plans.txt."""
     import re
 
-    from larql.lql.parser import _lark
+    from larql.lql.parser import lark_parser
 
     grammar = (Path(__file__).resolve().parents[3] / "larql" / "lql" / "lql.lark").read_text()
     body = re.search(r"^\?single:(.*?)^\s*$", grammar, re.S | re.M)
@@ -136,7 +136,7 @@ def test_every_statement_kind_has_a_golden_plan() -> None:
     seen = set()
     for line in golden.read_text().splitlines():
         if line.startswith("PLAN "):
-            tree = _lark().parse(line[5:])
+            tree = lark_parser().parse(line[5:])
             for sub in tree.children:
                 seen |= {sub.data} if sub.data != "pipe" else {c.data for c in sub.children}
     assert kinds - seen == set(), f"statement kinds without a golden plan: {sorted(kinds - seen)}"

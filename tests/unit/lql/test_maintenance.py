@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from larql.edit.feature_insert import _ffn_inputs
+from larql.edit.feature_insert import ffn_inputs
 from larql.edit.overlay import MetaOverride
 from larql.edit.patch import PatchOp
 from larql.edit.weight_op import WeightOp
@@ -208,7 +208,7 @@ def test_rebalance_reports_and_records(vxi: Path) -> None:
             assert factor < 1.0  # above the ceiling: the down vector shrank
         assert m.tokenizer is not None and target
     # each gate is silent on the other fact's prompt
-    h = {r[0].split(" ")[0]: _ffn_inputs(m, [f"The colour of {r[0].split(' ')[0]} is"], 2, True)[0][0] for r in res.rows}
+    h = {r[0].split(" ")[0]: ffn_inputs(m, [f"The colour of {r[0].split(' ')[0]} is"], 2, True)[0][0] for r in res.rows}
     for fact, layer, feature, *_ in res.rows:
         gate = s.vindex.overlay[(layer, feature)].gate
         own, other = (float(gate @ x) for x in (h[fact.split(" ")[0]], *(v for k, v in h.items() if k != fact.split(" ")[0])))

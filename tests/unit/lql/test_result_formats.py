@@ -16,10 +16,10 @@ from rich.console import Console
 
 from larql import plot
 from larql.errors import LarqlError
-from larql.formats import cell_text, to_csv, to_markdown
 from larql.lql.executor import execute
+from larql.lql.formats import cell_text, to_csv, to_markdown
 from larql.lql.result import Result
-from larql.render import render, render_json
+from larql.shell.render import render, render_json
 
 
 class _Cells(HTMLParser):

@@ -7,7 +7,16 @@ import numpy as np
 import pytest
 
 import larql
-from larql.quant import GGMLType, QuantMatrix, argmax, argmax_tiles, dequantize_reference, dot_kernels, kernels
+from larql.quant import (
+    GGMLType,
+    QuantMatrix,
+    argmax,
+    argmax_tiles,
+    dequantize_reference,
+    dot_kernels,
+    kernels,
+    q8_bounds,
+)
 from tests.unit.quant.test_kernels import random_matrix
 
 needs_vnni = pytest.mark.skipif(not argmax.HAVE_VNNI, reason="no AVX-512 VNNI: argmax_matvec is np.argmax of matmul")
@@ -20,7 +29,7 @@ def _exact(raw: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def _c(n: int) -> float:
-    return 1.01 * (n + 2) * argmax.U
+    return 1.01 * (n + 2) * q8_bounds.U
 
 
 @needs_vnni

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from larql.edit.patch import Shape, load_patch
+from larql.io.tempfiles import TEMP_RE, clean_stale
 from larql.lql.executor import execute
-from larql.tempfiles import TEMP_RE, clean_stale
 from larql.vindex.store import open_vindex
 from larql.vindex.verify import verify_vindex
 from tests.synthetic import TinySpec, tiny_vindex
@@ -76,7 +76,7 @@ OPS = {
             slice_vindex({base!r}, {out!r}, preset="client", overwrite=True)
     """,
     "build": """
-        from larql.build.run import build
+        from larql.vindexfile.run import build
         i = 0
         while True:  # a fresh cache each time: the kill lands in FROM's extract, the patch or the output
             build({project!r}, {out!r}, force=True, cache=f"{project}/caches/c{{i}}")
@@ -103,7 +103,7 @@ def run_once(op: str, fmt: dict[str, str], cache: Path | None = None) -> None:
 
         slice_vindex(fmt["base"], fmt["out"], preset="client", overwrite=True)
     elif op == "build":
-        from larql.build.run import build
+        from larql.vindexfile.run import build
 
         build(fmt["project"], fmt["out"], force=True, cache=cache)
     else:

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from larql.formats import cell_text, to_csv, to_markdown
+from larql.lql.formats import cell_text, to_csv, to_markdown
 from larql.lql.result import Result
 
 FORMATS = ("table", "json", "csv", "markdown")

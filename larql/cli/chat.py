@@ -1,7 +1,7 @@
 """`larql run MODEL` with no prompt: a chat in the terminal.
 
 The conversation is rendered with the model's chat template (its GGUF's or HF directory's, else the
-turn markers its vocabulary has: see serve/chat_template.py) or, for a model with neither, as plain
+turn markers its vocabulary has: see model/chat_template.py) or, for a model with neither, as plain
 continuation (each line is appended to the text and the model carries on). Replies stream token by
 token with `larql run`'s sampling flags.
 
@@ -30,9 +30,9 @@ import numpy as np
 from larql.errors import ContextLengthError
 
 if TYPE_CHECKING:
+    from larql.model.chat_template import ChatTemplate
     from larql.model.generate import SamplingParams
     from larql.model.model import Model
-    from larql.serve.chat_template import ChatTemplate
 
 HELP = "/reset starts over, /exit or Ctrl-D leaves, Ctrl-C stops a reply"
 
@@ -59,13 +59,13 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 def chat_template(model: Model) -> ChatTemplate | None:
     """The model's chat template, or None when it has none (no template in its files, no turn markers
     in its vocabulary): then the chat is plain continuation."""
-    from larql.serve.chat_template import find_template
+    from larql.model.chat_template import find_template
 
     index = None
     source = Path(model.source)
     if (source / "index.json").is_file():  # a vindex: the template of the model it was extracted from
         from larql.errors import VindexError
-        from larql.jsonfile import read_json
+        from larql.io.jsonfile import read_json
 
         try:
             index = read_json(source / "index.json", 16 << 20, 64, "index.json", VindexError)

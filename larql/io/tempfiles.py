@@ -5,6 +5,10 @@ Every output (a vindex, a model directory, a GGUF, a patch, a trace) is written 
 `.NAME.old-PID`. A writer killed with SIGKILL (or a power cut) leaves those behind and nothing at
 NAME that looks complete. The next writer of NAME removes the temporaries whose process is gone
 (`clean_stale`) and, if NAME itself is missing, puts a `.old-PID` back: it was a complete output.
+
+Two writes every output uses: `swap_dir` puts a complete directory in place (the old one moved
+aside first), and `write_cache` writes a file larql can rebuild (tokenizer merges, parser tables,
+edit statistics, verified hashes) atomically and best effort.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 TEMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)$")
 
@@ -92,3 +98,45 @@ def publish(tmp: Path, target: Path, overwrite: bool) -> None:
         os.rename(tmp, target)
         return
     os.unlink(tmp)
+
+
+def swap_dir(tmp: Path, target: Path) -> None:
+    """Rename the complete directory `tmp` to `target`. An existing `target` is first moved to
+    `.NAME.old-PID` and removed only after the rename, so a crash in between loses nothing
+    (`clean_stale` puts it back)."""
+    if target.exists():
+        old = temp_path(target, "old")
+        os.rename(target, old)
+        os.rename(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, target)
+
+
+def write_cache(target: Path, write: Callable[[BinaryIO], object], *, private: bool = False,
+                dir_mode: int = 0o777) -> bool:
+    """Write a file larql can rebuild: `write(f)` fills `.NAME.tmp-PID` beside `target` (stale ones
+    of killed writers removed first), which is then renamed over `target`, so a reader never sees
+    half a file. Best effort: an OSError (a read-only or full disk) leaves nothing behind and
+    returns False; the caller computes again next time.
+
+    Args:
+        target: the cache file; its directory is made (with `dir_mode`) if missing.
+        write: writes the contents to the binary file it is given.
+        private: create the file readable by its owner only (0600).
+    """
+    tmp = temp_path(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True, mode=dir_mode)
+        clean_stale(target)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o666)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, target)
+        return True
+    except OSError:
+        _remove(tmp)
+        return False
+    except BaseException:
+        _remove(tmp)
+        raise

@@ -27,7 +27,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          f"range whose FFN this server computes)")
     ffn_layers = ffn_experts = None
     if args.ffn_only:
-        from larql.serve.ffn_remote import parse_layers
+        from larql.serve.shard import parse_layers
 
         if not args.layers and not args.experts:
             raise ServeError("--ffn-only needs --layers A-B or --experts E1-E2 (the layers or experts whose FFN "
@@ -41,7 +41,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(args.src, host=args.host, port=args.port, config=config, log_level=args.log_level)
 
 
-def add_command(sub: argparse._SubParsersAction) -> None:
+def add_commands(sub: argparse._SubParsersAction) -> None:
     d = Limits()
     sv = sub.add_parser("serve", help="serve a vindex or model over HTTP: LQL, REST shortcuts, OpenAI-style "
                                       "completions, a token WebSocket")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from larql.build.vindexfile import parse_vindexfile
 from larql.errors import BuildError
 from larql.lql import ast
+from larql.vindexfile.parse import parse_vindexfile
 
 GOOD = '''# a recipe
 FROM "base dir/g.vindex"   # quoted: a path with a space

@@ -24,17 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from larql.build.labels import write_labelled
-from larql.build.vindexfile import Instruction, Vindexfile, read_vindexfile
 from larql.edit.patch import Patch, index_checksum, save_patch
 from larql.edit.view import EditableVindex, edit_vindex
 from larql.errors import BuildError, LarqlError, LqlError
-from larql.pathguard import overlap
+from larql.io.pathguard import overlap
 from larql.version import __version__
 from larql.vindex import layout
 from larql.vindex.check import validate_index
 from larql.vindex.store import open_vindex
 from larql.vindex.writer import VindexWriter
+from larql.vindexfile.labels import write_labelled
+from larql.vindexfile.parse import Instruction, Vindexfile, read_vindexfile
 
 Progress = Callable[[str, int, int], None]
 CACHE_DIR = ".larql-build"

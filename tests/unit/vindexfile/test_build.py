@@ -10,12 +10,12 @@ import gguf
 import numpy as np
 import pytest
 
-from larql.build.run import build
 from larql.edit.view import edit_vindex
 from larql.errors import BuildError
 from larql.lql.executor import execute
 from larql.lql.session import Session
 from larql.vindex.store import open_vindex
+from larql.vindexfile.run import build
 from tests.synthetic import TinySpec, hf_weights, write_gguf
 
 SPEC = TinySpec("gemma3", n_layers=4, ffn=96)

@@ -125,7 +125,7 @@ def bench_llamacpp(key: str, path: str, ids: list[int], n_decode: int, threads: 
     Raises RuntimeError with the child's last line of error output if llama.cpp cannot load or run."""
     from larql.threads import user_environ
 
-    code = ("import json, sys; from larql.bench import llamacpp_speed; "
+    code = ("import json, sys; from larql.cli.benchmark import llamacpp_speed; "
             f"print({_PEER_MARK!r}, json.dumps(llamacpp_speed(*json.loads(sys.argv[1]))))")
     try:
         r = subprocess.run([sys.executable, "-c", code, json.dumps([path, ids, n_decode, threads])],

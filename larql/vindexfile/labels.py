@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from larql.errors import BuildError
-from larql.jsonfile import read_json
+from larql.io.jsonfile import read_json
 from larql.vindex import layout
 from larql.vindex.store import open_vindex
 from larql.vindex.writer import VindexWriter

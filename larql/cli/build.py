@@ -1,21 +1,21 @@
-"""`larql build DIR [--output X] [--stage NAME] [--force] [--cache C]`: a thin shell over larql.build.run."""
+"""`larql build DIR [--output X] [--stage NAME] [--force] [--cache C]`: a thin shell over larql.vindexfile.run."""
 
 from __future__ import annotations
 
 import argparse
 
+from larql.cli.common import run_with_progress, wrote
+
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from larql.build.run import build
-    from larql.cli import run_with_progress
+    from larql.vindexfile.run import build
 
     report, console, seconds = run_with_progress(args, lambda progress: build(
         args.dir, args.output, stage=args.stage, force=args.force, cache=args.cache, progress=progress))
     for r in report.runs:
         how = "cached" if r.cached else f"{r.seconds:.1f}s"
         console.print(f"  {'L' + str(r.step.line) if r.step.line else '':<5} {r.step.text:<60.60} {how}")
-    size = sum(f.stat().st_size for f in report.output.iterdir()) / 1e6
-    console.print(f"wrote {report.output} ({size:.1f} MB) in {seconds:.1f}s; "
+    console.print(f"{wrote(report.output, seconds=seconds)}; "
                   f"{len(report.ran)} of {len(report.runs)} steps ran, the rest came from the cache")
     return 0
 

@@ -1,8 +1,8 @@
 """A result as text in a plain format: an HTML table (Jupyter), CSV, Markdown, and the cell text the
 terminal table shows. Rendering only: the value (larql/lql/result.py) keeps its full precision.
 
-A leaf like larql/jsonfile.py: it imports nothing from larql, so the Result value can offer
-`_repr_html_` without the lql layer reaching up to the shells. A "result" here is anything with
+It imports nothing from larql, so the Result value beside it can offer `_repr_html_` without the lql
+layer reaching up to the shells (larql/shell/render.py draws the terminal's table from it). A "result" here is anything with
 `title`, `columns`, `rows` and `notes` (a Result, or one rebuilt from `larql lql --json` lines).
 """
 

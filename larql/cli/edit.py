@@ -20,12 +20,17 @@ from larql.edit.methods import METHODS
 
 
 def _lql(args: argparse.Namespace, text: str) -> int:
-    from larql.cli import cmd_lql
+    """Run LQL text as `larql lql` would (a table, or JSON lines with --json; progress unless --quiet)."""
+    from larql.cli.common import result_printer
+    from larql.lql.script import run_text
+    from larql.lql.session import Session
+    from larql.shell.progress import StatementProgress
 
-    # the global options (cli_core) pass through as they were given
-    ns = argparse.Namespace(**{**vars(args), "statements": text, "file": None, "vindex": None, "plan": False,
-                               "timing": False, "width": None, "format": None})
-    return cmd_lql(ns)
+    fmt = "json" if args.json else "table"
+    sink = result_printer(fmt)
+    bars = StatementProgress(enabled=not (args.json or args.quiet))
+    run_text(text, Session(source=text, progress=bars.report), sink, around=bars.statement)
+    return 0
 
 
 def _use(source: str) -> str:
@@ -59,7 +64,7 @@ def cmd_edit(args: argparse.Namespace) -> int:
 def _render(result: Any, as_json: bool) -> None:
     from rich.console import Console
 
-    from larql.render import render, render_json
+    from larql.shell.render import render, render_json
 
     if as_json:
         render_json(result, sys.stdout)

@@ -22,14 +22,14 @@ from rich.console import Console
 from larql.errors import LarqlError
 from larql.lql.complete import complete, current_statement, vocabulary_lookup
 from larql.lql.executor import run_statement
-from larql.lql.parser import _lark, parse
+from larql.lql.parser import lark_parser, parse
 from larql.lql.planner import plan
 from larql.lql.session import Session
 from larql.lql.unparse import unparse
-from larql.meta_commands import META, ReplState, shell_word
-from larql.progress import StatementProgress
-from larql.render import print_wrapped, render, render_json
-from larql.repl_config import history_path, load_settings, settings_path
+from larql.shell.meta_commands import META, ReplState, shell_word
+from larql.shell.progress import StatementProgress
+from larql.shell.render import print_wrapped, render, render_json
+from larql.shell.repl_config import history_path, load_settings, settings_path
 
 STYLE = Style.from_dict({"keyword": "bold ansiblue", "string": "ansigreen", "number": "ansimagenta",
                          "comment": "italic ansibrightblack"})
@@ -37,7 +37,7 @@ _TOKENS = re.compile(r"(--[^\n]*)|(\"(?:[^\"\\]|\\.)*\"?|'(?:[^'\\]|\\.)*'?)|(\d
 
 
 def keywords() -> frozenset[str]:
-    return frozenset(str(t.pattern.value).upper() for t in _lark().terminals
+    return frozenset(str(t.pattern.value).upper() for t in lark_parser().terminals
                      if t.pattern.type == "str" and str(t.pattern.value).replace("_", "").isalpha())
 
 

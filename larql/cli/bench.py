@@ -1,4 +1,4 @@
-"""`larql bench`: the runtime benchmark (larql/bench.py) from the command line.
+"""`larql bench`: the runtime benchmark (larql/cli/benchmark.py) from the command line.
 
     larql bench [MODEL ...] [--prompt 256] [--decode 64] [--rounds 1] [--no-peers] [--out FILE]
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from larql.bench import LLAMA_CPP_INSTALL, MODELS, describe_run, run_bench, table
+    from larql.cli.benchmark import LLAMA_CPP_INSTALL, MODELS, describe_run, run_bench, table
 
     if args.prompt < 16 or args.decode < 1 or args.rounds < 1:
         sys.stderr.write("larql: error: --prompt must be at least 16, --decode and --rounds at least 1\n")
