@@ -35,7 +35,7 @@ COLUMNS = ("S", "ES", "PS", "NS", "RS", "RelS", "ES_first", "PS_first", "NS_firs
 
 
 def machine() -> dict:
-    from larql.bench import machine as larql_machine
+    from larql.cli.benchmark import machine as larql_machine
     from larql.quant.argmax import host_has_vnni
 
     return {"platform": platform.platform(), "cpu": larql_machine()["cpu"],

@@ -58,7 +58,7 @@ from larql.model.grad import require_backward
 from larql.model.interp import kl
 from larql.model.model import Model
 from larql.model.tokenizer import cache_dir
-from larql.vindex.describe import Edge
+from larql.vindex.tokens import Edge
 
 
 def default_layers(model: Model) -> tuple[int, ...]:

@@ -18,7 +18,6 @@ import numpy as np
 
 from larql.edit.facts import Fact, rewrites
 from larql.model.model import Model
-from larql.vindex.describe import Edge
 from larql.vindex.probes import (
     MAX_ANSWER_TOKENS,
     TEMPLATES,
@@ -27,6 +26,7 @@ from larql.vindex.probes import (
     probe_edges_many,
     probe_prompt,
 )
+from larql.vindex.tokens import Edge
 
 
 def known_edges(model: Model, subjects: Sequence[str]) -> list[list[Edge]]:

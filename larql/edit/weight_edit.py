@@ -33,7 +33,7 @@ from larql.errors import EditError
 from larql.model.forward import norm
 from larql.model.grad import DenseLayer
 from larql.model.model import Model
-from larql.vindex.describe import Edge
+from larql.vindex.tokens import Edge
 
 if TYPE_CHECKING:
     from larql.model.ffn import FFNEdits
