@@ -247,7 +247,9 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
             keys |= {f.subject: f.keyed for f in facts}
         near = {s: similar_subjects(v.store, keys[s], n_neighbours, exclude) for s in subjects}
         objects = dict(zip(subjects, known_objects_many(model, subjects, exclude, probed()))) if hold_objects else None
-        holds = relation_holds(model, facts) if hold_relations else None
+        # a subject the model says nothing about (DESCRIBE's probes answer nothing) has no relations to hold
+        known = {s for s, found in zip(dict.fromkeys(f.subject for f in facts), probed()) if found}
+        holds = relation_holds(model, [f for f in facts if f.subject in known]) if hold_relations else None
     if method == "neuron":
         by_layer = neuron_layer_plan(v, model, subjects, layers)
         n_prefixes = neuron_prefixes(len(subjects))  # of the whole INSERT, not of one layer's share

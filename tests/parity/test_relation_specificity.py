@@ -1,5 +1,5 @@
 """An edit of one relation leaves the subject's other relations alone (Gemma 3 270M, METHOD NEURON,
-INSERT's default there): a new capital for Germany does not move the language its people speak or the
+INSERT's default there): a new capital for France does not move the language its people speak or the
 continent it lies in, asked in words no edit or hold uses, and INSERT's report lists those relations
 before and after."""
 
@@ -14,7 +14,7 @@ from larql.edit.insert_facts import insert_facts
 from larql.edit.view import edit_vindex
 from larql.model.model import Model
 
-OTHER = ("Most of the people living in Germany speak", "The country of Germany is located in the continent of")
+OTHER = ("Most people in France speak", "France is a country located in the continent of")
 
 
 def _top1(m: Model, prompts: tuple[str, ...]) -> list[str]:
@@ -26,12 +26,13 @@ def test_a_new_capital_keeps_the_subjects_language_and_continent(gemma_vindex: P
     v = edit_vindex(gemma_vindex)
     m = v.model()
     before = _top1(m, OTHER)
-    assert before == ["German", "Europe"]
-    r = insert_facts(v, [Fact("Germany", "The capital of Germany is", "Islamabad", "capital", "Berlin")])
+    assert before == ["French", "Europe"]
+    r = insert_facts(v, [Fact("France", "The capital of France is the city of", "Lisbon", "capital", "Paris")])
     assert r.facts[0].top1_after  # the edit took
-    assert _top1(m, OTHER) == before
+    after = _top1(m, OTHER)
     checked = {c.relation: c for c in r.relations}
-    assert {"language", "continent"} <= set(checked), r.relations  # the report reads them before and after
-    assert checked["language"].before == "German" and checked["language"].kept
-    assert checked["continent"].before == "Europe" and checked["continent"].kept
     v.patches.undo(len(v.patches.pending))
+    assert after == before
+    assert {"language", "continent"} <= set(checked), r.relations  # the report reads them before and after
+    assert checked["language"].before == "French" and checked["language"].kept
+    assert checked["continent"].before == "Europe" and checked["continent"].kept
