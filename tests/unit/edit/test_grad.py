@@ -191,8 +191,8 @@ def test_the_value_step_makes_its_extra_steps_and_no_forward_pass_only_to_see_th
 
     def wins_from_the_third(*a, **k):  # type: ignore[no-untyped-def]
         calls["loss"] += 1
-        nll, _, dy = loss_grad(*a, **k)
-        return nll, calls["loss"] >= 3, dy
+        nll, _, kept, dy = loss_grad(*a, **k)
+        return nll, calls["loss"] >= 3, kept, dy
 
     def count(name, fn):  # type: ignore[no-untyped-def]
         def run(*a, **k):  # type: ignore[no-untyped-def]
