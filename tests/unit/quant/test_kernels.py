@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gguf
 import numpy as np
 import pytest
@@ -109,6 +111,21 @@ def test_a_kept_dense_copy_gives_the_same_products(qtype: GGMLType, monkeypatch:
     monkeypatch.undo()
     del d  # the matrix holds its copy weakly: gone with its last holder, made again when asked
     assert kept._dense[0]() is None and not kept.dense().flags.writeable
+
+
+def _mapped_at(address: int) -> bool:
+    with open("/proc/self/maps", encoding="ascii") as f:
+        return any(int(line.split("-", 1)[0], 16) == address for line in f)
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads /proc/self/maps (Linux)")
+def test_a_dense_copy_is_a_mapping_of_its_own_unmapped_when_freed() -> None:
+    """An ended editing session's float32 copies leave the process at once, whatever the heap keeps."""
+    d = random_matrix(GGMLType.Q8_0, 64, 512, seed=3).dense()
+    address = d.ctypes.data
+    assert _mapped_at(address)
+    del d
+    assert not _mapped_at(address)
 
 
 @pytest.mark.parametrize("qtype", [GGMLType.Q8_0, *sorted(repack.REPACKABLE)], ids=lambda t: t.name)
