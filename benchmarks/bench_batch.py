@@ -26,8 +26,8 @@ from results_file import save_results  # noqa: E402
 
 import larql  # noqa: E402
 from larql.cli.benchmark import machine  # noqa: E402
-from larql.edit import evaluate as ev  # noqa: E402
-from larql.edit.facts import model_prefixes, target_ids  # noqa: E402
+from larql.edit.measure import evaluate as ev  # noqa: E402
+from larql.edit.methods.facts import model_prefixes, target_ids  # noqa: E402
 from larql.model.generate import log_softmax  # noqa: E402
 from larql.model.prefix import PrefixCache  # noqa: E402
 from larql.vindex.probes import MAX_ANSWER_TOKENS, TEMPLATES, probe_prompt, run_probes  # noqa: E402

@@ -28,15 +28,15 @@ def main() -> None:
     args = parser.parse_args()
     from llama_cpp import Llama
 
-    from larql.edit import feature_insert as edit
-    from larql.edit.compile import compile_gguf
-    from larql.edit.view import edit_vindex
+    from larql.edit.bake.compile import compile_gguf
+    from larql.edit.methods import feature as edit
+    from larql.edit.state.view import edit_vindex
     from larql.model.generate import log_softmax
 
     v = edit_vindex(args.vindex)
     if args.method == "neuron":
-        from larql.edit.facts import Fact
-        from larql.edit.insert_facts import insert_facts
+        from larql.edit.insert import insert_facts
+        from larql.edit.methods.facts import Fact
 
         facts = insert_facts(v, [Fact("Atlantis", PROMPTS[0], "Poseidon", "capital")], "neuron").facts
         op = v.patches.pending[-1]

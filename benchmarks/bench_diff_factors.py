@@ -27,7 +27,7 @@ def main() -> None:
     args = parser.parse_args()
     import larql
     from larql.cli.benchmark import machine
-    from larql.edit import diff as diff_mod
+    from larql.edit.maintain import diff as diff_mod
     from larql.lql.executor import execute
     from larql.lql.session import Session
 

@@ -1,5 +1,5 @@
 """Fact editing, CounterFact-style, on facts the model knows: each edit rewrites a fact to another
-object of its relation ("The capital of Japan is" -> Warsaw), scored by larql.edit.evaluate on
+object of its relation ("The capital of Japan is" -> Warsaw), scored by larql.edit.measure.evaluate on
 prompts the edit never optimised on (natural paraphrases, the prompt behind unseen model-written
 prefixes, neighbours, reverse prompts, unrelated prompts), single-edit and all-stacked.
 
@@ -61,11 +61,11 @@ def main() -> None:
                         help="do not hold the subjects' other relations in the value step (for comparison)")
     parser.add_argument("--stats-tokens", type=int, default=0, help="tokens of key statistics (default: larql's)")
     args = parser.parse_args()
-    from larql.edit.evaluate import EditRecord, evaluate, load_edit_set
-    from larql.edit.facts import rewrites
-    from larql.edit.insert_facts import insert_facts
-    from larql.edit.view import edit_vindex
-    from larql.edit.weight_edit import DECOY_SUBJECTS
+    from larql.edit.insert import insert_facts
+    from larql.edit.measure.evaluate import EditRecord, evaluate, load_edit_set
+    from larql.edit.methods.facts import rewrites
+    from larql.edit.methods.weight_edit import DECOY_SUBJECTS
+    from larql.edit.state.view import edit_vindex
 
     records = load_edit_set(args.data)[:: args.every]
     if args.limit:

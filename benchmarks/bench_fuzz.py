@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gguf
 from results_file import save_results
 
-from larql.edit.view import edit_vindex
+from larql.edit.state.view import edit_vindex
 from larql.lql.session import Session
 from larql.vindex.extract import extract
 from tests.fuzz.lql_fuzz import EXECUTOR_SEEDS, Report, fuzz_executor, fuzz_parser, mutations

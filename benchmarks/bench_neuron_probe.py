@@ -37,15 +37,15 @@ def main() -> None:
     parser.add_argument("--layers", default="", help="neuron layers, comma-separated (default: the model's)")
     parser.add_argument("--name", default="")
     args = parser.parse_args()
-    from larql.edit.capture import capture_batch
-    from larql.edit.evaluate import load_edit_set
-    from larql.edit.facts import subject_position
-    from larql.edit.feature_insert import installed
-    from larql.edit.insert_facts import insert_facts
-    from larql.edit.neuron import PRE_ACTIVATION
-    from larql.edit.scoring import Scorer
-    from larql.edit.view import edit_vindex
-    from larql.edit.weight_edit import DECOY_SUBJECTS
+    from larql.edit.insert import insert_facts
+    from larql.edit.measure.evaluate import load_edit_set
+    from larql.edit.measure.scoring import Scorer
+    from larql.edit.methods.capture import capture_batch
+    from larql.edit.methods.facts import subject_position
+    from larql.edit.methods.feature import installed
+    from larql.edit.methods.neuron import PRE_ACTIVATION
+    from larql.edit.methods.weight_edit import DECOY_SUBJECTS
+    from larql.edit.state.view import edit_vindex
     from larql.model.ffn import gated
     from larql.model.forward import norm
 

@@ -71,8 +71,8 @@ def summary(start: float, after: list[float], seconds: list[float]) -> dict[str,
 def python_child(vindex: str, n: int) -> None:
     """The Python soak, in this (fresh) process: one JSON line per session on stdout."""
     import larql
-    from larql.edit.facts import Fact
-    from larql.edit.insert_facts import insert_facts
+    from larql.edit.insert import insert_facts
+    from larql.edit.methods.facts import Fact
 
     print(json.dumps({"start_mb": rss_anon_mb()}), flush=True)
     for i in range(n):

@@ -31,12 +31,12 @@ def main() -> None:
     parser.add_argument("--compensate", action="store_true")
     parser.add_argument("--name", default="")
     args = parser.parse_args()
-    from larql.edit.evaluate import unrelated_logps
-    from larql.edit.insert_facts import key_metrics, stats_dir
-    from larql.edit.patch import PatchOp
-    from larql.edit.view import edit_vindex
-    from larql.edit.weight_edit import dense_layers
-    from larql.edit.weight_op import WeightOp
+    from larql.edit.insert import key_metrics, stats_dir
+    from larql.edit.measure.evaluate import unrelated_logps
+    from larql.edit.methods.weight_edit import dense_layers
+    from larql.edit.patches.patch import PatchOp
+    from larql.edit.patches.weight_op import WeightOp
+    from larql.edit.state.view import edit_vindex
     from larql.model.interp import kl
 
     v = edit_vindex(args.vindex)

@@ -47,7 +47,7 @@ def main() -> None:
         spec = sparse_ffn(m.config.n_layers, k)
         measure("|act|", k, lambda ids, spec=spec: m.next_logits(ids, hooks=spec))
     if args.vindex:
-        from larql.edit.walk_ffn import walk_model
+        from larql.edit.state.walk_ffn import walk_model
 
         for k in (256, 512, 1024, 1536):
             measure("|gate| (walk KNN)", k, walk_model(args.vindex, top_k=k).next_logits)

@@ -36,10 +36,10 @@ def main() -> None:
     parser.add_argument("--method", default=None, help="INSERT's METHOD (default: the model's)")
     parser.add_argument("--name", default="")
     args = parser.parse_args()
-    from larql.edit.evaluate import UNRELATED
-    from larql.edit.facts import Fact
-    from larql.edit.insert_facts import insert_facts
-    from larql.edit.view import edit_vindex
+    from larql.edit.insert import insert_facts
+    from larql.edit.measure.evaluate import UNRELATED
+    from larql.edit.methods.facts import Fact
+    from larql.edit.state.view import edit_vindex
     from larql.model.interp import kl
 
     v = edit_vindex(args.vindex)

@@ -23,9 +23,9 @@ def main() -> None:
     parser.add_argument("--vindex", required=True)
     args = parser.parse_args()
     from larql.cli.benchmark import machine
-    from larql.edit.gguf_meta import vindex_fields
     from larql.model.config import config_from_gguf
     from larql.model.gguf_file import GGUFFile
+    from larql.model.gguf_meta import vindex_fields
     from larql.model.tokenizer import tokenizer_from_gguf
 
     v = Path(args.vindex)
@@ -63,8 +63,8 @@ def _compiled_logits(v: Path) -> float:
     import tempfile
 
     import larql
-    from larql.edit.compile import compile_gguf
-    from larql.edit.view import edit_vindex
+    from larql.edit.bake.compile import compile_gguf
+    from larql.edit.state.view import edit_vindex
 
     ev = edit_vindex(v)
     ev.index["source"]["path"] = "/nonexistent/source.gguf"  # in memory only: the file on disk is unchanged

@@ -76,7 +76,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import larql
-    from larql.edit.compile import compile_safetensors
+    from larql.edit.bake.compile import compile_safetensors
     from larql.model.export_hf import export_model
 
     rows = []

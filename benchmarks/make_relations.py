@@ -3,7 +3,7 @@
     python benchmarks/make_relations.py   # -> data/relations_gemma3_270m.json and data/relations_gemma3_270m_dev.json
 
 How it is made: the tables below give subjects (countries, cities) with their true objects for several
-relations. Every prompt is scored once on the model (teacher-forced, batched: larql.edit.scoring.Scorer).
+relations. Every prompt is scored once on the model (teacher-forced, batched: larql.edit.measure.scoring.Scorer).
 A subject becomes one edit, of a relation whose edit prompt the model answers with the true object (its first
 token the greedy top-1), in the edit-set format of make_counterfact.py: target_new is another real object of
 the same relation, paraphrases and neighbours are kept only if they prefer their own target over target_new
@@ -254,7 +254,7 @@ class Probe:
     """First-token top-1 / probability and whole-target mean NLL of targets after prompts (batched)."""
 
     def __init__(self, model) -> None:  # type: ignore[no-untyped-def]
-        from larql.edit.scoring import Scorer
+        from larql.edit.measure.scoring import Scorer
 
         self.sc = Scorer(model)
         self.pairs = 0

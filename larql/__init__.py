@@ -1,7 +1,7 @@
 """larql: a language model as a database.
 
 The facade (whether a path is a vindex, a GGUF file or an HF directory is decided in
-edit/load_any.py, which LQL's USE MODEL shares):
+edit/state/load_any.py, which LQL's USE MODEL shares):
 
     larql.load(src)          a Model: alias / .gguf / HF directory, or a vindex (its walk FFN over an
                              editable view, so patches applied to the view show in the model)
@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 from larql.version import __version__
 
 if TYPE_CHECKING:
-    from larql.edit.view import EditableVindex
+    from larql.edit.state.view import EditableVindex
     from larql.model.model import Model
     from larql.vindex.store import Vindex
 
 __all__ = ["EditableVindex", "Model", "Vindex", "__version__", "edit_vindex", "load", "open_vindex"]
 
-_CLASSES = {"Model": "larql.model.model", "Vindex": "larql.vindex.store", "EditableVindex": "larql.edit.view"}
+_CLASSES = {"Model": "larql.model.model", "Vindex": "larql.vindex.store", "EditableVindex": "larql.edit.state.view"}
 # modules the facade names: `from larql import plot` (the module lives with the presentation code)
 _MODULES = {"plot": "larql.shell.plot"}
 
@@ -44,7 +44,7 @@ def load(src: str | Path) -> Model:
         >>> m = larql.load("gemma3-270m")
         >>> m.generate("The capital of France is", max_new_tokens=4).text
     """
-    from larql.edit.load_any import load_any
+    from larql.edit.state.load_any import load_any
 
     return load_any(src)
 
@@ -69,7 +69,7 @@ def edit_vindex(path: str | Path) -> EditableVindex:
         >>> v = larql.edit_vindex("g.vindex")
         >>> v.patches.apply("fiction.vlp"); v.model().generate("The capital of Atlantis is", 3).text
     """
-    from larql.edit.view import edit_vindex as open_view
+    from larql.edit.state.view import edit_vindex as open_view
 
     return open_view(path)
 

@@ -196,11 +196,11 @@ def test_no_private_name_across_modules() -> None:
 
 @pytest.mark.parametrize("module, source", [
     ("larql.model.load", "def f():\n    from larql.vindex.store import open_vindex\n"),  # lazy counts too
-    ("larql.model.ffn", "import larql.edit.overlay\n"),
-    ("larql.vindex.browse", "from larql.edit.view import EditableVindex\n"),
+    ("larql.model.ffn", "import larql.edit.patches.overlay\n"),
+    ("larql.vindex.browse", "from larql.edit.state.view import EditableVindex\n"),
     ("larql.vindex.extract", "import larql\n"),
     ("larql.vindex.extract", "from larql import load\n"),
-    ("larql.edit.view", "from larql.lql import session\n"),
+    ("larql.edit.state.view", "from larql.lql import session\n"),
     ("larql.lql.planner", "from larql.cli import main\n"),
     ("larql.errors", "from larql.model import hooks\n"),
     ("larql.io.jsonfile", "from larql.quant.types import GGMLType\n"),
@@ -213,12 +213,12 @@ def test_the_checker_sees_an_upward_import(module: str, source: str) -> None:
 
 
 @pytest.mark.parametrize("module, source", [
-    ("larql.lql.session", "from larql.edit.view import EditableVindex\n"),
-    ("larql.edit.view", "from larql.vindex import knn\nfrom larql.errors import VindexError\n"),
+    ("larql.lql.session", "from larql.edit.state.view import EditableVindex\n"),
+    ("larql.edit.state.view", "from larql.vindex import knn\nfrom larql.errors import VindexError\n"),
     ("larql.vindex.store", "from larql.model.tokenizer import TextTokenizer\n"),
     ("larql.cli.parser", "from larql.lql.executor import run_statement\nimport larql\n"),
     ("larql.shell.repl", "from larql.io.cachedir import cache_dir\n"),
-    ("larql", "from larql.edit.view import edit_vindex\n"),
+    ("larql", "from larql.edit.state.view import edit_vindex\n"),
 ])
 def test_the_checker_allows_downward_imports(module: str, source: str) -> None:
     assert upward([(module, source, False)]) == []

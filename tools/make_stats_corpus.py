@@ -1,8 +1,8 @@
-"""Write larql/edit/data/stats_corpus_generated.txt: English text gemma3-270m writes itself.
+"""Write larql/edit/methods/data/stats_corpus_generated.txt: English text gemma3-270m writes itself.
 
     python tools/make_stats_corpus.py [--model gemma3-270m] [--tokens 20000] [--seed 1]
 
-The key statistics of weight edits (larql/edit/stats.py) should look like the prompts edits are
+The key statistics of weight edits (larql/edit/methods/stats.py) should look like the prompts edits are
 asked about: short, everyday English. CPython's reference prose, the earlier default, is mostly
 about Python, and on gemma3-270m short English prompts' keys sat 1.4-2.7x further out in its C^-1
 norm than the corpus's own. This samples continuations (temperature 1, top-40, seeded) of 40
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-OUT = Path(__file__).resolve().parent.parent / "larql" / "edit" / "data" / "stats_corpus_generated.txt"
+OUT = Path(__file__).resolve().parent.parent / "larql" / "edit" / "methods" / "data" / "stats_corpus_generated.txt"
 OPENINGS = ("The", "In", "She", "He", "It was", "Many", "The city of", "The history of", "After the war,",
             "According to", "My favourite", "Scientists", "The company", "When I was", "The river", "In 1987,",
             "The president", "Music", "Football", "The book", "Yesterday", "The capital", "People in",
@@ -31,7 +31,7 @@ OPENINGS = ("The", "In", "She", "He", "It was", "Many", "The city of", "The hist
 
 def main() -> None:
     import larql
-    from larql.edit.stats import GENERATED_SEPARATOR
+    from larql.edit.methods.stats import GENERATED_SEPARATOR
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gemma3-270m")

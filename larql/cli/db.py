@@ -1,4 +1,4 @@
-"""The database commands of the CLI, thin shells over the vindex and larql.edit.convert:
+"""The database commands of the CLI, thin shells over the vindex and larql.edit.bake.convert:
 
     larql extract SRC -o OUT [--level L] [--dtype D] [--quant Q] [--top-k K] [--force]
     larql verify VINDEX [--repair]
@@ -57,7 +57,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from larql.edit.convert import convert
+    from larql.edit.bake.convert import convert
 
     (fmt, path), console, seconds = run_with_progress(args, lambda report: convert(
         args.src, args.output, to=args.to, dtype=args.dtype, level=args.level, quant=args.quant,
@@ -115,7 +115,7 @@ def add_verify(sub: argparse._SubParsersAction) -> None:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    from larql.edit.convert import TARGETS
+    from larql.edit.bake.convert import TARGETS
     from larql.vindex.slice import PARTS, PRESETS
 
     cv = sub.add_parser("convert", help="model -> vindex or HF directory; vindex -> GGUF or HF directory")

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from larql.edit.methods import METHODS
+from larql.edit.methods.defaults import METHODS
 
 
 def _lql(args: argparse.Namespace, text: str) -> int:
@@ -73,9 +73,9 @@ def _render(result: Any, as_json: bool) -> None:
 
 
 def cmd_memit(args: argparse.Namespace) -> int:
-    from larql.edit.evaluate import load_edit_set
-    from larql.edit.insert_facts import insert_facts
-    from larql.edit.view import edit_vindex
+    from larql.edit.insert import insert_facts
+    from larql.edit.measure.evaluate import load_edit_set
+    from larql.edit.state.view import edit_vindex
     from larql.lql.ops.editing import insert_result
     from larql.lql.result import Result
 
@@ -102,9 +102,9 @@ def cmd_apply_patch(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_edits(args: argparse.Namespace) -> int:
-    from larql.edit.evaluate import EditRecord, evaluate, load_edit_set
-    from larql.edit.insert_facts import insert_facts
-    from larql.edit.view import edit_vindex
+    from larql.edit.insert import insert_facts
+    from larql.edit.measure.evaluate import EditRecord, evaluate, load_edit_set
+    from larql.edit.state.view import edit_vindex
     from larql.lql.result import Result
 
     records = load_edit_set(args.edits)

@@ -37,7 +37,7 @@ def cmd_lql(args: argparse.Namespace) -> int:
     bars = StatementProgress(enabled=not (plain or args.quiet or args.plan))
     session = Session(source=text, progress=bars.report)
     if args.vindex:
-        from larql.edit.view import edit_vindex
+        from larql.edit.state.view import edit_vindex
 
         session.vindex = edit_vindex(args.vindex)
     if args.plan:

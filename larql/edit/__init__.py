@@ -1,10 +1,10 @@
-"""Editing a vindex, above the read-only store: the patch overlay, patches, the editable view LQL
-uses, the walk FFN adapter, feature INSERT and COMPILE. Nothing here writes a base vindex.
+"""Editing a vindex, above the read-only store. Nothing here writes a base vindex.
 
-    overlay.py         PatchOverlay: per-(layer, feature) vector / metadata overrides and deletions
-    patch.py           PatchOp, Patch, PatchStack: .vlp files, recording, stacking and replay
-    view.py            EditableVindex: store + overlay + patch stack; overlay-aware reads, model()
-    walk_ffn.py        OverlayEdits: the overlay as the FFN's edit strategy (model/ffn.py FFNEdits)
-    feature_insert.py  INSERT by installing one selective FFN feature
-    compile.py         COMPILE ... INTO VINDEX / MODEL FORMAT GGUF
+    patches/    the patch format: the in-memory overlay, the low-rank weight delta, .vlp files and stacks
+    state/      the editable state: EditableVindex (store + overlay + patches), the walk FFN, load_any
+    methods/    how a fact becomes an edit: NEURON, ROME, MEMIT, FEATURE and the steps they share
+    measure/    what an edit did: teacher-forced scoring, the edit-set evaluation, crown discovery
+    insert.py   INSERT: facts in, one method's patch applied (or nothing), and a report of what it did
+    maintain/   a patch stack over time: MERGE, DIFF, REBALANCE, COMPACT
+    bake/       edits into files: COMPILE to a vindex, GGUF or safetensors; wider FFN layers; convert
 """

@@ -193,7 +193,7 @@ INSERT_COLUMNS = ("entity", "relation", "target", "prompt", "key")
 class InsertStmt(Statement):
     """INSERT INTO EDGES (columns) VALUES (row), (row)...: columns are entity, relation and target
     (required, LARQL's), prompt (optional: the user's own prompt for the fact) and key (optional, METHOD
-    NEURON: the entity's leading words its neuron keys on, instead of `methods.subject_keys`' choice)."""
+    NEURON: the entity's leading words its neuron keys on, instead of `defaults.subject_keys`' choice)."""
 
     columns: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]

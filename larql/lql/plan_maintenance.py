@@ -1,11 +1,11 @@
 """The steps of MERGE, REBALANCE, COMPACT and SHOW COMPACT STATUS, with the parameters
-ops/maintenance.py reads: what edit/merge.py, rebalance.py and compact.py run, with their defaults."""
+ops/maintenance.py reads: what edit/maintain/merge.py, rebalance.py and compact.py run, with their defaults."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from larql.edit.methods import (
+from larql.edit.methods.defaults import (
     REBALANCE_CEILING,
     REBALANCE_CONVERGED_MAX,
     REBALANCE_FLOOR,
@@ -18,7 +18,7 @@ from larql.lql.plan import Step
 
 
 def maintenance_steps(stmt: ast.Statement) -> list[Step]:
-    """MERGE, REBALANCE, COMPACT and SHOW COMPACT STATUS: the steps edit/merge.py, rebalance.py and
+    """MERGE, REBALANCE, COMPACT and SHOW COMPACT STATUS: the steps edit/maintain/merge.py, rebalance.py and
     compact.py take, with the defaults they use."""
     if isinstance(stmt, ast.MergeStmt):
         policy = (stmt.on_conflict or "last_wins").upper()

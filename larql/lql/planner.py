@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from larql.edit.methods import (
+from larql.edit.methods.defaults import (
     N_NEIGHBOURS,
     N_PREFIXES,
     NEURONS_PER_LAYER,
@@ -97,7 +97,7 @@ def insert_steps(stmt: ast.InsertStmt, session: Session) -> list[Step]:
         layers = [stmt.layer if stmt.layer is not None else default_layer(v.index["model"], v.num_layers)]
     where = f"layers {layers[0]}-{layers[-1]}" if len(layers) > 1 else f"layer {layers[0]}"
     if method == "neuron":
-        from larql.edit.view import neuron_subjects  # numpy: an INSERT's session has the vindex open already
+        from larql.edit.state.view import neuron_subjects  # numpy: an INSERT's session has the vindex open already
 
         entities = [f["entity"] for f in facts]
         keys = ({e: k for e, k in subject_keys([*entities, *neuron_subjects(v)]).items() if e in entities}

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the view (numpy, faiss) loads only when a vindex is opened
-    from larql.edit.view import EditableVindex
+    from larql.edit.state.view import EditableVindex
 
 
 @dataclass

@@ -29,7 +29,7 @@ class Generation:
 
 def log_softmax(logits: NDArray[np.floating[Any]], dtype: type[np.floating[Any]] = np.float32) -> NDArray[Any]:
     """log softmax of `(vocab,)` logits, computed in float64 and shifted by the max (no overflow);
-    returned as `dtype`: float32 for sampling and tables, float64 where NLLs are compared (edit/evaluate.py)."""
+    returned as `dtype`: float32 for sampling and tables, float64 where NLLs are compared (edit/measure/evaluate.py)."""
     shifted = logits.astype(np.float64) - np.max(logits)
     return (shifted - np.log(np.sum(np.exp(shifted)))).astype(dtype)
 

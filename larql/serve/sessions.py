@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from larql.edit.view import EditableVindex
+from larql.edit.state.view import EditableVindex
 from larql.errors import LimitError, ServeError
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ class SessionView(EditableVindex):
         if self._shared is None:
             return super().model()  # browse level: raises the usual "no model weights" error
         if self._model is None:
-            from larql.edit.walk_ffn import OverlayEdits
+            from larql.edit.state.walk_ffn import OverlayEdits
 
             self._model = self._shared.with_edits(OverlayEdits(self.overlay))
         return self._model

@@ -100,7 +100,7 @@ _register_toggle("plan", "print each statement's plan instead of running it")
 
 @META.command(".use", ".use PATH", "open a vindex (same as USE \"PATH\";)")
 def _use(state: ReplState, arg: str, session: object) -> str:
-    from larql.edit.view import edit_vindex
+    from larql.edit.state.view import edit_vindex
 
     if not arg:
         raise LarqlError(".use needs a vindex path")

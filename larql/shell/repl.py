@@ -154,7 +154,7 @@ def run_repl(vindex: str | None = None, input: Any = None, output: Any = None, c
     state.json = state.json or json_output
     console = console or Console()
     if vindex:
-        from larql.edit.view import edit_vindex
+        from larql.edit.state.view import edit_vindex
 
         session.vindex = edit_vindex(vindex)
         print_wrapped(console, f"Using: {session.describe_backend()}")

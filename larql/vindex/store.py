@@ -38,7 +38,7 @@ class FeatureMeta:
 
 class Vindex:
     """An opened vindex, read-only. Build one with `larql.open_vindex(path)`; edits go through an
-    editable view over it (`larql.edit.view.EditableVindex`), never into the store."""
+    editable view over it (`larql.edit.state.view.EditableVindex`), never into the store."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

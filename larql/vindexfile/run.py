@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from larql.edit.patch import Patch, index_checksum, save_patch
-from larql.edit.view import EditableVindex, edit_vindex
+from larql.edit.patches.patch import Patch, index_checksum, save_patch
+from larql.edit.state.view import EditableVindex, edit_vindex
 from larql.errors import BuildError, LarqlError, LqlError
 from larql.io.pathguard import overlap
 from larql.version import __version__
@@ -219,7 +219,7 @@ def _step(step: Step, state: _State, entry: Path, src: Source, progress: Progres
     elif step.name in EDITS:
         _run_edit(step, state, entry)
     elif step.name == "COMPILE":
-        from larql.edit.compile import compile_vindex
+        from larql.edit.bake.compile import compile_vindex
 
         state.reset(compile_vindex(state.view(), entry).path)
     elif step.name == "LABELS":

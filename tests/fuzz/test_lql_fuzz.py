@@ -11,7 +11,7 @@ from pathlib import Path
 import gguf
 import pytest
 
-from larql.edit.view import edit_vindex
+from larql.edit.state.view import edit_vindex
 from larql.lql.session import Session
 from larql.vindex.extract import extract
 from tests.fuzz.lql_fuzz import EXECUTOR_SEEDS, fuzz_executor, fuzz_parser, mutations

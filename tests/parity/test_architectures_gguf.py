@@ -254,8 +254,8 @@ def test_llama31_rope_freqs_match_transformers_llama3_scaling(tmp_path: Path) ->
 
     assert verify_vindex(tmp_path / "l.vindex").config_diffs == []  # the factors as the source has them
     # COMPILE carries the factors back into a GGUF, and refuses a safetensors directory, which has no place for them
-    from larql.edit.compile import compile_gguf, compile_safetensors
-    from larql.edit.view import edit_vindex
+    from larql.edit.bake.compile import compile_gguf, compile_safetensors
+    from larql.edit.state.view import edit_vindex
 
     back = larql.load(compile_gguf(edit_vindex(tmp_path / "l.vindex"), tmp_path / "back.gguf").path)
     assert back.config.rope_freq_factors == f and np.array_equal(back.forward(want["p1.ids"]), m.forward(want["p1.ids"]))

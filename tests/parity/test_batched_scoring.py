@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 import larql
-from larql.edit import evaluate as ev
-from larql.edit.facts import target_ids
+from larql.edit.measure import evaluate as ev
+from larql.edit.methods.facts import target_ids
 from larql.model.generate import log_softmax
 
 TOL = 1e-5

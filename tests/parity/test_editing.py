@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from larql.edit.feature_insert import CHECK_PROMPTS
-from larql.edit.view import edit_vindex
+from larql.edit.methods.feature import CHECK_PROMPTS
+from larql.edit.state.view import edit_vindex
 from larql.lql.executor import execute
 from larql.lql.session import Session
 from larql.model.generate import log_softmax

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import larql
-from larql.edit.overlay import FeatureOverride, PatchOverlay
-from larql.edit.walk_ffn import OverlayEdits
+from larql.edit.patches.overlay import FeatureOverride, PatchOverlay
+from larql.edit.state.walk_ffn import OverlayEdits
 from larql.model.ffn import FFN
 from larql.model.generate import log_softmax
 from larql.model.hooks import HookFns

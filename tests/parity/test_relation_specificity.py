@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from larql.edit.facts import Fact
-from larql.edit.insert_facts import insert_facts
-from larql.edit.view import edit_vindex
+from larql.edit.insert import insert_facts
+from larql.edit.methods.facts import Fact
+from larql.edit.state.view import edit_vindex
 from larql.model.model import Model
 
 OTHER = ("Most people in France speak", "France is a country located in the continent of")

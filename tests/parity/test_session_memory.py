@@ -18,10 +18,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from larql.edit.facts import Fact
-from larql.edit.insert_facts import insert_facts
-from larql.edit.view import edit_vindex
-from larql.edit.weight_edit import dense_layers
+from larql.edit.insert import insert_facts
+from larql.edit.methods.facts import Fact
+from larql.edit.methods.weight_edit import dense_layers
+from larql.edit.state.view import edit_vindex
 
 FACT = Fact("France", "The capital of France is", "Rome", "capital", "Paris")
 INSERT = ('INSERT INTO EDGES (entity, relation, target, prompt) VALUES ("France", "capital", "Rome", '

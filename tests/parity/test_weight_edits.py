@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 
-from larql.edit.capture import capture
-from larql.edit.crown import find_crown
-from larql.edit.evaluate import UNRELATED, Scorer
-from larql.edit.facts import Fact, subject_position
-from larql.edit.insert_facts import insert_facts
-from larql.edit.view import edit_vindex
+from larql.edit.insert import insert_facts
+from larql.edit.measure.crown import find_crown
+from larql.edit.measure.evaluate import UNRELATED, Scorer
+from larql.edit.methods.capture import capture
+from larql.edit.methods.facts import Fact, subject_position
+from larql.edit.state.view import edit_vindex
 
 
 def _p(sc: Scorer, prompt: str, target: str) -> float:
@@ -60,7 +60,7 @@ def test_rome_edit_generalises_stays_local_and_comes_off(gemma_vindex: Path) -> 
 
 
 def test_neighbours_are_similar_subjects_from_the_embedding(gemma_vindex: Path) -> None:
-    from larql.edit.neighbours import similar_subjects
+    from larql.edit.methods.neighbours import similar_subjects
     from larql.vindex.store import open_vindex
 
     store = open_vindex(gemma_vindex)
@@ -99,7 +99,7 @@ def test_smollm2_neurons_fire_fully_on_their_own_prompts_and_stay_local(smollm2_
     own prompt, where the neuron's g·x is 1 (0.74-0.88 when it was asked to fire at the subject's
     mean input only, and a thresholded neuron then gave too little: these three missed), reaches the
     prompt behind prefixes it never saw, and the unrelated prompts keep their top-1s."""
-    from larql.edit.patch import PatchOp
+    from larql.edit.patches.patch import PatchOp
     from larql.model.forward import norm
 
     v = edit_vindex(smollm2_vindex)
@@ -126,7 +126,7 @@ def test_smollm2_neurons_fire_fully_on_their_own_prompts_and_stay_local(smollm2_
 
 
 def test_insert_defaults_to_the_method_measured_best_for_the_model(gemma_vindex: Path) -> None:
-    from larql.edit.methods import default_method
+    from larql.edit.methods.defaults import default_method
     from larql.lql.executor import execute
     from larql.lql.parser import parse
     from larql.lql.planner import plan
@@ -144,7 +144,7 @@ def test_a_neuron_is_never_asked_to_fire_at_the_attention_sink() -> None:
     whose input is nearly the same for every token; asked to fire there, 35 neurons in one INSERT fired
     on a fifth of all tokens. The start-of-text form is used only after position 0."""
     import larql
-    from larql.edit.neuron import subject_inputs
+    from larql.edit.methods.neuron import subject_inputs
 
     smol = larql.load("smollm2-135m")
     assert len(smol.tokenize("Japan")) == 1  # no BOS put first, one token
@@ -161,7 +161,7 @@ def test_companies_that_share_their_last_word_are_learnt_apart(gemma_vindex: Pat
     """Fictional companies named "<name> Pharma" / "<name> Labs" in one INSERT: each neuron is keyed on
     the name (at layer 3 the input at " Pharma" is mostly the word's own), fires there and stays shut
     at the other companies' names, and every founder is learnt, also behind prefixes never optimised on."""
-    from larql.edit.neuron import THRESHOLD
+    from larql.edit.methods.neuron import THRESHOLD
     from larql.model.forward import norm
 
     v = edit_vindex(gemma_vindex)

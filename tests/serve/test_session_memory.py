@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from larql.edit.insert_facts import _metrics, _metrics_of
-from larql.edit.view import edit_vindex
+from larql.edit.insert import _metrics, _metrics_of
+from larql.edit.state.view import edit_vindex
 from larql.serve.config import ServeConfig
 from larql.serve.server import ServerThread
 from larql.serve.sessions import Sessions, open_served

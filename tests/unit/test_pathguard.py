@@ -13,9 +13,9 @@ from pathlib import Path
 import gguf
 import pytest
 
-from larql.edit.compile import compile_gguf, compile_safetensors, compile_vindex
-from larql.edit.convert import convert
-from larql.edit.view import edit_vindex
+from larql.edit.bake.compile import compile_gguf, compile_safetensors, compile_vindex
+from larql.edit.bake.convert import convert
+from larql.edit.state.view import edit_vindex
 from larql.errors import LarqlError, LqlError, LqlSemanticError
 from larql.lql import ast
 from larql.lql.executor import execute

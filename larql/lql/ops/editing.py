@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from larql.edit import feature_insert
-from larql.edit.overlay import MetaOverride
-from larql.edit.patch import PatchOp
-from larql.edit.view import EditableVindex
+from larql.edit.methods import feature as feature_method
+from larql.edit.patches.overlay import MetaOverride
+from larql.edit.patches.patch import PatchOp
+from larql.edit.state.view import EditableVindex
 from larql.errors import EmptyTargetError, LqlSemanticError, VindexError
 from larql.lql import ast
 from larql.lql.ops.query import EDGE_FIELDS, filter_rows
@@ -19,7 +19,7 @@ from larql.model.interp import first_target_token
 from larql.vindex import browse
 
 if TYPE_CHECKING:
-    from larql.edit.insert_facts import InsertReport
+    from larql.edit.insert import InsertReport
 
 
 def _v(session: Session) -> EditableVindex:
@@ -43,10 +43,10 @@ def insert(stmt: ast.InsertStmt, session: Session, result: Result, run: PlanRun)
     run.take("install")
     goal = run.take("search_down_scale")["goal"]
     run.take("measure")
-    run.take("record")  # feature_insert.insert runs the steps above as one call
+    run.take("record")  # feature_method.insert runs the steps above as one call
     # a failure is located by the executor, at the step running (record: the call runs them all)
     try:
-        r = feature_insert.insert(v, fact["entity"], fact["relation"], fact["target"], capture["layer"], goal)
+        r = feature_method.insert(v, fact["entity"], fact["relation"], fact["target"], capture["layer"], goal)
     except (VindexError, EmptyTargetError) as e:
         raise _fail(session, stmt, str(e)) from e
     result.title = f"Inserted {r.entity} -[{r.relation}]-> {r.target} at {v.feature_name(r.layer, r.feature)} (patch overlay)"
@@ -67,8 +67,8 @@ def insert(stmt: ast.InsertStmt, session: Session, result: Result, run: PlanRun)
 
 def _insert_facts(stmt: ast.InsertStmt, session: Session, result: Result, run: PlanRun, method: str) -> None:
     """INSERT of one or many facts by a weight edit (ROME / MEMIT) or by features, per row."""
-    from larql.edit.facts import Fact
-    from larql.edit.insert_facts import insert_facts
+    from larql.edit.insert import insert_facts
+    from larql.edit.methods.facts import Fact
 
     v = _v(session)
     if method == "feature":
@@ -84,7 +84,7 @@ def _insert_facts(stmt: ast.InsertStmt, session: Session, result: Result, run: P
             run.take(step.op)
     facts = []
     for row in rows:
-        prompt = row.get("prompt") or feature_insert.relation_prompt(row["entity"], row["relation"])
+        prompt = row.get("prompt") or feature_method.relation_prompt(row["entity"], row["relation"])
         facts.append(Fact(row["entity"], prompt, row["target"], row["relation"], key=row.get("key") or None))
     r = insert_facts(v, facts, method, layers, progress=session.progress)
     insert_result(r, result)
@@ -240,8 +240,8 @@ def show_patches(stmt: ast.ShowPatchesStmt, session: Session, result: Result, ru
 
 
 def compile_stmt(stmt: ast.CompileStmt, session: Session, result: Result, run: PlanRun) -> None:
-    from larql.edit.compile import compile_gguf, compile_safetensors, compile_vindex
-    from larql.edit.view import edit_vindex
+    from larql.edit.bake.compile import compile_gguf, compile_safetensors, compile_vindex
+    from larql.edit.state.view import edit_vindex
 
     bake = run.take("bake_overlay")
     fmt, into = bake["format"], bake["into"]

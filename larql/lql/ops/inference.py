@@ -226,7 +226,7 @@ def lens_top1(m: Any, resid: np.ndarray) -> str:
 
 
 def crown(stmt: ast.CrownStmt, session: Session, result: Result, run: PlanRun) -> None:
-    from larql.edit.crown import find_crown
+    from larql.edit.measure.crown import find_crown
 
     m = model_of(session, stmt)
     prompt = run.take("tokenize")["prompt"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from larql.edit.view import edit_vindex
+from larql.edit.state.view import edit_vindex
 from larql.errors import VindexError
 from larql.lql import ast
 from larql.lql.plan import PlanRun
@@ -28,7 +28,7 @@ def use(stmt: ast.UseStmt, session: Session, result: Result, run: PlanRun) -> No
         return
     if (step := run.take_if("load_model")) is not None:
         # as the facade's larql.load: USE MODEL also takes a vindex (the model it carries, walk FFN)
-        from larql.edit.load_any import load_any
+        from larql.edit.state.load_any import load_any
 
         session.model = load_any(step["target"])
         result.notes.append(f"Using model: {session.model!r}")
@@ -130,7 +130,7 @@ def show_models(stmt: ast.ShowModelsStmt, session: Session, result: Result, run:
 
 
 def diff_stmt(stmt: ast.DiffStmt, session: Session, result: Result, run: PlanRun) -> None:
-    from larql.edit.diff import diff, write_diff_patch
+    from larql.edit.maintain.diff import diff, write_diff_patch
 
     cmp = run.take("compare_features")
     a = session.vindex if cmp["a"] is None else edit_vindex(cmp["a"])

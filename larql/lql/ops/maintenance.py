@@ -1,9 +1,9 @@
 """MERGE, REBALANCE, COMPACT and SHOW COMPACT STATUS: statements that work on the patch stack of the
-vindex in use as a whole (edit/merge.py, edit/rebalance.py, edit/compact.py)."""
+vindex in use as a whole (edit/maintain/merge.py, edit/maintain/rebalance.py, edit/maintain/compact.py)."""
 
 from __future__ import annotations
 
-from larql.edit.view import EditableVindex
+from larql.edit.state.view import EditableVindex
 from larql.lql import ast
 from larql.lql.ops.editing import recording_note
 from larql.lql.plan import PlanRun
@@ -17,7 +17,7 @@ def _v(session: Session) -> EditableVindex:
 
 
 def merge_stmt(stmt: ast.MergeStmt, session: Session, result: Result, run: PlanRun) -> None:
-    from larql.edit.merge import merge
+    from larql.edit.maintain.merge import merge
 
     v = _v(session)
     source = run.take("load_source")["source"]
@@ -42,7 +42,7 @@ def merge_stmt(stmt: ast.MergeStmt, session: Session, result: Result, run: PlanR
 
 
 def rebalance_stmt(stmt: ast.RebalanceStmt, session: Session, result: Result, run: PlanRun) -> None:
-    from larql.edit.rebalance import rebalance
+    from larql.edit.maintain.rebalance import rebalance
 
     v = _v(session)
     layer = run.take("find_installs")["layer"]
@@ -67,7 +67,7 @@ def rebalance_stmt(stmt: ast.RebalanceStmt, session: Session, result: Result, ru
 
 
 def compact_stmt(stmt: ast.CompactStmt, session: Session, result: Result, run: PlanRun) -> None:
-    from larql.edit.compact import compact
+    from larql.edit.maintain.compact import compact
 
     v = _v(session)
     level = run.take("fold")["level"]
@@ -85,7 +85,7 @@ def compact_stmt(stmt: ast.CompactStmt, session: Session, result: Result, run: P
 
 
 def show_compact_status(stmt: ast.ShowCompactStatusStmt, session: Session, result: Result, run: PlanRun) -> None:
-    from larql.edit.compact import plan_compact, stack_size
+    from larql.edit.maintain.compact import plan_compact, stack_size
 
     stack = _v(session).patches
     run.take("measure_stack")

@@ -6,7 +6,7 @@ import fnmatch
 from collections import Counter
 from typing import Any
 
-from larql.edit.view import EditableVindex
+from larql.edit.state.view import EditableVindex
 from larql.errors import LqlSemanticError
 from larql.lql import ast
 from larql.lql.plan import PlanRun

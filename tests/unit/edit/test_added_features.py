@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from larql.edit.overlay import MAX_ADDED, FeatureOverride, MetaOverride
-from larql.edit.patch import PatchOp
-from larql.edit.view import EditableVindex, edit_vindex
+from larql.edit.patches.overlay import MAX_ADDED, FeatureOverride, MetaOverride
+from larql.edit.patches.patch import PatchOp
+from larql.edit.state.view import EditableVindex, edit_vindex
 from larql.errors import VindexError
 from tests.synthetic import TinySpec, tiny_vindex
 
@@ -111,7 +111,7 @@ def test_a_patch_adding_a_partial_feature_is_refused_whole(vx: Path, tmp_path: P
 
 
 def test_compact_folds_added_features_and_changes_no_answer(vx: Path, tmp_path: Path) -> None:
-    from larql.edit.compact import compact
+    from larql.edit.maintain.compact import compact
 
     rng = np.random.default_rng(3)
     v = edit_vindex(vx)
@@ -131,7 +131,7 @@ def test_compact_folds_added_features_and_changes_no_answer(vx: Path, tmp_path: 
 
 
 def test_explain_infer_ranks_added_features_with_the_model_s_own(vx: Path) -> None:
-    from larql.edit.capture import capture
+    from larql.edit.methods.capture import capture
     from larql.lql.executor import execute
     from larql.lql.session import Session
     from larql.model.ffn import gated

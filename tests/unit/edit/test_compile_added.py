@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import larql
-from larql.edit.compile import compile_gguf, compile_safetensors, compile_vindex
-from larql.edit.overlay import FeatureOverride, MetaOverride, PatchOverlay
-from larql.edit.view import EditableVindex, edit_vindex
-from larql.edit.widen import ffn_width
+from larql.edit.bake.compile import compile_gguf, compile_safetensors, compile_vindex
+from larql.edit.bake.widen import ffn_width
+from larql.edit.patches.overlay import FeatureOverride, MetaOverride, PatchOverlay
+from larql.edit.state.view import EditableVindex, edit_vindex
 from larql.errors import VindexError
 from larql.model.gguf_file import GGUFFile
 from larql.vindex.extract import extract
@@ -244,7 +244,7 @@ def test_diff_reads_a_vindex_compiled_wider(edited: dict, tmp_path: Path) -> Non
     """DIFF compares the two at the wider width: base -> compiled gives inserts past the base's width
     (added features) whose patch reproduces the compiled model; compiled -> the edits it came from:
     nothing differs."""
-    from larql.edit.diff import diff, write_diff_patch
+    from larql.edit.maintain.diff import diff, write_diff_patch
 
     baked = compile_vindex(edited["v"], tmp_path / "c.vindex").path
     base = edit_vindex(edited["vindex"])

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import larql
-from larql.edit.gguf_meta import tokenizer_fields
 from larql.lql.executor import execute
 from larql.lql.session import Session
 from larql.model.gguf_file import GGUFFile
+from larql.model.gguf_meta import tokenizer_fields
 from larql.model.tokenizer import tokenizer_from_gguf
 from larql.vindex.extract import extract
 from tests.synthetic import TinySpec, hf_weights, tiny_vindex, write_hf_dir

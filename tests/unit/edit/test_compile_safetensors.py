@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import larql
-from larql.edit.compile import compile_safetensors
-from larql.edit.patch import PatchOp
-from larql.edit.view import edit_vindex
-from larql.edit.weight_op import WeightOp
+from larql.edit.bake.compile import compile_safetensors
+from larql.edit.patches.patch import PatchOp
+from larql.edit.patches.weight_op import WeightOp
+from larql.edit.state.view import edit_vindex
 from larql.errors import LqlSemanticError, ModelError, VindexError
 from larql.lql.executor import execute
 from larql.lql.session import Session

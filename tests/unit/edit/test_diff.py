@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import larql
-from larql.edit.patch import PatchOp
-from larql.edit.weight_op import WeightOp
+from larql.edit.patches.patch import PatchOp
+from larql.edit.patches.weight_op import WeightOp
 from larql.errors import LqlSemanticError
 from larql.lql.executor import execute
 from larql.lql.session import Session
@@ -120,8 +120,8 @@ def test_a_rome_edit_diffs_to_rank_one_factors(tmp_path: Path) -> None:
 def test_factors_only_where_they_are_smaller(tmp_path: Path) -> None:
     """A rank-2 change of every column (two facts in one MEMIT-like solve) becomes factors; a rank-3
     change of three columns stays three inserts (3 x 3 x 64 floats against 3 x (64 + 2 x 96))."""
-    from larql.edit.diff import diff, low_rank
-    from larql.edit.view import edit_vindex
+    from larql.edit.maintain.diff import diff, low_rank
+    from larql.edit.state.view import edit_vindex
 
     a = tiny_vindex(tmp_path, SPEC, seed=8)
     rng = np.random.default_rng(0)

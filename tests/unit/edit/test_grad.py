@@ -137,8 +137,8 @@ def test_a_tail_kept_to_some_rows_gives_their_outputs_and_gradients(deep_tiny: l
 def test_values_of_several_subjects_in_one_pass_equal_each_alone(deep_tiny: larql.Model) -> None:
     """optimise_values batches subjects through one tail (a (G, hidden) delta, each context adding its
     group's row); each subject's value, key and step count must be what it gets optimised alone."""
-    from larql.edit.facts import Fact
-    from larql.edit.value import optimise_value, optimise_values
+    from larql.edit.methods.facts import Fact
+    from larql.edit.methods.value import optimise_value, optimise_values
 
     groups = [[Fact("ab", "xx ab yy", "qq", "r")], [Fact("cd", "zz cd ww", "rs", "r"), Fact("cd", "cd is", "t", "s")],
               [Fact("ef", "ef of", "uv", "r")]]
@@ -157,8 +157,8 @@ def test_a_subject_the_model_knows_nothing_about_is_held_by_romes_kl_prompt_alon
         deep_tiny: larql.Model, monkeypatch: pytest.MonkeyPatch) -> None:
     """`unknown` subjects get UNKNOWN_KL_PROMPTS (fewer contexts), the others all of KL_PROMPTS, side
     by side in one batch: each value is the one optimised alone with its own KL prompts."""
-    from larql.edit import value
-    from larql.edit.facts import Fact
+    from larql.edit.methods import value
+    from larql.edit.methods.facts import Fact
 
     known, unknown = [Fact("ab", "xx ab yy", "qq", "r")], [Fact("cd", "zz cd ww", "rs", "r")]
     got = value.optimise_values(deep_tiny, [known, unknown], [1, 2], ["pp "], max_steps=8, unknown={"cd"})
@@ -183,8 +183,8 @@ def test_the_value_step_makes_its_extra_steps_and_no_forward_pass_only_to_see_th
     """After every target token wins (here: from the 3rd step on, as the loss says), EXTRA_STEPS more
     updates are made and the loop ends: one forward and one backward pass per step, the last update
     not run forward again only to be seen."""
-    from larql.edit import value
-    from larql.edit.facts import Fact
+    from larql.edit.methods import value
+    from larql.edit.methods.facts import Fact
 
     calls = {"loss": 0, "forward": 0, "backward": 0}
     loss_grad, forward, backward = value._loss_grad, Tail.forward, Tail.backward
@@ -217,8 +217,8 @@ def test_a_value_that_cannot_win_within_the_small_bounds_is_optimised_again_with
         deep_tiny: larql.Model, monkeypatch: pytest.MonkeyPatch) -> None:
     """Values are kept small (value.CLAMP); a subject whose target cannot win within that clamp gets
     ROME's looser bounds, and the better result is the one returned."""
-    from larql.edit import value
-    from larql.edit.facts import Fact
+    from larql.edit.methods import value
+    from larql.edit.methods.facts import Fact
 
     facts = [Fact("ab", "xx ab yy", "qq", "r")]
 
@@ -236,7 +236,7 @@ def test_a_value_that_cannot_win_within_the_small_bounds_is_optimised_again_with
 
 
 def test_models_measured_to_need_romes_value_bounds_get_them() -> None:
-    from larql.edit import value
+    from larql.edit.methods import value
 
     assert value.value_bounds("smollm2-135m") == (value.ROME_WEIGHT_DECAY, value.ROME_CLAMP)
     assert value.value_bounds("gemma3-270m") == (value.WEIGHT_DECAY, value.CLAMP)

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from larql.edit import stats
-from larql.edit.patch import MAX_PATCH_BYTES
-from larql.edit.weight_op import f32_b64 as b64
+from larql.edit.methods import stats
+from larql.edit.patches.patch import MAX_PATCH_BYTES
+from larql.edit.patches.weight_op import f32_b64 as b64
 from larql.errors import LqlSemanticError, ModelFormatError
 from larql.lql.executor import execute
 from larql.lql.session import Session

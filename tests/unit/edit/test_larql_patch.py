@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from larql.edit.overlay import MetaOverride
-from larql.edit.patch import Patch, PatchOp, save_patch
-from larql.edit.weight_op import f32_b64 as b64
+from larql.edit.patches.overlay import MetaOverride
+from larql.edit.patches.patch import Patch, PatchOp, save_patch
+from larql.edit.patches.weight_op import f32_b64 as b64
 from larql.errors import LqlSemanticError
 from larql.lql.executor import execute
 from larql.lql.session import Session

@@ -10,13 +10,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from larql.edit.capture import capture
-from larql.edit.facts import Fact, subject_position, target_ids
-from larql.edit.insert_facts import insert_facts, key_metrics, stats_dir
-from larql.edit.neuron import PRE_ACTIVATION
-from larql.edit.patch import PatchOp, is_neuron
-from larql.edit.view import edit_vindex
-from larql.edit.weight_edit import HeldPrompt
+from larql.edit.insert import insert_facts, key_metrics, stats_dir
+from larql.edit.methods.capture import capture
+from larql.edit.methods.facts import Fact, subject_position, target_ids
+from larql.edit.methods.neuron import PRE_ACTIVATION
+from larql.edit.methods.weight_edit import HeldPrompt
+from larql.edit.patches.patch import PatchOp, is_neuron
+from larql.edit.state.view import edit_vindex
 from larql.errors import EditError
 from larql.lql.executor import execute
 from larql.lql.session import Session
@@ -88,7 +88,7 @@ def test_neuron_insert_fires_on_its_subject_only_and_comes_off(vx: Path, tmp_pat
 
 
 def test_with_a_bias_direction_the_gate_is_shut_below_the_threshold(vx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import larql.edit.neuron as neuron
+    import larql.edit.methods.neuron as neuron
 
     monkeypatch.setattr(neuron, "BIAS_SPREAD", 1e9)  # the tiny model's inputs have no common part: take c anyway
     v = edit_vindex(vx)
@@ -142,7 +142,7 @@ def test_stacked_neurons_take_new_slots_and_stay_silent_on_each_other(vx: Path) 
 
 
 def test_without_a_layer_neurons_fill_the_model_layers_in_order(vx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import larql.edit.insert_facts as module
+    import larql.edit.insert as module
 
     v = edit_vindex(vx)
     m = v.model()
@@ -160,7 +160,7 @@ def test_a_batch_over_layers_holds_each_layer_off_the_subjects_placed_at_the_oth
         vx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each layer's neurons are planned with the texts of the batch's subjects placed at other layers
     (their prompt and the subject opening a text) and the subjects of neurons already at any layer."""
-    import larql.edit.insert_facts as module
+    import larql.edit.insert as module
 
     seen: dict[int, tuple[list[str], list[tuple[str, str]]]] = {}
     plan = module.plan_neuron_edit
@@ -178,7 +178,7 @@ def test_a_batch_over_layers_holds_each_layer_off_the_subjects_placed_at_the_oth
     assert seen[2] == (["kappa", "zeta"], [("kappa", "kappa"), ("Colour of kappa", "kappa")])
 
 def test_bias_direction_is_one_on_inputs_that_share_a_common_part() -> None:
-    from larql.edit.neuron import BIAS_SPREAD, bias_direction
+    from larql.edit.methods.neuron import BIAS_SPREAD, bias_direction
 
     rng = np.random.default_rng(1)
     hidden, n = 32, 20000
@@ -195,8 +195,8 @@ def test_bias_direction_is_one_on_inputs_that_share_a_common_part() -> None:
 def test_neuron_directions_fire_at_their_subject_and_nowhere_near_it() -> None:
     """More subjects than the input has dimensions: each neuron holds its own decoys, the nearest other
     subjects and wherever it would fire, and still fires exactly at its subject."""
-    from larql.edit.neuron import LEAK, neuron_directions
-    from larql.edit.rome import KeyMetric
+    from larql.edit.methods.neuron import LEAK, neuron_directions
+    from larql.edit.methods.rome import KeyMetric
 
     rng = np.random.default_rng(0)
     hidden, n = 128, 100  # 100 subjects x 2 inputs in 128 dimensions
@@ -221,8 +221,8 @@ def test_thresholded_directions_hold_only_where_they_would_open_and_stay_short()
     """A thresholded neuron holds the candidates where g·x would pass the leak bound (not those far
     below it, where its gate is shut), and a near-copy of its own input, which only a long g could tell
     apart, is left open rather than bought with a g that fires on ordinary text (rms over THRESHOLD_RMS)."""
-    from larql.edit.neuron import THRESHOLD_LEAK, THRESHOLD_RMS, neuron_directions
-    from larql.edit.rome import KeyMetric
+    from larql.edit.methods.neuron import THRESHOLD_LEAK, THRESHOLD_RMS, neuron_directions
+    from larql.edit.methods.rome import KeyMetric
 
     rng = np.random.default_rng(1)
     hidden = 64
@@ -255,8 +255,8 @@ def test_thresholded_directions_hold_only_where_they_would_open_and_stay_short()
 def test_settling_moves_a_direction_least_to_fire_at_its_subject_and_close_on_the_others() -> None:
     """settle_direction: g·x = 1 at its own inputs and 0 at the others' it opened on, the change the
     smallest in Σ's norm (any other change meeting the same constraints is longer)."""
-    from larql.edit.neuron_settle import settle_direction
-    from larql.edit.rome import KeyMetric
+    from larql.edit.methods.neuron_settle import settle_direction
+    from larql.edit.methods.rome import KeyMetric
 
     rng = np.random.default_rng(2)
     hidden = 48
@@ -282,9 +282,9 @@ def test_settling_a_layer_closes_a_neuron_on_the_other_subjects_it_opens_on(
     what the patch stack holds (the model runs it)."""
     from dataclasses import replace
 
-    import larql.edit.neuron as neuron
-    import larql.edit.neuron_settle as neuron_settle
-    from larql.edit.neuron_settle import SETTLE_OPEN, settle_direction, settle_layer
+    import larql.edit.methods.neuron as neuron
+    import larql.edit.methods.neuron_settle as neuron_settle
+    from larql.edit.methods.neuron_settle import SETTLE_OPEN, settle_direction, settle_layer
 
     monkeypatch.setattr(neuron, "BIAS_SPREAD", 1e9)  # take a bias direction on the tiny model (as above)
     # and no rms bound: the random model's directions are long anyway (rms ~0.84 on its corpus), and
@@ -315,7 +315,7 @@ def test_settling_a_layer_closes_a_neuron_on_the_other_subjects_it_opens_on(
 
 
 def test_subjects_that_share_their_last_words_are_keyed_on_the_words_that_tell_them_apart() -> None:
-    from larql.edit.methods import subject_keys
+    from larql.edit.methods.defaults import subject_keys
 
     keys = subject_keys(["Dreitromen Pharma", "Lefel Pharma", "Vohia Tebre", "America", "Bank of America",
                          "United States of America", "Zaemin  Labs", "Kruvren Labs", "Lefel Labs"])
@@ -338,7 +338,7 @@ def test_a_neuron_fires_at_its_key_and_its_patch_names_the_whole_subject(
     its neurons off the earlier subjects where those are keyed. (Whether the fact is then learnt is
     measured on gemma3-270m, tests/parity/test_weight_edits.py: the tiny model's random attention
     carries little from one token to the next.)"""
-    import larql.edit.insert_facts as module
+    import larql.edit.insert as module
 
     seen: dict[str, Any] = {}
     plan = module.plan_neuron_edit
@@ -371,7 +371,7 @@ def test_insert_takes_a_key_column_for_neuron_edits(vx: Path, monkeypatch: pytes
     """A user names the words a neuron keys on (a lone "X Pharma" would otherwise key on " Pharma",
     which every other "... Pharma" shares); a key that is not the entity's leading words, or a key
     for another method, is refused before anything runs."""
-    import larql.edit.insert_facts as module
+    import larql.edit.insert as module
     from larql.errors import LqlSemanticError
 
     seen: list[dict[str, str]] = []
@@ -408,8 +408,8 @@ def test_insert_takes_a_key_column_for_neuron_edits(vx: Path, monkeypatch: pytes
 def test_a_layers_inputs_read_once_serve_its_plan_and_settling(vx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`held_keys` with a memo gives the columns a fresh read gives, reading only the texts it has not
     seen; and the memo may outlive the layer's own neurons: they come after its input."""
-    import larql.edit.weight_edit as weight_edit
-    from larql.edit.weight_edit import held_keys
+    import larql.edit.methods.weight_edit as weight_edit
+    from larql.edit.methods.weight_edit import held_keys
 
     v = edit_vindex(vx)
     m = v.model()
@@ -435,8 +435,8 @@ def test_a_layers_inputs_read_once_serve_its_plan_and_settling(vx: Path, monkeyp
 
 
 def test_a_large_insert_optimises_its_values_behind_fewer_prefixes(vx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import larql.edit.insert_facts as insert_module
-    import larql.edit.methods as methods
+    import larql.edit.insert as insert_module
+    import larql.edit.methods.defaults as methods
 
     seen: list[int] = []
     real = insert_module.plan_neuron_edit
@@ -461,8 +461,8 @@ def test_texts_read_again_above_the_lowest_layer_run_from_it(vx: Path, monkeypat
     pass packs other rows beside them); texts it has seen run from its layer (the residual there
     kept), new ones in full; a point below its layer is read in full, the store left alone. A neuron
     INSERT over two layers records the same patch with and without it."""
-    from larql.edit import insert_facts as insert_mod
-    from larql.edit.capture import LowerLayers, capture_batch
+    from larql.edit import insert as insert_mod
+    from larql.edit.methods.capture import LowerLayers, capture_batch
 
     m = edit_vindex(vx).model()
     runs = [m.tokenize(t) for t in (PROMPT, "Colour of omega", "zeta")]
@@ -504,7 +504,7 @@ def test_texts_sharing_their_leading_tokens_run_them_once(vx: Path, monkeypatch:
     """capture_stemmed gives every row's activations as capture_batch does (to float rounding), running
     a stem several texts share once: here 3 texts behind one 6-token stem, one behind another, one alone
     and a duplicate; no stem is a whole text (the text equal to one is run alone)."""
-    from larql.edit.capture import capture_batch, capture_stemmed
+    from larql.edit.methods.capture import capture_batch, capture_stemmed
 
     m = edit_vindex(vx).model()
     stem = m.tokenize("Colour of zeta and of omega")

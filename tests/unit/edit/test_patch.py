@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import larql
-from larql.edit.view import edit_vindex
+from larql.edit.state.view import edit_vindex
 from larql.errors import LqlSemanticError, LqlSyntaxError, VindexError
 from larql.lql.executor import execute
 from larql.lql.session import Session
@@ -73,8 +73,8 @@ def test_patch_save_apply_remove_round_trip(vx: Path, tmp_path: Path) -> None:
     execute(f'BEGIN PATCH "{patch}"; DELETE FROM EDGES WHERE layer = 3 AND feature = 5; '
             'UPDATE EDGES SET confidence = 0.25 WHERE layer = 0 AND feature = 1', s)
     rng = np.random.default_rng(0)
-    from larql.edit.overlay import FeatureOverride
-    from larql.edit.patch import PatchOp
+    from larql.edit.patches.overlay import FeatureOverride
+    from larql.edit.patches.patch import PatchOp
 
     s.vindex.patches.record(PatchOp("insert", 1, 9, {"down": rng.standard_normal(64).astype(np.float32),
                                                      "gate": rng.standard_normal(64).astype(np.float32)}))
@@ -153,7 +153,7 @@ def test_insert_raises_the_target_on_a_tiny_model(vx: Path) -> None:
 def test_compile_bakes_the_overlay_into_a_new_vindex(vx: Path, tmp_path: Path) -> None:
     s = session_on(vx)
     rng = np.random.default_rng(3)
-    from larql.edit.patch import PatchOp
+    from larql.edit.patches.patch import PatchOp
 
     s.vindex.patches.record(PatchOp("insert", 2, 40, {"gate": rng.standard_normal(64).astype(np.float32),
                                                       "up": rng.standard_normal(64).astype(np.float32),
@@ -194,7 +194,7 @@ def test_compile_on_conflict_fail(vx: Path, tmp_path: Path) -> None:
 def test_compile_into_gguf_runs_the_edited_model(vx: Path, tmp_path: Path) -> None:
     s = session_on(vx)
     rng = np.random.default_rng(5)
-    from larql.edit.patch import PatchOp
+    from larql.edit.patches.patch import PatchOp
 
     s.vindex.patches.record(PatchOp("insert", 1, 30, {"gate": rng.standard_normal(64).astype(np.float32),
                                                       "down": rng.standard_normal(64).astype(np.float32)}))

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from larql.edit.evaluate import EditRecord, load_edit_set, score_records, summarise
-from larql.edit.facts import Fact, rewrites, target_ids
-from larql.edit.relations import relation_holds
-from larql.edit.view import edit_vindex
+from larql.edit.measure.evaluate import EditRecord, load_edit_set, score_records, summarise
+from larql.edit.methods.facts import Fact, rewrites, target_ids
+from larql.edit.methods.relations import relation_holds
+from larql.edit.state.view import edit_vindex
 from larql.model.model import Model
 from tests.synthetic import TinySpec, tiny_vindex
 

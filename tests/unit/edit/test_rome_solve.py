@@ -1,11 +1,11 @@
-"""The closed-form update of edit/rome.py: exact on its keys, zero on held keys, minimal in C's norm."""
+"""The closed-form update of edit/methods/rome.py: exact on its keys, zero on held keys, minimal in C's norm."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from larql.edit.rome import KeyMetric, solve_update
+from larql.edit.methods.rome import KeyMetric, solve_update
 from larql.errors import EditError
 
 

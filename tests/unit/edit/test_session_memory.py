@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from larql.edit.facts import Fact
-from larql.edit.insert_facts import _metrics, insert_facts, key_metrics, stats_dir
-from larql.edit.view import edit_vindex
-from larql.edit.weight_edit import dense_layers
+from larql.edit.insert import _metrics, insert_facts, key_metrics, stats_dir
+from larql.edit.methods.facts import Fact
+from larql.edit.methods.weight_edit import dense_layers
+from larql.edit.state.view import edit_vindex
 from tests.synthetic import TinySpec, tiny_vindex
 
 PROMPT = "Colour of zeta"

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import larql
-from larql.edit.overlay import FeatureOverride
-from larql.edit.walk_ffn import walk_model
+from larql.edit.patches.overlay import FeatureOverride
+from larql.edit.state.walk_ffn import walk_model
 from tests.conftest import rel_err
 from tests.synthetic import TinySpec, tiny_vindex
 
@@ -48,7 +48,7 @@ def test_top_k_walk_keeps_k_features(vx: Path) -> None:
 
 
 def test_vindex_model_is_the_walk_and_sees_its_overlay(vx: Path) -> None:
-    from larql.edit.view import edit_vindex
+    from larql.edit.state.view import edit_vindex
 
     v = edit_vindex(vx)
     m = v.model()
@@ -63,7 +63,7 @@ def test_vindex_model_is_the_walk_and_sees_its_overlay(vx: Path) -> None:
 
 
 def test_overlay_rejects_bad_overrides(vx: Path) -> None:
-    from larql.edit.view import edit_vindex
+    from larql.edit.state.view import edit_vindex
     from larql.errors import VindexError
 
     overlay = edit_vindex(vx).overlay
@@ -84,8 +84,8 @@ def test_unrelated_prompts_are_reused_until_an_edit(vx: Path, monkeypatch: pytes
     """The edit report's unrelated distributions are kept per model revision: the same values while
     nothing changes, computed again after an edit (and after its undo), and never kept for a model
     that cannot name its revision."""
-    from larql.edit import evaluate as ev
-    from larql.edit.view import edit_vindex
+    from larql.edit.measure import evaluate as ev
+    from larql.edit.state.view import edit_vindex
     from larql.model.generate import log_softmax
 
     v = edit_vindex(vx)
@@ -118,7 +118,7 @@ def test_unrelated_prompts_are_reused_until_an_edit(vx: Path, monkeypatch: pytes
 def test_the_overlay_keeps_its_own_copy_of_an_edit(vx: Path) -> None:
     """A vector given to the overlay is copied: the caller writing into it afterwards changes
     neither the model nor what the caches keyed on the overlay's revision hold."""
-    from larql.edit.view import edit_vindex
+    from larql.edit.state.view import edit_vindex
 
     v = edit_vindex(vx)
     m = v.model()

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import larql
-from larql.edit.facts import Fact, target_ids
-from larql.edit.insert_facts import insert_facts
-from larql.edit.view import edit_vindex
-from larql.edit.weight_op import WeightOp
+from larql.edit.insert import insert_facts
+from larql.edit.methods.facts import Fact, target_ids
+from larql.edit.patches.weight_op import WeightOp
+from larql.edit.state.view import edit_vindex
 from larql.errors import EditError, LqlSemanticError, VindexError
 from larql.lql.executor import execute
 from larql.lql.session import Session

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from larql.edit.view import edit_vindex
+from larql.edit.state.view import edit_vindex
 from larql.errors import LqlSemanticError
 from larql.lql.executor import execute
 from larql.lql.parser import parse

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import larql
-from larql.edit.overlay import FeatureOverride
+from larql.edit.patches.overlay import FeatureOverride
 from larql.errors import LqlSemanticError
 from larql.lql.executor import execute
 from larql.lql.session import Session

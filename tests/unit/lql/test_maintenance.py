@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from larql.edit.feature_insert import ffn_inputs
-from larql.edit.overlay import MetaOverride
-from larql.edit.patch import PatchOp
-from larql.edit.weight_op import WeightOp
+from larql.edit.methods.feature import ffn_inputs
+from larql.edit.patches.overlay import MetaOverride
+from larql.edit.patches.patch import PatchOp
+from larql.edit.patches.weight_op import WeightOp
 from larql.errors import LqlSemanticError
 from larql.lql.executor import execute
 from larql.lql.session import Session

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from larql.edit.patch import Patch, save_patch
+from larql.edit.patches.patch import Patch, save_patch
 from larql.errors import LqlSemanticError, VindexError
 from larql.lql.executor import execute
 from larql.lql.session import Session

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import larql
-from larql.edit.evaluate import load_edit_set
+from larql.edit.measure.evaluate import load_edit_set
 from larql.errors import EditError, LarqlError, ModelFormatError
 from larql.model.config import config_from_gguf
 from tests.synthetic import TinySpec, hf_weights, write_hf_dir

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from larql.edit.patch import Shape, load_patch
+from larql.edit.patches.patch import Shape, load_patch
 from larql.io.tempfiles import TEMP_RE, clean_stale
 from larql.lql.executor import execute
 from larql.vindex.store import open_vindex

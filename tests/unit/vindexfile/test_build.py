@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 
-from larql.edit.view import edit_vindex
+from larql.edit.state.view import edit_vindex
 from larql.errors import BuildError
 from larql.lql.executor import execute
 from larql.lql.session import Session

@@ -20,7 +20,7 @@ MEASURED_DEFAULTS = {"gemma3-270m": "neuron", "smollm2-135m": "neuron"}
 def default_method(model_name: str) -> str:
     """INSERT's method for a model when the statement names none."""
     return MEASURED_DEFAULTS.get(model_name, DEFAULT_METHOD)
-# The layer whose MLP at the subject's last token carries facts, by crown discovery (edit/crown.py):
+# The layer whose MLP at the subject's last token carries facts, by crown discovery (edit/measure/crown.py):
 # on gemma3-270m, ablating layer 3 there drops p(answer) from 0.08-0.64 to 0.001-0.006 in all three
 # facts tried (no other layer comes close); SmolLM2-135M's, measured the same way, is CROWN_LAYERS'.
 CROWN_LAYERS = {"gemma3-270m": 3, "smollm2-135m": 4}
@@ -40,7 +40,7 @@ def neuron_prefixes(n_subjects: int) -> int:
     return LARGE_BATCH_PREFIXES if n_subjects > LARGE_BATCH else N_PREFIXES
 
 
-# nearest subjects (edit/neighbours.py) whose keys an edit holds still; NS of single ROME edits on
+# nearest subjects (edit/methods/neighbours.py) whose keys an edit holds still; NS of single ROME edits on
 # the five hardest records of benchmarks/data: 0 -> 57, 16 -> 80, 48 -> 87
 N_NEIGHBOURS = 32
 
@@ -72,7 +72,7 @@ def neuron_layers(model_name: str, n_layers: int) -> tuple[int, ...]:
     """The layers METHOD NEURON fills, in order (the crown layer alone for a model not measured)."""
     return NEURON_LAYERS.get(model_name, (default_layer(model_name, n_layers),))
 
-# REBALANCE's loop (edit/rebalance.py; LARQL's factors and MAX, a band that holds INSERT's p >= 0.9 goal)
+# REBALANCE's loop (edit/maintain/rebalance.py; LARQL's factors and MAX, a band that holds INSERT's p >= 0.9 goal)
 REBALANCE_MAX, REBALANCE_CONVERGED_MAX = 16, 64
 REBALANCE_FLOOR, REBALANCE_CEILING = 0.30, 0.95
 REBALANCE_GROW, REBALANCE_SHRINK = 1.15, 0.85

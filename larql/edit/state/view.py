@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.overlay import PatchOverlay
-from larql.edit.patch import PatchOp, PatchStack, is_neuron
+from larql.edit.patches.overlay import PatchOverlay
+from larql.edit.patches.patch import PatchOp, PatchStack, is_neuron
 from larql.vindex import knn
 from larql.vindex.store import FeatureMeta, Vindex, feature_meta, open_vindex
 
@@ -187,7 +187,7 @@ class EditableVindex:
         """The model the vindex carries (inference level and up), loaded once; its FFN is the walk
         FFN over `overlay`, so edits show at once. `model().dense()` ignores the overlay."""
         if self._model is None:
-            from larql.edit.walk_ffn import OverlayEdits
+            from larql.edit.state.walk_ffn import OverlayEdits
             from larql.vindex.runtime import carried_model
 
             self._model = carried_model(self.store, OverlayEdits(self.overlay))
@@ -232,6 +232,6 @@ def installed(vindex: EditableVindex, layer: int, neurons: bool = False) -> list
 
 def neuron_subjects(vindex: EditableVindex) -> list[str]:
     """The subjects of the METHOD NEURON features in place, at every layer (what a new neuron's key
-    must tell its subject from, `methods.subject_keys`)."""
+    must tell its subject from, `defaults.subject_keys`)."""
     return [op.entity for layer in range(vindex.num_layers) for op in installed(vindex, layer, neurons=True)
             if op.entity]

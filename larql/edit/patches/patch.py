@@ -35,8 +35,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.overlay import MAX_ADDED, FeatureOverride, MetaOverride, PatchOverlay
-from larql.edit.weight_op import WeightOp, f32_b64
+from larql.edit.patches.overlay import MAX_ADDED, FeatureOverride, MetaOverride, PatchOverlay
+from larql.edit.patches.weight_op import WeightOp, f32_b64
 from larql.errors import VindexError
 from larql.io.jsonfile import read_json
 from larql.io.tempfiles import clean_stale, publish, temp_path
@@ -153,7 +153,7 @@ class PatchOp:
         return PatchOp(d["op"], layer, feature, vectors, meta, entity, relation, target, _text(d, "reason", where))
 
 
-NEURON_REASON = "neuron: "  # the reason METHOD NEURON gives its inserts (edit/neuron.py)
+NEURON_REASON = "neuron: "  # the reason METHOD NEURON gives its inserts (edit/methods/neuron.py)
 
 
 def is_neuron(op: PatchOp) -> bool:

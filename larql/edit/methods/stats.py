@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.capture import BATCH_ROWS, capture_batch
+from larql.edit.methods.capture import BATCH_ROWS, capture_batch
 from larql.errors import EditError
 from larql.io.tempfiles import write_cache
 from larql.model.forward import norm

@@ -2,7 +2,7 @@
 report each fact's p(target | its prompt) before and after.
 
 INSERT does this implicitly for the facts at its layer, one insert at a time: it rebuilds the
-earlier facts' gates against the new prompt (the "cliff-breaker", feature_insert.selective) and
+earlier facts' gates against the new prompt (the "cliff-breaker", feature.selective) and
 searches the new feature's down scale alone. After several inserts, a MERGE or an APPLY PATCH, the
 facts at a layer were never tuned all together. REBALANCE, per layer:
 1. rebuilds every installed fact's gate and up against the decoys and every other fact's prompt
@@ -20,15 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from larql.edit.feature_insert import (
-    DECOY_ENTITIES,
-    DECOY_PROMPTS,
-    MAX_SCALE,
-    ffn_inputs,
-    relation_prompt,
-    selective,
-)
-from larql.edit.methods import (
+from larql.edit.methods.defaults import (
     REBALANCE_CEILING,
     REBALANCE_CONVERGED_MAX,
     REBALANCE_FLOOR,
@@ -36,9 +28,17 @@ from larql.edit.methods import (
     REBALANCE_MAX,
     REBALANCE_SHRINK,
 )
-from larql.edit.overlay import MetaOverride
-from larql.edit.patch import PatchOp
-from larql.edit.view import EditableVindex, installed
+from larql.edit.methods.feature import (
+    DECOY_ENTITIES,
+    DECOY_PROMPTS,
+    MAX_SCALE,
+    ffn_inputs,
+    relation_prompt,
+    selective,
+)
+from larql.edit.patches.overlay import MetaOverride
+from larql.edit.patches.patch import PatchOp
+from larql.edit.state.view import EditableVindex, installed
 from larql.errors import EditError, VindexError
 from larql.model.generate import log_softmax
 from larql.model.interp import first_target_token

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from larql.edit.facts import Fact, rewrites
+from larql.edit.methods.facts import Fact, rewrites
 from larql.model.model import Model
 from larql.vindex.probes import (
     MAX_ANSWER_TOKENS,

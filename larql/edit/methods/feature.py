@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.overlay import MetaOverride
-from larql.edit.patch import PatchOp
-from larql.edit.view import EditableVindex, installed
+from larql.edit.patches.overlay import MetaOverride
+from larql.edit.patches.patch import PatchOp
+from larql.edit.state.view import EditableVindex, installed
 from larql.errors import VindexError
 from larql.model.ffn import gated
 from larql.model.forward import norm

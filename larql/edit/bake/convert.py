@@ -74,8 +74,8 @@ def convert(src: str | Path, out: str | Path, to: str | None = None, dtype: str 
         from larql.model.load import load
 
         return fmt, export_model(load(src), out, dtype=dtype or "bf16", overwrite=overwrite)
-    from larql.edit.compile import compile_gguf, compile_safetensors
-    from larql.edit.view import edit_vindex
+    from larql.edit.bake.compile import compile_gguf, compile_safetensors
+    from larql.edit.state.view import edit_vindex
 
     v = edit_vindex(src)
     for p in patches:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.overlay import PatchOverlay
+from larql.edit.patches.overlay import PatchOverlay
 from larql.errors import VindexError
 from larql.quant import GGMLType, QuantMatrix, row_bytes
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from larql.edit.overlay import PatchOverlay
-from larql.edit.patch import Patch, PatchOp, PatchStack
-from larql.edit.weight_op import WeightOp
+from larql.edit.patches.overlay import PatchOverlay
+from larql.edit.patches.patch import Patch, PatchOp, PatchStack
+from larql.edit.patches.weight_op import WeightOp
 
 Op = PatchOp | WeightOp
 

@@ -27,7 +27,7 @@ def load_any(src: str | Path) -> Model:
     """
     name, path = resolve(src)
     if is_vindex(path):
-        from larql.edit.view import edit_vindex  # the store and faiss load only for a vindex
+        from larql.edit.state.view import edit_vindex  # the store and faiss load only for a vindex
 
         return edit_vindex(path).model()
     return load_path(name, path)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.overlay import FeatureOverride, PatchOverlay
+from larql.edit.patches.overlay import FeatureOverride, PatchOverlay
 from larql.errors import VindexError
 from larql.model.ffn import FeatureVectors
 from larql.model.model import Model

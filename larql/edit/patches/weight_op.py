@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.overlay import PatchOverlay
+from larql.edit.patches.overlay import PatchOverlay
 from larql.errors import VindexError
 
 F32 = NDArray[np.float32]

@@ -20,7 +20,7 @@ values show above float32 rounding, and the factors are kept only if U Vᵀ repr
 the delta to within a few ulps of the weights (else the layer stays per feature).
 
 The two may differ in FFN width: features METHOD NEURON added (in an overlay, or compiled into a
-vindex, which COMPILE writes wider: edit/widen.py). Each layer is compared at the wider of the two,
+vindex, which COMPILE writes wider: edit/bake/widen.py). Each layer is compared at the wider of the two,
 the narrower side padded with zero features (what COMPILE pads with), so a feature only one side
 has is an insert (past the first's width: an added feature) or a delete.
 """
@@ -34,12 +34,12 @@ from pathlib import Path
 
 import numpy as np
 
-from larql.edit.compile import edited_layers, edited_matrix
-from larql.edit.overlay import MetaOverride
-from larql.edit.patch import Patch, PatchOp, index_checksum, save_patch
-from larql.edit.view import EditableVindex
-from larql.edit.weight_op import WeightOp
-from larql.edit.widen import gate_rows, widened, zero_rows
+from larql.edit.bake.compile import edited_layers, edited_matrix
+from larql.edit.bake.widen import gate_rows, widened, zero_rows
+from larql.edit.patches.overlay import MetaOverride
+from larql.edit.patches.patch import Patch, PatchOp, index_checksum, save_patch
+from larql.edit.patches.weight_op import WeightOp
+from larql.edit.state.view import EditableVindex
 from larql.errors import VindexError
 from larql.vindex import layout
 from larql.vindex.weights import VindexWeightSource

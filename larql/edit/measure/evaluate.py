@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.facts import Fact, model_prefixes
-from larql.edit.scoring import Scorer
+from larql.edit.measure.scoring import Scorer
+from larql.edit.methods.facts import Fact, model_prefixes
 from larql.errors import EditError
 from larql.io.jsonfile import read_json
 from larql.model.generate import log_softmax

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from larql.edit.methods import is_key_of
+from larql.edit.methods.defaults import is_key_of
 from larql.errors import EditError, EmptyTargetError
 from larql.model.interp import target_token_ids
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from larql.model.model import Model
 
 # Seeds for the model-written prefixes (MEMIT's). The optimisation uses PREFIX_SEED, the evaluation
-# (edit/evaluate.py) a different seed, so that it scores contexts the edit never saw.
+# (edit/measure/evaluate.py) a different seed, so that it scores contexts the edit never saw.
 PREFIX_SEEDS = ("The", "Therefore", "Because", "I", "You")
 PREFIX_SEED = 0
 
@@ -40,7 +40,7 @@ class Fact:
     relation: str = ""
     target_true: str | None = None
     prompts: tuple[str, ...] = field(default=())  # the user's extra prompts to optimise on
-    key: str | None = None  # the subject's leading words an edit keys on (`methods.subject_keys`); None: all of it
+    key: str | None = None  # the subject's leading words an edit keys on (`defaults.subject_keys`); None: all of it
 
     def __post_init__(self) -> None:
         for name in ("subject", "prompt", "target"):

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.facts import target_ids
+from larql.edit.methods.facts import target_ids
 from larql.model.model import Model
 from larql.model.prefix import fork
 

@@ -49,15 +49,13 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.capture import LowerLayers, capture_batch
-from larql.edit.facts import Fact, model_prefixes, subject_position
-from larql.edit.feature_insert import target_direction
-from larql.edit.methods import N_PREFIXES
-from larql.edit.overlay import MetaOverride
-from larql.edit.patch import NEURON_REASON, PatchOp
-from larql.edit.rome import CONSTRAINT_RIDGE, KeyMetric
-from larql.edit.value import ValueResult, optimise_values
-from larql.edit.weight_edit import (
+from larql.edit.methods.capture import LowerLayers, capture_batch
+from larql.edit.methods.defaults import N_PREFIXES
+from larql.edit.methods.facts import Fact, model_prefixes, subject_position
+from larql.edit.methods.feature import target_direction
+from larql.edit.methods.rome import CONSTRAINT_RIDGE, KeyMetric
+from larql.edit.methods.value import ValueResult, optimise_values
+from larql.edit.methods.weight_edit import (
     VALUE_BATCH,
     HeldMemo,
     HeldPrompt,
@@ -66,6 +64,8 @@ from larql.edit.weight_edit import (
     held_keys,
     held_prompts,
 )
+from larql.edit.patches.overlay import MetaOverride
+from larql.edit.patches.patch import NEURON_REASON, PatchOp
 from larql.errors import EditError
 from larql.model.ffn import gated
 from larql.model.forward import norm
@@ -248,7 +248,7 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metr
     (the overlay's next_feature, the rest follow); `decoys`:
     subjects whose inputs the neurons must not fire on (besides the nearest subjects in `neighbours`
     and the subjects' known `objects`); `earlier`: subjects of the neurons already in place, each to
-    what it is keyed on (`methods.subject_keys`), held where a new neuron comes near them
+    what it is keyed on (`defaults.subject_keys`), held where a new neuron comes near them
     (`neuron_directions`); `elsewhere`: texts of the subjects whose neurons sit at other layers (this
     batch's and earlier ones'), held where a new neuron opens on them; `memo`: `held_keys`' columns
     at this layer read before (and kept for settling); `lower`: the texts' residuals below the layer,

@@ -37,10 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-from larql.edit.overlay import FeatureOverride, MetaOverride, PatchOverlay
-from larql.edit.patch import Patch, PatchOp, Shape, load_patch, made_for
-from larql.edit.view import EditableVindex
-from larql.edit.weight_op import WeightOp
+from larql.edit.patches.overlay import FeatureOverride, MetaOverride, PatchOverlay
+from larql.edit.patches.patch import Patch, PatchOp, Shape, load_patch, made_for
+from larql.edit.patches.weight_op import WeightOp
+from larql.edit.state.view import EditableVindex
 from larql.errors import EditError
 
 POLICIES = ("last_wins", "keep_current", "highest_confidence", "fail")
@@ -134,8 +134,8 @@ def load_source(v: EditableVindex, source: str | Path) -> tuple[str, list[PatchO
     """('patch' | 'vindex', the incoming operations) for a .vlp file or a vindex directory."""
     path = Path(source)
     if (path / "index.json").is_file():
-        from larql.edit.diff import diff
-        from larql.edit.view import edit_vindex
+        from larql.edit.maintain.diff import diff
+        from larql.edit.state.view import edit_vindex
 
         other = edit_vindex(path)
         report = diff(EditableVindex(v.store), other)
@@ -302,7 +302,7 @@ def _least_used(v: EditableVindex, layer: int) -> list[int]:
     prompts x |down column|) with model weights and a dense FFN, else the lowest down_meta score."""
     if not v.has_model_weights or v.num_experts(layer):
         return [int(f) for f in np.argsort(np.abs(v.store.down_meta(layer)[1][:, 0]), kind="stable")]
-    from larql.edit.feature_insert import DECOY_PROMPTS, ffn_inputs
+    from larql.edit.methods.feature import DECOY_PROMPTS, ffn_inputs
 
     model = v.model()
     _, acts = ffn_inputs(model, list(DECOY_PROMPTS), layer, last_only=True)

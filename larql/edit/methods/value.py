@@ -27,8 +27,8 @@ from itertools import pairwise
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.capture import capture_stemmed
-from larql.edit.facts import Fact, rewrites, subject_position, target_ids
+from larql.edit.methods.capture import capture_stemmed
+from larql.edit.methods.facts import Fact, rewrites, subject_position, target_ids
 from larql.errors import EditError
 from larql.model.forward import norm
 from larql.model.grad import DenseLayer, Tail, TailContext

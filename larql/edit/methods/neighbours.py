@@ -21,7 +21,7 @@ from collections.abc import Collection
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.methods import N_NEIGHBOURS
+from larql.edit.methods.defaults import N_NEIGHBOURS
 from larql.vindex.store import Vindex
 
 _WORD = re.compile(r"[^\W\d_][\w'-]*\Z")

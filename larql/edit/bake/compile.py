@@ -8,7 +8,7 @@ down_meta.bin carry the edits too. Written atomically, like an extraction; the b
 
 Features METHOD NEURON added to a layer make every layer wider, in every output format: one FFN
 width for all layers, since the vindex format, GGUF's feed_forward_length and HF's
-intermediate_size each hold one (edit/widen.py says how wide, and why the new slots are no-ops).
+intermediate_size each hold one (edit/bake/widen.py says how wide, and why the new slots are no-ops).
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from larql.edit.gguf_fuse import OutTensor, fuse
-from larql.edit.gguf_meta import gguf_arch, vindex_fields, write_fields
-from larql.edit.overlay import FeatureOverride
-from larql.edit.view import EditableVindex
-from larql.edit.widen import ffn_width, gate_rows, widened, widened_shape, zero_rows
+from larql.edit.bake.widen import ffn_width, gate_rows, widened, widened_shape, zero_rows
+from larql.edit.patches.overlay import FeatureOverride
+from larql.edit.state.view import EditableVindex
 from larql.errors import VindexError
 from larql.io.pathguard import overlap, vindex_reads
 from larql.io.tempfiles import clean_stale, publish, temp_path
+from larql.model.gguf_fuse import OutTensor, fuse
+from larql.model.gguf_meta import gguf_arch, vindex_fields, write_fields
 from larql.quant import GGMLType, QuantMatrix
 from larql.vindex import layout
 from larql.vindex.weights import VindexWeightSource
@@ -214,7 +214,7 @@ def compile_gguf(v: EditableVindex, out: str | Path, on_conflict: str = "last_wi
     (edited FFN tensors as F32, the rest in their stored blocks, zero-padded when features were
     added: widen.py), under the metadata (architecture, hyperparameters, tokenizer) of the GGUF it
     was extracted from when that file is still there, else metadata rebuilt from the vindex
-    (edit/gguf_meta.py); llama.cpp runs the result."""
+    (model/gguf_meta.py); llama.cpp runs the result."""
     import gguf
 
     if not v.has_model_weights:

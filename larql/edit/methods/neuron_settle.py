@@ -1,4 +1,4 @@
-"""Settling a layer's new neurons against the texts of every subject (METHOD NEURON, edit/neuron.py).
+"""Settling a layer's new neurons against the texts of every subject (METHOD NEURON, edit/methods/neuron.py).
 
 A neuron is planned to be 0 at the other subjects' inputs where it would open (`neuron_directions`),
 but on inputs taken one way (the mean over the optimised prompts, the subject opening a text) and
@@ -22,13 +22,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.capture import LowerLayers
-from larql.edit.facts import Fact
-from larql.edit.neuron import THRESHOLD, THRESHOLD_RMS, neuron_gate
-from larql.edit.patch import PatchOp
-from larql.edit.rome import CONSTRAINT_RIDGE, KeyMetric
-from larql.edit.view import EditableVindex
-from larql.edit.weight_edit import HeldMemo, HeldPrompt, held_keys
+from larql.edit.methods.capture import LowerLayers
+from larql.edit.methods.facts import Fact
+from larql.edit.methods.neuron import THRESHOLD, THRESHOLD_RMS, neuron_gate
+from larql.edit.methods.rome import CONSTRAINT_RIDGE, KeyMetric
+from larql.edit.methods.weight_edit import HeldMemo, HeldPrompt, held_keys
+from larql.edit.patches.patch import PatchOp
+from larql.edit.state.view import EditableVindex
 from larql.model.model import Model
 
 F32 = NDArray[np.float32]

@@ -4,8 +4,8 @@ Methods:
 - "rome"    one weight edit per fact (facts about one subject share it), solved one after another,
             each holding the earlier ones' keys still;
 - "memit"   all facts in one joint solve per layer (EMMET's equality-constrained MEMIT);
-- "feature" LARQL's INSERT: one selective FFN feature per fact (edit/feature_insert.py).
-`methods.default_method` is whichever measured best for the model (benchmarks/bench_editing.py; README).
+- "feature" LARQL's INSERT: one selective FFN feature per fact (edit/methods/feature.py).
+`defaults.default_method` is whichever measured best for the model (benchmarks/bench_editing.py; README).
 
 Every INSERT is recorded on the patch stack as a whole or not at all, and reports, per fact,
 efficacy (the prompt), generalisation and locality measured on prompts it did NOT optimise on:
@@ -24,10 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from larql.edit.capture import LowerLayers
-from larql.edit.evaluate import EVAL_PREFIX_SEED, EVAL_PREFIXES, Scorer, unrelated_logps
-from larql.edit.facts import Fact, model_prefixes
-from larql.edit.methods import (
+from larql.edit.measure.evaluate import EVAL_PREFIX_SEED, EVAL_PREFIXES, Scorer, unrelated_logps
+from larql.edit.methods.capture import LowerLayers
+from larql.edit.methods.defaults import (
     METHODS,
     N_NEIGHBOURS,
     NEURONS_PER_LAYER,
@@ -37,14 +36,14 @@ from larql.edit.methods import (
     neuron_prefixes,
     subject_keys,
 )
-from larql.edit.neighbours import similar_subjects
-from larql.edit.neuron import bias_direction, plan_neuron_edit
-from larql.edit.neuron_settle import settle_layer, settle_texts
-from larql.edit.relations import RelationCheck, known_edges, known_relations, recheck, relation_holds
-from larql.edit.rome import KeyMetric
-from larql.edit.stats import second_moments, token_budget
-from larql.edit.view import EditableVindex, installed, neuron_subjects
-from larql.edit.weight_edit import (
+from larql.edit.methods.facts import Fact, model_prefixes
+from larql.edit.methods.neighbours import similar_subjects
+from larql.edit.methods.neuron import bias_direction, plan_neuron_edit
+from larql.edit.methods.neuron_settle import settle_layer, settle_texts
+from larql.edit.methods.relations import RelationCheck, known_edges, known_relations, recheck, relation_holds
+from larql.edit.methods.rome import KeyMetric
+from larql.edit.methods.stats import second_moments, token_budget
+from larql.edit.methods.weight_edit import (
     DECOY_SUBJECTS,
     HeldMemo,
     HeldPrompt,
@@ -52,7 +51,8 @@ from larql.edit.weight_edit import (
     known_objects_many,
     plan_weight_edit,
 )
-from larql.edit.weight_op import WeightOp
+from larql.edit.patches.weight_op import WeightOp
+from larql.edit.state.view import EditableVindex, installed, neuron_subjects
 from larql.errors import EditError
 from larql.model.grad import require_backward
 from larql.model.interp import kl
@@ -229,7 +229,7 @@ def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = 
     recorded = len(v.patches.pending)
     plan = None
     if method == "feature":
-        from larql.edit.feature_insert import plan_insert
+        from larql.edit.methods.feature import plan_insert
 
         ops = []
         for f in facts:

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.capture import LowerLayers, capture_batch
-from larql.edit.facts import Fact, model_prefixes, subject_position
-from larql.edit.methods import N_PREFIXES
-from larql.edit.relations import known_edges
-from larql.edit.rome import KeyMetric, LowRankDelta, solve_update
-from larql.edit.value import ValueResult, optimise_values
+from larql.edit.methods.capture import LowerLayers, capture_batch
+from larql.edit.methods.defaults import N_PREFIXES
+from larql.edit.methods.facts import Fact, model_prefixes, subject_position
+from larql.edit.methods.relations import known_edges
+from larql.edit.methods.rome import KeyMetric, LowRankDelta, solve_update
+from larql.edit.methods.value import ValueResult, optimise_values
 from larql.errors import EditError
 from larql.model.forward import norm
 from larql.model.grad import DenseLayer
@@ -133,7 +133,7 @@ class HeldPrompt:
     text: str
     word: str
     owner: str | None = None
-    key: str | None = None  # the word's leading words to take the key at (`methods.subject_keys`)
+    key: str | None = None  # the word's leading words to take the key at (`defaults.subject_keys`)
 
 
 def held_prompts(facts: Sequence[Fact], decoys: Sequence[str], limit: int = MAX_DECOY_PROMPTS,
@@ -141,7 +141,7 @@ def held_prompts(facts: Sequence[Fact], decoys: Sequence[str], limit: int = MAX_
                  objects: Mapping[str, Sequence[str]] | None = None,
                  per_fact: int | None = None) -> list[HeldPrompt]:
     """Decoy subjects put in the facts' prompts (at most `limit`, for every subject), each subject's
-    `neighbours` (edit/neighbours.py, `per_fact` of them: default a NEIGHBOUR_BUDGET shared by the
+    `neighbours` (edit/methods/neighbours.py, `per_fact` of them: default a NEIGHBOUR_BUDGET shared by the
     facts) put in that subject's prompts, and where the old objects (`target_true`) and each
     subject's `objects` (`known_objects_many`) open a text."""
     subjects = {f.subject.lower() for f in facts}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.facts import subject_position, target_ids
+from larql.edit.methods.facts import subject_position, target_ids
 from larql.errors import EditError
 from larql.model.hooks import Zero
 from larql.model.model import Model
