@@ -41,13 +41,13 @@ def main() -> None:
     from larql.edit.measure.evaluate import load_edit_set
     from larql.edit.measure.scoring import Scorer
     from larql.edit.methods.capture import capture_batch
-    from larql.edit.methods.facts import subject_position
-    from larql.edit.methods.feature import installed
     from larql.edit.methods.neuron import PRE_ACTIVATION
     from larql.edit.methods.weight_edit import DECOY_SUBJECTS
+    from larql.edit.state.edited import installed
     from larql.edit.state.view import edit_vindex
     from larql.model.ffn import gated
     from larql.model.forward import norm
+    from larql.model.targets import subject_position
 
     records = load_edit_set(args.data)[:: args.every][: args.limit]
     text = " ".join(r.prompt + " " + " ".join(r.paraphrases) + " " + " ".join(p for p, _ in r.neighbours)

@@ -6,11 +6,7 @@
 from __future__ import annotations
 
 import larql
-import larql.model.generate
-from larql.lql.executor import execute
-from larql.lql.session import Session
-from larql.model import interp
-from larql.model.hooks import Add
+from larql import hooks, interp
 
 m = larql.load("gemma3-270m")
 prompt = "The capital of France is"
@@ -29,18 +25,18 @@ for layer, (rank, prob) in enumerate(interp.token_trajectory(m, ids, paris)):
 # 3. activation patching: Germany's residual into France's prompt at the entity position
 donor = m.tokenize("The capital of Germany is")
 berlin = m.tokenize(" Berlin")[1]
-before = larql.model.generate.log_softmax(logits[-1])
-after = larql.model.generate.log_softmax(interp.patch_activation(m, donor, ids, layer=6, position=4)[-1])
+before = interp.log_softmax(logits[-1])
+after = interp.log_softmax(interp.patch_activation(m, donor, ids, layer=6, position=4)[-1])
 print(f"patching Germany in at layer 6: log p(' Paris') {before[paris]:.2f} -> {after[paris]:.2f}, "
       f"log p(' Berlin') {before[berlin]:.2f} -> {after[berlin]:.2f}")
 
 # 4. steering: a 'French' direction from contrastive prompts, added while generating
 v = interp.steering_vector(m, ["Je suis", "Bonjour, je"], ["I am", "Hello, I"], layer=6)
-out = m.generate("My favourite food is", max_new_tokens=8, hooks={"blocks.6.hook_resid_post": Add(1.5 * v)})
+out = m.generate("My favourite food is", max_new_tokens=8, hooks={"blocks.6.hook_resid_post": hooks.Add(1.5 * v)})
 print("steered:", repr(out.text))
 
 # 5. TRACE through LQL with the model in use
-trace = execute(f'TRACE "{prompt}" FOR "Paris" LAYERS 10-17', Session(model=m))[0]
+trace = larql.execute(f'TRACE "{prompt}" FOR "Paris" LAYERS 10-17', larql.Session(model=m))[0]
 print(trace.title)
 for row in trace.rows:
     print("  ", row)

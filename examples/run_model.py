@@ -8,8 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 import larql
-from larql.model.generate import log_softmax
-from larql.model.interp import top_tokens
+from larql import interp
 
 m = larql.load("gemma3-270m")
 prompt = "The capital of France is"
@@ -18,8 +17,8 @@ print(m, "\nprompt ids:", ids)
 
 # next-token distribution
 logits = m.next_logits(ids)
-logp = log_softmax(logits)
-for tok in top_tokens(logits, 5):
+logp = interp.log_softmax(logits)
+for tok in interp.top_tokens(logits, 5):
     print(f"  {m.tokenizer.token_text(int(tok))!r:12} p={np.exp(logp[tok]):.3f}")
 
 # capture the residual stream after layer 8 through a hook point

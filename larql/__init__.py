@@ -1,16 +1,22 @@
 """larql: a language model as a database.
 
-The facade (whether a path is a vindex, a GGUF file or an HF directory is decided in
-edit/state/load_any.py, which LQL's USE MODEL shares):
+The public Python API; everything a user needs is a name here (each resolves on first use, PEP 562:
+`import larql` loads no numpy, numba or faiss, and LQL parsing and planning never load the runtime).
 
-    larql.load(src)          a Model: alias / .gguf / HF directory, or a vindex (its walk FFN over an
-                             editable view, so patches applied to the view show in the model)
-    larql.open_vindex(path)  the read-only store (vindex.store.Vindex)
-    larql.edit_vindex(path)  the editable view (edit.view.EditableVindex: store + overlay + patches)
-    larql.plot               pictures of results (larql/shell/plot.py; the extra `larql[plot]`)
+    larql.load(src)             a Model: alias / .gguf / HF directory, or a vindex (its walk FFN over an
+                                editable view, so edits to the view show in the model)
+    larql.open_vindex(path)     a Vindex, read-only: .describe / .walk / .nearest, gate KNN, metadata
+    larql.edit_vindex(path)     an EditableVindex (store + overlay + patches): .insert(facts) and the same reads
+    larql.execute(text)         run LQL statements: a list of Result (a Session carries USE and edits)
+    larql.parse(text)           LQL text to statements (nothing runs)
+    Model, Vindex, EditableVindex, Result, Session, Fact, InsertReport, CrownReport
+    larql.hooks                 hook names and interventions (Replace, Add, Scale, Zero, Knockout, TopK)
+    larql.interp                logit lens, attribution, patching, steering, attention patterns
+    larql.plot                  pictures of results (the extra `larql[plot]`)
+    LarqlError and the errors under it (larql.errors)
 
-Everything resolves on first use (PEP 562): `import larql` loads no numpy, numba or faiss, and LQL
-parsing and planning never load the numba runtime.
+`import larql` sets the thread pools as `larql run` does (numba, OpenMP, BLAS; threads.configure), so
+a script decodes at the CLI's speed; variables the user set already are left alone.
 """
 
 from __future__ import annotations
@@ -19,18 +25,56 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from larql import threads as _threads
+from larql.errors import (
+    AccessError,
+    BuildError,
+    ContextLengthError,
+    EditError,
+    EmptyTargetError,
+    LarqlError,
+    LimitError,
+    LqlError,
+    LqlSemanticError,
+    LqlSyntaxError,
+    ModelError,
+    ModelFormatError,
+    QuantError,
+    RemoteError,
+    ServeError,
+    TokenizerError,
+    UnknownModelError,
+    UnsupportedError,
+    VindexError,
+)
 from larql.version import __version__
 
 if TYPE_CHECKING:
+    from larql.edit.insert import InsertReport
+    from larql.edit.methods.facts import Fact
     from larql.edit.state.view import EditableVindex
+    from larql.lql.ast import Statement
+    from larql.lql.result import Result
+    from larql.lql.session import Session
+    from larql.model.crown import CrownReport
     from larql.model.model import Model
     from larql.vindex.store import Vindex
 
-__all__ = ["EditableVindex", "Model", "Vindex", "__version__", "edit_vindex", "load", "open_vindex"]
+_threads.configure()
 
-_CLASSES = {"Model": "larql.model.model", "Vindex": "larql.vindex.store", "EditableVindex": "larql.edit.state.view"}
-# modules the facade names: `from larql import plot` (the module lives with the presentation code)
-_MODULES = {"plot": "larql.shell.plot"}
+_CLASSES = {"Model": "larql.model.model", "Vindex": "larql.vindex.store", "EditableVindex": "larql.edit.state.view",
+            "Result": "larql.lql.result", "Session": "larql.lql.session", "Fact": "larql.edit.methods.facts",
+            "InsertReport": "larql.edit.insert", "CrownReport": "larql.model.crown"}
+# modules the facade names: `larql.hooks.Zero(...)`, `from larql import plot` (presentation code)
+_MODULES = {"hooks": "larql.model.hooks", "interp": "larql.model.interp", "plot": "larql.shell.plot"}
+
+__all__ = [
+    "AccessError", "BuildError", "ContextLengthError", "CrownReport", "EditError", "EditableVindex",
+    "EmptyTargetError", "Fact", "InsertReport", "LarqlError", "LimitError", "LqlError", "LqlSemanticError",
+    "LqlSyntaxError", "Model", "ModelError", "ModelFormatError", "QuantError", "RemoteError", "Result", "ServeError",
+    "Session", "TokenizerError", "UnknownModelError", "UnsupportedError", "Vindex", "VindexError", "__version__",
+    "edit_vindex", "execute", "hooks", "interp", "load", "open_vindex", "parse", "plot",
+]
 
 
 def load(src: str | Path) -> Model:
@@ -72,6 +116,26 @@ def edit_vindex(path: str | Path) -> EditableVindex:
     from larql.edit.state.view import edit_vindex as open_view
 
     return open_view(path)
+
+
+def execute(text: str, session: Session | None = None) -> list[Result]:
+    """Run LQL `text` (one or more statements) and return each statement's Result. A `Session`
+    carries what statements share (USE, the open vindex and its edits) from one call to the next.
+
+    Example:
+        >>> s = larql.Session()
+        >>> larql.execute('USE "g.vindex"; DESCRIBE "France";', s)[-1].to_pandas()
+    """
+    from larql.lql.executor import execute as run
+
+    return run(text, session)
+
+
+def parse(text: str) -> list[Statement]:
+    """LQL `text` as statements (the AST; `larql.lql.unparse` turns them back into text)."""
+    from larql.lql.parser import parse as parse_text
+
+    return parse_text(text)
 
 
 def __getattr__(name: str) -> Any:

@@ -26,6 +26,7 @@ to fix it. The CLI prints `str(err)` and exits non-zero; tracebacks appear only 
 
 from __future__ import annotations
 
+__all__ = ["AccessError", "BuildError", "ContextLengthError", "EditError", "EmptyTargetError", "LarqlError", "LimitError", "LqlError", "LqlSemanticError", "LqlSyntaxError", "ModelError", "ModelFormatError", "QuantError", "RemoteError", "ServeError", "TokenizerError", "UnknownModelError", "UnsupportedError", "VindexError"]
 
 class LarqlError(Exception):
     """Base of every error larql raises on purpose."""

@@ -3,6 +3,8 @@ an editable view, and nothing heavy loads before it is needed."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,3 +68,75 @@ def test_load_dispatches_on_the_path(vx: Path) -> None:
         load_model(vx)  # model/ does not open vindexes: only the facade knows them
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         larql.nothing  # noqa: B018
+
+
+def test_every_public_name_resolves() -> None:
+    for name in larql.__all__:
+        assert getattr(larql, name) is not None, name
+    assert issubclass(larql.EditError, larql.LarqlError) and larql.hooks.Zero and larql.interp.logit_lens
+
+
+def _python_of(path: Path) -> str:
+    """The Python a user copies from `path`: a script, or a Markdown file's ```python blocks."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".py":
+        return text
+    return "\n".join(block.split("```", 1)[0] for block in text.split("```python")[1:])
+
+
+def test_the_readme_and_the_examples_use_only_the_public_api() -> None:
+    """What a user copies imports `larql` and the names it gives, never a module inside it."""
+    deep = re.compile(r"^\s*(from larql\.\w|import larql\.\w)", re.M)
+    for path in [ROOT / "README.md", *sorted((ROOT / "examples").glob("*.py"))]:
+        found = [m.group(0).strip() for m in deep.finditer(_python_of(path))]
+        assert not found, (path.name, found)
+
+
+def test_the_browsing_verbs_are_methods_of_a_store_and_a_view(vx: Path) -> None:
+    from larql.vindex import browse
+    from larql.vindex.describe import describe
+
+    for v in (larql.open_vindex(vx), larql.edit_vindex(vx)):
+        assert v.walk("a b c", top=3) == browse.walk(v, "a b c", 3)
+        assert v.nearest("a b", layer=1, limit=4) == browse.nearest(v, "a b", 1, 4)
+        assert v.describe("a b", probes=False) == describe(v, "a b", probes=False)
+
+
+def test_a_view_inserts_and_a_model_finds_its_crown(vx: Path) -> None:
+    from larql.edit.insert import insert_facts
+    from larql.model.crown import find_crown
+
+    fact = larql.Fact("zeta", "Colour of zeta", "blue", "colour")
+    v, w = larql.edit_vindex(vx), larql.edit_vindex(vx)
+    report = v.insert(fact, "neuron", measure=False)
+    same = insert_facts(w, [fact], "neuron", measure=False)
+    assert isinstance(report, larql.InsertReport) and report.method == "neuron" and report.layers == same.layers
+    ids = v.model().tokenize("Colour of zeta")
+    assert np.array_equal(v.model().forward(ids), w.model().forward(ids))  # the method is the function
+    assert not np.array_equal(v.model().forward(ids), v.model().dense().forward(ids))  # and it edited
+    m = v.model().dense()
+    assert m.crown("Colour of zeta", "blue", "zeta") == find_crown(m, "Colour of zeta", "blue", "zeta")
+
+
+def test_execute_and_parse_are_the_lql_entry_points(vx: Path) -> None:
+    from larql.lql.executor import execute
+    from larql.lql.session import Session
+
+    text = f'USE "{vx}"; WALK "a b c" TOP 3;'
+    assert [type(s).__name__ for s in larql.parse(text)] == ["UseStmt", "WalkStmt"]
+    ours, theirs = larql.execute(text, larql.Session())[-1], execute(text, Session())[-1]
+    assert isinstance(ours, larql.Result) and ours.rows == theirs.rows and ours.rows
+
+
+def test_import_larql_sets_the_thread_pools_as_the_cli_does() -> None:
+    """A script gets the CLI's thread settings; a variable the user set stays as they set it."""
+    code = ("import json, os; import larql; "
+            "print(json.dumps({k: os.environ.get(k) for k in ('NUMBA_NUM_THREADS', 'OMP_NUM_THREADS', 'GOMP_SPINCOUNT')}))")
+    from larql.threads import SPIN_COUNT, available_cores
+
+    got = json.loads(_fresh(code).stdout)
+    assert got == {"NUMBA_NUM_THREADS": str(available_cores()), "OMP_NUM_THREADS": str(available_cores()),
+                   "GOMP_SPINCOUNT": str(SPIN_COUNT)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    assert json.loads(r.stdout)["OMP_NUM_THREADS"] == "1"

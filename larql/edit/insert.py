@@ -52,7 +52,7 @@ from larql.edit.methods.weight_edit import (
     plan_weight_edit,
 )
 from larql.edit.patches.weight_op import WeightOp
-from larql.edit.state.view import EditableVindex, installed, neuron_subjects
+from larql.edit.state.edited import EditTarget, installed, neuron_subjects
 from larql.errors import EditError
 from larql.model.grad import require_backward
 from larql.model.interp import kl
@@ -65,7 +65,7 @@ def default_layers(model: Model) -> tuple[int, ...]:
     return (default_layer(model.name, model.config.n_layers),)
 
 
-def stats_dir(v: EditableVindex) -> Path:
+def stats_dir(v: EditTarget) -> Path:
     """Beside the vindex (`g.vindex.stats/`) when that directory is writable, else the cache."""
     beside = v.path.parent / f"{v.path.name}.stats"
     if beside.is_dir() or (v.path.parent.exists() and _writable(v.path.parent)):
@@ -105,7 +105,7 @@ def key_metrics(model: Model, layers: Sequence[int], directory: Path | None,
     return {layer: have[(layer, n_tokens, point)] for layer in layers}
 
 
-def neuron_layer_plan(v: EditableVindex, model: Model, subjects: Sequence[str],
+def neuron_layer_plan(v: EditTarget, model: Model, subjects: Sequence[str],
                       layers: Sequence[int] | None) -> dict[int, set[str]]:
     """Which layer each subject's neuron goes to: `layers` given, spread evenly over them; else the
     model's `neuron_layers` in order, each filled up to NEURONS_PER_LAYER neurons (counting those
@@ -174,7 +174,7 @@ def _probe(sc: Scorer, prompts: Sequence[str], target: str) -> tuple[float, floa
     return float(np.mean(ps)), float(np.mean(tops))
 
 
-def insert_facts(v: EditableVindex, facts: Sequence[Fact], method: str | None = None,
+def insert_facts(v: EditTarget, facts: Sequence[Fact], method: str | None = None,
                  layers: Sequence[int] | None = None, progress: Callable[[str, int, int], None] | None = None,
                  measure: bool = True, decoys: Sequence[str] | None = None,
                  n_neighbours: int = N_NEIGHBOURS, exclude: Collection[str] = (),

@@ -8,7 +8,8 @@ vindex, a refused clause) are raised here, before anything runs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from larql.edit.methods.defaults import (
     N_NEIGHBOURS,
@@ -97,7 +98,7 @@ def insert_steps(stmt: ast.InsertStmt, session: Session) -> list[Step]:
         layers = [stmt.layer if stmt.layer is not None else default_layer(v.index["model"], v.num_layers)]
     where = f"layers {layers[0]}-{layers[-1]}" if len(layers) > 1 else f"layer {layers[0]}"
     if method == "neuron":
-        from larql.edit.state.view import neuron_subjects  # numpy: an INSERT's session has the vindex open already
+        from larql.edit.state.edited import neuron_subjects  # numpy: an INSERT's session has the vindex open already
 
         entities = [f["entity"] for f in facts]
         keys = ({e: k for e, k in subject_keys([*entities, *neuron_subjects(v)]).items() if e in entities}
@@ -148,164 +149,223 @@ def insert_steps(stmt: ast.InsertStmt, session: Session) -> list[Step]:
             Step("measure", "held-out prompts: prefixed prompt, unrelated prompts' top-1 and KL")]
 
 
+# what a statement needs before it is planned, beyond a vindex in use: model weights (the label, the hint)
+NEEDS_WEIGHTS = {ast.InsertStmt: ("INSERT", "extract it WITH INFERENCE: the fact is installed by running the model"),
+                 ast.RebalanceStmt: ("REBALANCE", "extract it WITH INFERENCE: each fact's probability is measured "
+                                                  "by running the model")}
+# statements that run the model: a USE MODEL session needs no vindex, a browse-level vindex cannot run them
+RUNS_MODEL = {ast.InferStmt: "INFER", ast.TraceStmt: "TRACE", ast.ExplainInferStmt: "EXPLAIN INFER",
+              ast.CrownStmt: "CROWN"}
+# the defaults statements take when a clause is left out, one place for each
+DEFAULTS = {"infer_top": 5, "select_limit": 20, "select_entities_limit": 50, "show_entities_limit": 50,
+            "show_relations_limit": 30, "show_relations_verbose_limit": 50, "diff_limit": 20,
+            "explain_infer_top": 3, "explain_infer_verbose_top": 10}
+
+StepsFn = Callable[[Any, "Session"], list[Step]]
+
+
 def plan(stmt: ast.Statement, session: Session) -> Plan:
-    """Check `stmt` against the session and list its steps."""
+    """Check `stmt` against the session and list its steps (each statement type's function in STEPS)."""
     if isinstance(stmt, ast.PipeStmt):
         return Plan(stmt, tuple(Step("run", unparse(s), {"statement": s}) for s in stmt.stages))
+    _check_preconditions(stmt, session)
+    check_paths(stmt, session)  # never into what it reads, nor over an output without FORCE
+    steps_of = STEPS.get(type(stmt))
+    if steps_of is None:  # pragma: no cover - every statement type has its function
+        raise _error(session, stmt, f"cannot plan {type(stmt).__name__}")
+    steps = steps_of(stmt, session)
+    if getattr(stmt, "force", False):
+        steps.append(Step("replace_existing", "FORCE: an existing output is replaced (only once the new one is complete)",
+                          {"force": True}))
+    return Plan(stmt, tuple(steps))
+
+
+def _check_preconditions(stmt: ast.Statement, session: Session) -> None:
+    """Refused clauses, and what the session must have: a vindex in use, model weights."""
     refused = refusal(stmt)
     if refused is not None:
         raise _error(session, stmt, refused.message, refused.hint)
     if isinstance(stmt, ast.DiffStmt) and stmt.relation is not None:
         raise _error(session, stmt, "DIFF ... RELATION is not supported: differences are per feature, not per relation",
                      'filter by layer: DIFF "a.vindex" "b.vindex" LAYER 12')
-    if isinstance(stmt, ast.InsertStmt) and session.vindex is not None and not session.vindex.has_model_weights:
-        raise _error(session, stmt, "INSERT needs model weights, and the vindex in use is browse-level",
-                     "extract it WITH INFERENCE: the fact is installed by running the model")
-    if isinstance(stmt, ast.RebalanceStmt) and session.vindex is not None and not session.vindex.has_model_weights:
-        raise _error(session, stmt, "REBALANCE needs model weights, and the vindex in use is browse-level",
-                     "extract it WITH INFERENCE: each fact's probability is measured by running the model")
-    inference = isinstance(stmt, (ast.InferStmt, ast.TraceStmt, ast.ExplainInferStmt, ast.CrownStmt))
-    if inference and session.model is None and session.vindex is not None and not session.vindex.has_model_weights:
-        label = {"InferStmt": "INFER", "TraceStmt": "TRACE", "ExplainInferStmt": "EXPLAIN INFER",
-                 "CrownStmt": "CROWN"}[type(stmt).__name__]
-        raise _error(session, stmt, f"{label} needs model weights, and the vindex in use "
-                     f"is browse-level", 'extract it WITH INFERENCE, or USE MODEL "gemma3-270m"')
-    if not isinstance(stmt, NEEDS_NOTHING) and not (isinstance(stmt, ast.StatsStmt) and stmt.path) \
-            and not (isinstance(stmt, ast.CompileStmt) and stmt.source is not None) \
-            and not (isinstance(stmt, ast.DiffStmt) and stmt.a is not None and stmt.b is not None) \
-            and not (inference and session.model is not None):
-        if session.vindex is None:
-            raise _error(session, stmt, "no vindex in use", 'run USE "path/to.vindex" (or EXTRACT ... INTO) first')
-    check_paths(stmt, session)  # never into what it reads, nor over an output without FORCE
     v = session.vindex
-    if isinstance(stmt, ast.UseStmt):
-        op = {"vindex": "open_vindex", "model": "load_model", "remote": "connect"}[stmt.kind]
-        steps = [Step(op, stmt.target, {"target": stmt.target})]
-    elif isinstance(stmt, ast.ExtractStmt):
-        steps = [Step("load_model", stmt.model, {"model": stmt.model}),
-                 Step("extract", f"level={stmt.level} into {stmt.into}", {"level": stmt.level, "into": stmt.into}),
-                 Step("use", stmt.into, {"path": stmt.into})]
-    elif isinstance(stmt, ast.StatsStmt):
-        steps = [Step("read_index", stmt.path or "the vindex in use", {"path": stmt.path})]
-    elif isinstance(stmt, ast.ShowModelsStmt):
-        steps = [Step("scan_directory", ".", {"directory": "."})]
-    elif isinstance(stmt, ast.DescribeStmt):
-        _check_layer(session, stmt, stmt.at_layer)
-        assert v is not None  # checked above
-        where = f"layer {stmt.at_layer}" if stmt.at_layer is not None else f"band {stmt.band or 'all'}"
-        mode = stmt.mode or "brief"
-        steps = [Step("entity_embedding", repr(stmt.entity), {"entity": stmt.entity}),
-                 Step("contrastive_query", "minus common-word baseline", {"contrastive": True}),
-                 Step("gate_knn", f"{where}, top {DESCRIBE_HITS_PER_LAYER} per layer",
-                      {"layers": describe_layers(v.index["layer_bands"], v.num_layers, stmt.band, stmt.at_layer),
-                       "top": DESCRIBE_HITS_PER_LAYER}),
-                 Step("collect_edges", f"gate >= {DESCRIBE_MIN_GATE:g}, content tokens, mode={mode}",
-                      {"min_gate": DESCRIBE_MIN_GATE, "mode": mode, "relations_only": stmt.relations_only})]
-        if v.has_model_weights:
-            steps.append(Step("probe_edges", "relation templates through the model"))
-    elif isinstance(stmt, (ast.WalkStmt, ast.ExplainWalkStmt)):
-        _check_range(session, stmt, stmt.layers)
-        top = stmt.top or walk_top(stmt)
-        span = _walk_span(stmt, session)
-        where = _layers_text(stmt.layers) if span is None or stmt.layers is not None \
-            else f"{span[0]}-{span[1]} (band {getattr(stmt, 'band', '')})"
-        knn: dict[str, object] = {"layers": span, "top": top}
-        if isinstance(stmt, ast.ExplainWalkStmt):
-            knn |= {"n_down": 5 if stmt.verbose else 3, "relations_only": stmt.relations_only}
-        steps = [Step("tokenize", repr(stmt.prompt), {"prompt": stmt.prompt}),
-                 Step("last_token_embedding", "scaled"),
-                 Step("gate_knn", f"layers {where}, top {top} per layer", knn)]
-    elif isinstance(stmt, ast.SelectStmt):
-        steps = _select_steps(stmt, session)
-    elif isinstance(stmt, ast.InferStmt):
-        dense = session.model is not None
-        ffn = "dense FFN (the model in use)" if dense else "walk FFN: vindex weights + patch overlay"
-        steps = [Step("tokenize", repr(stmt.prompt), {"prompt": stmt.prompt}),
-                 Step("forward", f"{ffn}, KV cache", {"ffn": "dense" if dense else "walk"}),
-                 Step("top_k", str(stmt.top or 5), {"k": stmt.top or 5})]
-        if stmt.compare:
-            steps.append(Step("compare_dense", "dense FFN forward: top-k side by side, KL(dense || walk)"))
-    elif isinstance(stmt, ast.ExplainInferStmt):
-        _check_range(session, stmt, stmt.layers)
-        read = _infer_layers(stmt, session)
-        layers = _layers_text(stmt.layers) if stmt.layers is not None else f"band {stmt.band or 'all'}"
-        if stmt.layers is None and read is not None:  # a band: the layers it resolved to
-            layers = f"{read[0]}-{read[-1]} (band {stmt.band})"
-        elif stmt.layers is None and stmt.band not in (None, "all"):
-            layers = "all (bands are a vindex's; USE MODEL has none)"
-        which = "labelled features only" if stmt.relations_only else "every feature"
-        k = stmt.top or (10 if stmt.verbose else 3)
-        steps = [Step("tokenize", repr(stmt.prompt), {"prompt": stmt.prompt}),
-                 Step("run_with_cache", f"mlp.hook_post (and hook_resid_mid where NEURON added features), layers {layers}",
-                      {"layers": read}),
-                 Step("top_features", f"{k} per layer by |activation|, {which}",
-                      {"k": k, "relations_only": stmt.relations_only, "n_down": 5 if stmt.verbose else 3})]
-        if stmt.with_attention:
-            steps.append(Step("attention_and_lens", "top-3 attended tokens, logit-lens top-1", {"attended": 3}))
-    elif isinstance(stmt, ast.TraceStmt):
-        steps = _trace_steps(stmt, session)
-    elif isinstance(stmt, ast.ShowLayersStmt):
-        _check_range(session, stmt, stmt.range)
-        span = None if stmt.range is None else (stmt.range.start, stmt.range.end)
-        steps = [Step("summarize_layers", _layers_text(stmt.range), {"layers": span})]
-    elif isinstance(stmt, ast.ShowFeaturesStmt):
+    needs = NEEDS_WEIGHTS.get(type(stmt))
+    if needs is not None and v is not None and not v.has_model_weights:
+        raise _error(session, stmt, f"{needs[0]} needs model weights, and the vindex in use is browse-level", needs[1])
+    runs_model = RUNS_MODEL.get(type(stmt))
+    if runs_model and session.model is None and v is not None and not v.has_model_weights:
+        raise _error(session, stmt, f"{runs_model} needs model weights, and the vindex in use "
+                     f"is browse-level", 'extract it WITH INFERENCE, or USE MODEL "gemma3-270m"')
+    needs_vindex = not (isinstance(stmt, NEEDS_NOTHING) or (isinstance(stmt, ast.StatsStmt) and stmt.path)
+                        or (isinstance(stmt, ast.CompileStmt) and stmt.source is not None)
+                        or (isinstance(stmt, ast.DiffStmt) and stmt.a is not None and stmt.b is not None)
+                        or (runs_model and session.model is not None))
+    if needs_vindex and v is None:
+        raise _error(session, stmt, "no vindex in use", 'run USE "path/to.vindex" (or EXTRACT ... INTO) first')
+
+
+def _use(stmt: ast.UseStmt, session: Session) -> list[Step]:
+    op = {"vindex": "open_vindex", "model": "load_model", "remote": "connect"}[stmt.kind]
+    return [Step(op, stmt.target, {"target": stmt.target})]
+
+
+def _extract(stmt: ast.ExtractStmt, session: Session) -> list[Step]:
+    return [Step("load_model", stmt.model, {"model": stmt.model}),
+            Step("extract", f"level={stmt.level} into {stmt.into}", {"level": stmt.level, "into": stmt.into}),
+            Step("use", stmt.into, {"path": stmt.into})]
+
+
+def _stats(stmt: ast.StatsStmt, session: Session) -> list[Step]:
+    return [Step("read_index", stmt.path or "the vindex in use", {"path": stmt.path})]
+
+
+def _show_models(stmt: ast.ShowModelsStmt, session: Session) -> list[Step]:
+    return [Step("scan_directory", ".", {"directory": "."})]
+
+
+def _describe(stmt: ast.DescribeStmt, session: Session) -> list[Step]:
+    _check_layer(session, stmt, stmt.at_layer)
+    v = session.vindex
+    assert v is not None  # checked above
+    where = f"layer {stmt.at_layer}" if stmt.at_layer is not None else f"band {stmt.band or 'all'}"
+    mode = stmt.mode or "brief"
+    steps = [Step("entity_embedding", repr(stmt.entity), {"entity": stmt.entity}),
+             Step("contrastive_query", "minus common-word baseline", {"contrastive": True}),
+             Step("gate_knn", f"{where}, top {DESCRIBE_HITS_PER_LAYER} per layer",
+                  {"layers": describe_layers(v.index["layer_bands"], v.num_layers, stmt.band, stmt.at_layer),
+                   "top": DESCRIBE_HITS_PER_LAYER}),
+             Step("collect_edges", f"gate >= {DESCRIBE_MIN_GATE:g}, content tokens, mode={mode}",
+                  {"min_gate": DESCRIBE_MIN_GATE, "mode": mode, "relations_only": stmt.relations_only})]
+    if v.has_model_weights:
+        steps.append(Step("probe_edges", "relation templates through the model"))
+    return steps
+
+
+def _walk(stmt: ast.WalkStmt | ast.ExplainWalkStmt, session: Session) -> list[Step]:
+    _check_range(session, stmt, stmt.layers)
+    top = stmt.top or walk_top(stmt)
+    span = _walk_span(stmt, session)
+    where = _layers_text(stmt.layers) if span is None or stmt.layers is not None \
+        else f"{span[0]}-{span[1]} (band {getattr(stmt, 'band', '')})"
+    knn: dict[str, object] = {"layers": span, "top": top}
+    if isinstance(stmt, ast.ExplainWalkStmt):
+        knn |= {"n_down": 5 if stmt.verbose else 3, "relations_only": stmt.relations_only}
+    return [Step("tokenize", repr(stmt.prompt), {"prompt": stmt.prompt}),
+            Step("last_token_embedding", "scaled"),
+            Step("gate_knn", f"layers {where}, top {top} per layer", knn)]
+
+
+def _infer(stmt: ast.InferStmt, session: Session) -> list[Step]:
+    dense = session.model is not None
+    ffn = "dense FFN (the model in use)" if dense else "walk FFN: vindex weights + patch overlay"
+    top = stmt.top or DEFAULTS["infer_top"]
+    steps = [Step("tokenize", repr(stmt.prompt), {"prompt": stmt.prompt}),
+             Step("forward", f"{ffn}, KV cache", {"ffn": "dense" if dense else "walk"}),
+             Step("top_k", str(top), {"k": top})]
+    if stmt.compare:
+        steps.append(Step("compare_dense", "dense FFN forward: top-k side by side, KL(dense || walk)"))
+    return steps
+
+
+def _explain_infer(stmt: ast.ExplainInferStmt, session: Session) -> list[Step]:
+    _check_range(session, stmt, stmt.layers)
+    read = _infer_layers(stmt, session)
+    layers = _layers_text(stmt.layers) if stmt.layers is not None else f"band {stmt.band or 'all'}"
+    if stmt.layers is None and read is not None:  # a band: the layers it resolved to
+        layers = f"{read[0]}-{read[-1]} (band {stmt.band})"
+    elif stmt.layers is None and stmt.band not in (None, "all"):
+        layers = "all (bands are a vindex's; USE MODEL has none)"
+    which = "labelled features only" if stmt.relations_only else "every feature"
+    k = stmt.top or DEFAULTS["explain_infer_verbose_top" if stmt.verbose else "explain_infer_top"]
+    steps = [Step("tokenize", repr(stmt.prompt), {"prompt": stmt.prompt}),
+             Step("run_with_cache", f"mlp.hook_post (and hook_resid_mid where NEURON added features), layers {layers}",
+                  {"layers": read}),
+             Step("top_features", f"{k} per layer by |activation|, {which}",
+                  {"k": k, "relations_only": stmt.relations_only, "n_down": 5 if stmt.verbose else 3})]
+    if stmt.with_attention:
+        steps.append(Step("attention_and_lens", "top-3 attended tokens, logit-lens top-1", {"attended": 3}))
+    return steps
+
+
+def _show_layers(stmt: ast.ShowLayersStmt, session: Session) -> list[Step]:
+    _check_range(session, stmt, stmt.range)
+    span = None if stmt.range is None else (stmt.range.start, stmt.range.end)
+    return [Step("summarize_layers", _layers_text(stmt.range), {"layers": span})]
+
+
+def _show_features(stmt: ast.ShowFeaturesStmt, session: Session) -> list[Step]:
+    _check_layer(session, stmt, stmt.layer)
+    v = session.vindex
+    assert v is not None
+    return [Step("scan_features", f"layer {stmt.layer}", {
+        "layer": stmt.layer, "where": stmt.where, "limit": stmt.limit if stmt.limit is not None else v.num_layers})]
+
+
+def _show_entities(stmt: ast.ShowEntitiesStmt, session: Session) -> list[Step]:
+    _check_layer(session, stmt, stmt.layer)
+    return [Step("count_entities", "all layers" if stmt.layer is None else f"layer {stmt.layer}",
+                 {"layer": stmt.layer, "limit": stmt.limit or DEFAULTS["show_entities_limit"]})]
+
+
+def _show_relations(stmt: ast.ShowRelationsStmt, session: Session) -> list[Step]:
+    _check_layer(session, stmt, stmt.layer)
+    limit = DEFAULTS["show_relations_verbose_limit" if stmt.mode == "verbose" else "show_relations_limit"]
+    return [Step("read_clusters", "relation_clusters.json",
+                 {"layer": stmt.layer, "examples": stmt.with_examples, "limit": limit})]
+
+
+def _insert(stmt: ast.InsertStmt, session: Session) -> list[Step]:
+    _check_layer(session, stmt, stmt.layer)
+    return insert_steps(stmt, session)
+
+
+def _crown(stmt: ast.CrownStmt, session: Session) -> list[Step]:
+    n = session.vindex.num_layers if session.vindex is not None else 0
+    steps = [Step("tokenize", repr(stmt.prompt), {"prompt": stmt.prompt}),
+             Step("baseline", f"p({stmt.expected!r}) at the last position", {"expected": stmt.expected}),
+             Step("ablate_mlp_out", f"each of {n or 'the'} layers at the last position", {"site": "last"})]
+    if stmt.subject:
+        steps.append(Step("ablate_mlp_out", f"each layer at the last token of {stmt.subject!r}",
+                          {"site": "subject", "subject": stmt.subject}))
+    steps.append(Step("crown", "the layer whose ablation lowers p most, per site"))
+    return steps
+
+
+def _delete_or_update(stmt: ast.DeleteStmt | ast.UpdateStmt, session: Session) -> list[Step]:
+    steps = [Step("scan_edges", "down_meta (with the overlay)")]
+    if stmt.where:
+        steps.append(Step("filter", _where_text(stmt.where), {"where": stmt.where}))
+    kind = "delete" if isinstance(stmt, ast.DeleteStmt) else "metadata update"
+    steps.append(Step("record", kind, {"kind": kind, "set": getattr(stmt, "assignments", ())}))
+    return steps
+
+
+def _diff(stmt: ast.DiffStmt, session: Session) -> list[Step]:
+    a, b = stmt.a or "CURRENT", stmt.b or "CURRENT"
+    _check_layer(session, stmt, stmt.layer)
+    limit = DEFAULTS["diff_limit"] if stmt.limit is None else stmt.limit
+    steps = [Step("compare_features", f"{a} vs {b}: gate / up / down / down_meta, "
+                  f"{'layer ' + str(stmt.layer) if stmt.layer is not None else 'every layer'}",
+                  {"a": stmt.a, "b": stmt.b, "layer": stmt.layer, "limit": limit}),
+             Step("compare_dense", "tensors outside the FFN (a patch cannot carry them)")]
+    if stmt.into_patch:
+        steps.append(Step("write_patch", f"{stmt.into_patch}: applied to {a}, gives {b}", {"path": stmt.into_patch}))
+    return steps
+
+
+def _maintenance(stmt: ast.Statement, session: Session) -> list[Step]:
+    if isinstance(stmt, ast.RebalanceStmt):
         _check_layer(session, stmt, stmt.layer)
-        assert v is not None
-        steps = [Step("scan_features", f"layer {stmt.layer}", {
-            "layer": stmt.layer, "where": stmt.where, "limit": stmt.limit if stmt.limit is not None else v.num_layers})]
-    elif isinstance(stmt, ast.ShowEntitiesStmt):
-        _check_layer(session, stmt, stmt.layer)
-        steps = [Step("count_entities", "all layers" if stmt.layer is None else f"layer {stmt.layer}",
-                      {"layer": stmt.layer, "limit": stmt.limit or 50})]
-    elif isinstance(stmt, ast.ShowRelationsStmt):
-        _check_layer(session, stmt, stmt.layer)
-        steps = [Step("read_clusters", "relation_clusters.json", {
-            "layer": stmt.layer, "examples": stmt.with_examples, "limit": 50 if stmt.mode == "verbose" else 30})]
-    elif isinstance(stmt, ast.InsertStmt):
-        _check_layer(session, stmt, stmt.layer)
-        steps = insert_steps(stmt, session)
-    elif isinstance(stmt, ast.CrownStmt):
-        n = session.vindex.num_layers if session.vindex is not None else 0
-        steps = [Step("tokenize", repr(stmt.prompt), {"prompt": stmt.prompt}),
-                 Step("baseline", f"p({stmt.expected!r}) at the last position", {"expected": stmt.expected}),
-                 Step("ablate_mlp_out", f"each of {n or 'the'} layers at the last position", {"site": "last"})]
-        if stmt.subject:
-            steps.append(Step("ablate_mlp_out", f"each layer at the last token of {stmt.subject!r}",
-                              {"site": "subject", "subject": stmt.subject}))
-        steps.append(Step("crown", "the layer whose ablation lowers p most, per site"))
-    elif isinstance(stmt, (ast.DeleteStmt, ast.UpdateStmt)):
-        steps = [Step("scan_edges", "down_meta (with the overlay)")]
-        if stmt.where:
-            steps.append(Step("filter", _where_text(stmt.where), {"where": stmt.where}))
-        kind = "delete" if isinstance(stmt, ast.DeleteStmt) else "metadata update"
-        steps.append(Step("record", kind, {"kind": kind, "set": getattr(stmt, "assignments", ())}))
-    elif isinstance(stmt, ast.CompileStmt):
-        steps = _compile_steps(stmt, session)
-    elif isinstance(stmt, ast.DiffStmt):
-        a, b = stmt.a or "CURRENT", stmt.b or "CURRENT"
-        _check_layer(session, stmt, stmt.layer)
-        steps = [Step("compare_features", f"{a} vs {b}: gate / up / down / down_meta, "
-                      f"{'layer ' + str(stmt.layer) if stmt.layer is not None else 'every layer'}",
-                      {"a": stmt.a, "b": stmt.b, "layer": stmt.layer, "limit": 20 if stmt.limit is None else stmt.limit}),
-                 Step("compare_dense", "tensors outside the FFN (a patch cannot carry them)")]
-        if stmt.into_patch:
-            steps.append(Step("write_patch", f"{stmt.into_patch}: applied to {a}, gives {b}", {"path": stmt.into_patch}))
-    elif isinstance(stmt, (ast.MergeStmt, ast.RebalanceStmt, ast.CompactStmt, ast.ShowCompactStatusStmt)):
-        if isinstance(stmt, ast.RebalanceStmt):
-            _check_layer(session, stmt, stmt.layer)
-        steps = maintenance_steps(stmt)
-    elif isinstance(stmt, (ast.BeginPatchStmt, ast.SavePatchStmt, ast.ApplyPatchStmt, ast.RemovePatchStmt,
-                           ast.ShowPatchesStmt)):
-        name = {"BeginPatchStmt": "begin_patch", "SavePatchStmt": "save_patch", "ApplyPatchStmt": "apply_patch",
-                "RemovePatchStmt": "remove_patch", "ShowPatchesStmt": "show_patches"}[type(stmt).__name__]
-        path = getattr(stmt, "path", "")
-        steps = [Step(name, path, {"path": path})]
-    else:  # pragma: no cover - every statement type is handled above
-        raise _error(session, stmt, f"cannot plan {type(stmt).__name__}")
-    if getattr(stmt, "force", False):
-        steps.append(Step("replace_existing", "FORCE: an existing output is replaced (only once the new one is complete)",
-                          {"force": True}))
-    return Plan(stmt, tuple(steps))
+    return maintenance_steps(stmt)
+
+
+PATCH_STEPS = {ast.BeginPatchStmt: "begin_patch", ast.SavePatchStmt: "save_patch", ast.ApplyPatchStmt: "apply_patch",
+               ast.RemovePatchStmt: "remove_patch", ast.ShowPatchesStmt: "show_patches"}
+
+
+def _patch(stmt: ast.Statement, session: Session) -> list[Step]:
+    path = getattr(stmt, "path", "")
+    return [Step(PATCH_STEPS[type(stmt)], path, {"path": path})]
 
 
 def _where_text(where: tuple[ast.Condition, ...]) -> str:
@@ -317,12 +377,13 @@ def _select_steps(stmt: ast.SelectStmt, session: Session) -> list[Step]:
         if select_column(stmt.source, name) is None:
             raise _error(session, stmt, f'unknown column "{name}"; columns are '
                          + ", ".join(SELECT_COLUMNS[stmt.source]), "SELECT * shows them all")
-    limit = stmt.limit if stmt.limit is not None else (50 if stmt.source == "entities" else 20)
+    limit = stmt.limit if stmt.limit is not None else DEFAULTS["select_entities_limit" if stmt.source == "entities"
+                                                               else "select_limit"]
     if stmt.nearest is not None:
         _check_layer(session, stmt, stmt.nearest.layer)
         steps = [Step("entity_embedding", repr(stmt.nearest.entity), {"entity": stmt.nearest.entity}),
-                 Step("gate_knn", f"layer {stmt.nearest.layer}, top {stmt.limit or 20}",
-                      {"layer": stmt.nearest.layer, "top": stmt.limit or 20})]
+                 Step("gate_knn", f"layer {stmt.nearest.layer}, top {stmt.limit or DEFAULTS['select_limit']}",
+                      {"layer": stmt.nearest.layer, "top": stmt.limit or DEFAULTS["select_limit"]})]
     else:
         steps = [Step("scan_" + stmt.source, "down_meta", {"source": stmt.source})]
     if stmt.where:  # NEAREST's hits are filtered and ordered too
@@ -414,3 +475,19 @@ def _layers_text(r: ast.Range | str | None) -> str:
         return "all"
     assert isinstance(r, ast.Range)
     return f"{r.start}-{r.end}"
+
+
+# each statement type's steps
+STEPS: dict[type, StepsFn] = {
+    ast.UseStmt: _use, ast.ExtractStmt: _extract, ast.StatsStmt: _stats, ast.ShowModelsStmt: _show_models,
+    ast.DescribeStmt: _describe, ast.WalkStmt: _walk, ast.ExplainWalkStmt: _walk,
+    ast.SelectStmt: _select_steps,
+    ast.InferStmt: _infer, ast.ExplainInferStmt: _explain_infer,
+    ast.TraceStmt: _trace_steps,
+    ast.ShowLayersStmt: _show_layers, ast.ShowFeaturesStmt: _show_features, ast.ShowEntitiesStmt: _show_entities,
+    ast.ShowRelationsStmt: _show_relations, ast.InsertStmt: _insert, ast.CrownStmt: _crown,
+    ast.DeleteStmt: _delete_or_update, ast.UpdateStmt: _delete_or_update,
+    ast.CompileStmt: _compile_steps, ast.DiffStmt: _diff,
+    **dict.fromkeys((ast.MergeStmt, ast.RebalanceStmt, ast.CompactStmt, ast.ShowCompactStatusStmt), _maintenance),
+    **dict.fromkeys(PATCH_STEPS, _patch),
+}

@@ -39,6 +39,8 @@ from numpy.typing import NDArray
 
 from larql.errors import ModelError
 
+__all__ = ["Add", "HookName", "HookSpec", "Intervention", "Knockout", "LayerHookNames", "Replace", "Scale", "TopK", "Zero", "all_hook_names", "expert_hook_names", "hook_name", "layer_hook_names", "sparse_ffn"]
+
 F32 = NDArray[np.float32]
 
 LAYER_KINDS = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_rot_q", "attn.hook_rot_k",

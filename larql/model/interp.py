@@ -8,20 +8,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.errors import EmptyTargetError, ModelError
+from larql.errors import ModelError
 from larql.model.attention import KVCache
 from larql.model.forward import norm
 from larql.model.generate import log_softmax
 from larql.model.hooks import Replace, hook_name
 
+__all__ = ["AttentionPatterns", "attention_patterns", "attribution", "copy_kv", "direct_logit_attribution", "embedding_neighbours", "kl", "layer_attribution", "layer_deltas", "log_softmax", "logit_attribution", "logit_lens", "patch_activation", "patching_sweep", "rank_of", "residual_hook_names", "steering_vector", "token_trajectory", "top_tokens"]
+
 if TYPE_CHECKING:
     from larql.model.model import Model
-    from larql.model.tokenizer import TextTokenizer
 
 F32 = NDArray[np.float32]
 
@@ -53,28 +54,6 @@ def rank_of(logp: F32, token: int) -> int:
 
 
 # ---- targets ------------------------------------------------------------------------------------
-
-class HasTokenizer(Protocol):
-    """A Model, or a vindex (store or editable view): anything carrying a TextTokenizer."""
-
-    @property
-    def tokenizer(self) -> TextTokenizer: ...
-
-
-def target_token_ids(m: HasTokenizer, target: str) -> list[int]:
-    """Every sub-token of " " + target (as it reads after a prompt; unchanged if it already starts
-    with a space), no BOS. Raises EmptyTargetError when there is none."""
-    text = target if target.startswith(" ") else " " + target
-    ids = [int(i) for i in m.tokenizer.tok.encode(text, add_special_tokens=False).ids]
-    if not ids:
-        raise EmptyTargetError(f"target {target!r} tokenizes to nothing")
-    return ids
-
-
-def first_target_token(m: HasTokenizer, target: str) -> int:
-    """LARQL's rule for a target token: the first sub-token of " " + target."""
-    return target_token_ids(m, target)[0]
-
 
 def logit_lens(m: Model, resid: F32) -> F32:
     """Log-probabilities `(..., vocab)` of a residual `(..., hidden)` read through the final norm

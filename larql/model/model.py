@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
@@ -24,6 +25,9 @@ from larql.model.hooks import (
 from larql.model.prefix import PrefixCache
 from larql.model.tokenizer import TextTokenizer
 from larql.model.weights import Weights
+
+if TYPE_CHECKING:
+    from larql.model.crown import CrownReport
 
 
 class Model:
@@ -70,6 +74,18 @@ class Model:
         """A mixture-of-experts layer's experts, each on its rows `(t_e, hidden)` (normed FFN input),
         before the router's weighting (FFN.expert_outputs), no hooks: what an expert shard serves."""
         return self._forward.ffn.expert_outputs(layer, experts, [np.ascontiguousarray(x, dtype=np.float32) for x in xs])
+
+    def crown(self, prompt: str, expected: str, subject: str | None = None,
+              layers: list[int] | None = None) -> CrownReport:
+        """Which layer's MLP carries a fact: each layer's MLP output zeroed at the last position (and
+        at the subject's last token when `subject` is given), and what that does to `expected`.
+
+        Example:
+            >>> m.crown("The capital of France is", "Paris", "France").crown("subject").layer
+        """
+        from larql.model.crown import find_crown
+
+        return find_crown(self, prompt, expected, subject, layers)
 
     def dense(self) -> Model:
         """This model with the plain dense FFN (same weights, no vindex walk, no patch overlay)."""

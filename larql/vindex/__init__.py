@@ -11,9 +11,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from larql.vindex.store import FeatureMeta, Vindex, open_vindex
+    from larql.vindex.reader import FeatureMeta
+    from larql.vindex.store import Vindex, open_vindex
 
-_HOMES = {"FeatureMeta": "larql.vindex.store", "Vindex": "larql.vindex.store", "open_vindex": "larql.vindex.store"}
+_HOMES = {"FeatureMeta": "larql.vindex.reader", "Vindex": "larql.vindex.store", "open_vindex": "larql.vindex.store"}
 
 __all__ = ["FeatureMeta", "Vindex", "open_vindex"]
 

@@ -15,7 +15,7 @@ from larql.errors import VindexError
 from larql.vindex.tokens import STOP_WORDS, clean_token
 
 if TYPE_CHECKING:
-    from larql.vindex.store import VindexReader
+    from larql.vindex.reader import VindexReader
 
 
 @dataclass(frozen=True)

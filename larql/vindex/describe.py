@@ -26,7 +26,7 @@ from larql.vindex.tokens import Edge, clean_token, is_content_token
 
 if TYPE_CHECKING:
     from larql.model import Model
-    from larql.vindex.store import VindexReader
+    from larql.vindex.reader import VindexReader
 
 BANDS = ("syntax", "knowledge", "output")
 CAP: dict[str, dict[str, int] | int] = {"brief": {"syntax": 10, "knowledge": 10, "output": 5}, "verbose": 30, "raw": 30}

@@ -8,8 +8,8 @@ import numpy as np
 
 import larql
 from larql.edit.measure import evaluate as ev
-from larql.edit.methods.facts import target_ids
 from larql.model.generate import log_softmax
+from larql.model.targets import target_ids
 
 TOL = 1e-5
 PAIRS = [("The capital of France is", " Paris"), ("The capital of France is", " Rome"),

@@ -17,7 +17,7 @@ from larql.errors import LqlSemanticError, UnsupportedError
 from larql.lql.executor import execute
 from larql.model.generate import log_softmax
 from larql.model.hooks import Zero
-from larql.model.interp import first_target_token
+from larql.model.targets import first_target_token
 from larql.vindex.extract import extract
 from tests.conftest import rel_err
 

@@ -9,11 +9,12 @@ from pathlib import Path
 import numpy as np
 
 from larql.edit.insert import insert_facts
-from larql.edit.measure.crown import find_crown
 from larql.edit.measure.evaluate import UNRELATED, Scorer
 from larql.edit.methods.capture import capture
-from larql.edit.methods.facts import Fact, subject_position
+from larql.edit.methods.facts import Fact
 from larql.edit.state.view import edit_vindex
+from larql.model.crown import find_crown
+from larql.model.targets import subject_position
 
 
 def _p(sc: Scorer, prompt: str, target: str) -> float:

@@ -38,10 +38,11 @@ from larql.edit.methods.feature import (
 )
 from larql.edit.patches.overlay import MetaOverride
 from larql.edit.patches.patch import PatchOp
-from larql.edit.state.view import EditableVindex, installed
+from larql.edit.state.edited import installed
+from larql.edit.state.view import EditableVindex
 from larql.errors import EditError, VindexError
 from larql.model.generate import log_softmax
-from larql.model.interp import first_target_token
+from larql.model.targets import first_target_token
 
 DEFAULT_MAX, CONVERGED_MAX = REBALANCE_MAX, REBALANCE_CONVERGED_MAX
 DEFAULT_FLOOR, DEFAULT_CEILING = REBALANCE_FLOOR, REBALANCE_CEILING

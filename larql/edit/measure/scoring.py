@@ -9,9 +9,9 @@ from collections.abc import Iterable
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.methods.facts import target_ids
 from larql.model.model import Model
 from larql.model.prefix import fork
+from larql.model.targets import target_ids
 
 F32 = NDArray[np.float32]
 

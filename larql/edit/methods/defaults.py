@@ -20,7 +20,7 @@ MEASURED_DEFAULTS = {"gemma3-270m": "neuron", "smollm2-135m": "neuron"}
 def default_method(model_name: str) -> str:
     """INSERT's method for a model when the statement names none."""
     return MEASURED_DEFAULTS.get(model_name, DEFAULT_METHOD)
-# The layer whose MLP at the subject's last token carries facts, by crown discovery (edit/measure/crown.py):
+# The layer whose MLP at the subject's last token carries facts, by crown discovery (model/crown.py):
 # on gemma3-270m, ablating layer 3 there drops p(answer) from 0.08-0.64 to 0.001-0.006 in all three
 # facts tried (no other layer comes close); SmolLM2-135M's, measured the same way, is CROWN_LAYERS'.
 CROWN_LAYERS = {"gemma3-270m": 3, "smollm2-135m": 4}

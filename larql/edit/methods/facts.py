@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from larql.edit.methods.defaults import is_key_of
-from larql.errors import EditError, EmptyTargetError
-from larql.model.interp import target_token_ids
+from larql.errors import EditError
 
 if TYPE_CHECKING:
     from larql.model.model import Model
@@ -80,32 +79,6 @@ def rewrites(prompt: str, subject: str) -> list[str]:
     noun, verb, rest = m.group("noun"), m.group("verb"), m.group("rest")
     answer = f" {rest.strip()[:1].upper()}{rest.strip()[1:]}" if rest else ""  # "A: The city of"
     return [f"{subject}'s {noun} {verb}{rest}", f"Q: What {verb} the {noun} of {subject}? A:{answer}"]
-
-
-def target_ids(model: Model, target: str) -> list[int]:
-    """Every token of " " + target (the whole target is taught and scored, not only its first token)."""
-    try:
-        return target_token_ids(model, target)
-    except EmptyTargetError:
-        raise EditError(f"the target {target!r} tokenizes to nothing; give a target with visible text") from None
-
-
-def subject_position(model: Model, text: str, subject: str, key: str | None = None) -> tuple[list[int], int]:
-    """(token ids of `text` with BOS, index of the subject's last token — of `key`'s, its leading
-    words, when given) — the subject's first occurrence in `text`, located through the tokenizer's
-    character offsets."""
-    begin = text.find(subject)
-    if begin < 0:
-        raise EditError(f"the subject {subject!r} does not occur in {text!r}")
-    end = begin + len(key or subject)
-    enc = model.tokenizer.tok.encode(text, add_special_tokens=True)
-    last = None
-    for i, (a, b) in enumerate(enc.offsets):
-        if b > a and a < end and b > begin:
-            last = i
-    if last is None:
-        raise EditError(f"the subject {subject!r} has no token of its own in {text!r}")
-    return [int(i) for i in enc.ids], last
 
 
 _prefix_cache: weakref.WeakKeyDictionary[Model, dict[tuple[int, int], tuple[str, ...]]] = weakref.WeakKeyDictionary()

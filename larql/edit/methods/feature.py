@@ -35,12 +35,13 @@ from numpy.typing import NDArray
 
 from larql.edit.patches.overlay import MetaOverride
 from larql.edit.patches.patch import PatchOp
-from larql.edit.state.view import EditableVindex, installed
+from larql.edit.state.edited import EditTarget, installed
 from larql.errors import VindexError
 from larql.model.ffn import gated
 from larql.model.forward import norm
 from larql.model.generate import log_softmax
-from larql.model.interp import first_target_token, kl, rank_of
+from larql.model.interp import kl, rank_of
+from larql.model.targets import first_target_token
 from larql.vindex.probes import TEMPLATES, probe_prompt
 
 F32 = NDArray[np.float32]
@@ -173,7 +174,7 @@ def selective(h_all: F32, suppress: F32, common: F32) -> tuple[F32, F32]:
     return gate.astype(np.float32), c.astype(np.float32)
 
 
-def plan_insert(vindex: EditableVindex, entity: str, relation: str, target: str, layer: int | None = None,
+def plan_insert(vindex: EditTarget, entity: str, relation: str, target: str, layer: int | None = None,
                 goal: float = 0.9) -> tuple[list[PatchOp], InsertReport]:
     """Find the slot and vectors that make the model answer `target`; records nothing (see
     `insert`). Returns the insert and, first, updates that re-tune the facts already installed at
@@ -292,7 +293,7 @@ def plan_insert(vindex: EditableVindex, entity: str, relation: str, target: str,
     return retuned + [op], report
 
 
-def insert(vindex: EditableVindex, entity: str, relation: str, target: str, layer: int | None = None,
+def insert(vindex: EditTarget, entity: str, relation: str, target: str, layer: int | None = None,
            goal: float = 0.9) -> InsertReport:
     """Install the fact and record it on the vindex's patch stack (inference changes at once)."""
     ops, report = plan_insert(vindex, entity, relation, target, layer, goal)

@@ -51,7 +51,7 @@ from numpy.typing import NDArray
 
 from larql.edit.methods.capture import LowerLayers, capture_batch
 from larql.edit.methods.defaults import N_PREFIXES
-from larql.edit.methods.facts import Fact, model_prefixes, subject_position
+from larql.edit.methods.facts import Fact, model_prefixes
 from larql.edit.methods.feature import target_direction
 from larql.edit.methods.rome import CONSTRAINT_RIDGE, KeyMetric
 from larql.edit.methods.value import ValueResult, optimise_values
@@ -70,8 +70,8 @@ from larql.errors import EditError
 from larql.model.ffn import gated
 from larql.model.forward import norm
 from larql.model.grad import DenseLayer
-from larql.model.interp import first_target_token
 from larql.model.model import Model
+from larql.model.targets import first_target_token, subject_position
 
 F32 = NDArray[np.float32]
 PRE_ACTIVATION = 12.0  # a: the gate's pre-activation at the subject, deep in GELU's / SiLU's linear part

@@ -28,7 +28,7 @@ from larql.edit.methods.neuron import THRESHOLD, THRESHOLD_RMS, neuron_gate
 from larql.edit.methods.rome import CONSTRAINT_RIDGE, KeyMetric
 from larql.edit.methods.weight_edit import HeldMemo, HeldPrompt, held_keys
 from larql.edit.patches.patch import PatchOp
-from larql.edit.state.view import EditableVindex
+from larql.edit.state.edited import EditTarget
 from larql.model.model import Model
 
 F32 = NDArray[np.float32]
@@ -88,7 +88,7 @@ def settle_texts(facts: Sequence[Fact], earlier: Mapping[str, str], templates: i
     return {s: [HeldPrompt(t, s, s, keys[s]) for t in own] for s, own in texts.items()}
 
 
-def settle_layer(v: EditableVindex, model: Model, ops: Sequence[PatchOp], texts: Mapping[str, Sequence[HeldPrompt]],
+def settle_layer(v: EditTarget, model: Model, ops: Sequence[PatchOp], texts: Mapping[str, Sequence[HeldPrompt]],
                  metric: KeyMetric, memo: HeldMemo | None = None, lower: LowerLayers | None = None) -> Settled:
     """Settle one layer's new neuron inserts `ops` — the last ones recorded on `v`'s patch stack, put
     back settled — against every subject's `texts` (its own, and those of the subjects it must stay

@@ -28,11 +28,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.edit.methods.capture import capture_stemmed
-from larql.edit.methods.facts import Fact, rewrites, subject_position, target_ids
+from larql.edit.methods.facts import Fact, rewrites
 from larql.errors import EditError
 from larql.model.forward import norm
 from larql.model.grad import DenseLayer, Tail, TailContext
 from larql.model.model import Model
+from larql.model.targets import subject_position, target_ids
 from larql.quant.tensor import QuantMatrix
 
 F32 = NDArray[np.float32]

@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 
 from larql.edit.methods.capture import LowerLayers, capture_batch
 from larql.edit.methods.defaults import N_PREFIXES
-from larql.edit.methods.facts import Fact, model_prefixes, subject_position
+from larql.edit.methods.facts import Fact, model_prefixes
 from larql.edit.methods.relations import known_edges
 from larql.edit.methods.rome import KeyMetric, LowRankDelta, solve_update
 from larql.edit.methods.value import ValueResult, optimise_values
@@ -33,6 +33,7 @@ from larql.errors import EditError
 from larql.model.forward import norm
 from larql.model.grad import DenseLayer
 from larql.model.model import Model
+from larql.model.targets import subject_position
 from larql.vindex.tokens import Edge
 
 if TYPE_CHECKING:

@@ -19,19 +19,23 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.edit.patches.overlay import PatchOverlay
-from larql.edit.patches.patch import PatchOp, PatchStack, is_neuron
+from larql.edit.patches.patch import PatchStack
 from larql.vindex import knn
-from larql.vindex.store import FeatureMeta, Vindex, feature_meta, open_vindex
+from larql.vindex.queries import VindexQueries
+from larql.vindex.reader import FeatureMeta, feature_meta
+from larql.vindex.store import Vindex, open_vindex
 
 F32 = NDArray[np.float32]
 
 if TYPE_CHECKING:  # the runtime (numba) is imported by model() only: USE and --plan do not need it
+    from larql.edit.insert import InsertReport
+    from larql.edit.methods.facts import Fact
     from larql.model.model import Model
     from larql.model.tokenizer import TextTokenizer
     from larql.quant import QuantMatrix
 
 
-class EditableVindex:
+class EditableVindex(VindexQueries):
     """A vindex with an in-memory patch overlay. Build one with `larql.edit_vindex(path)` or
     `EditableVindex(store)`; `overlay` starts empty, `patches` records and replays into it."""
 
@@ -205,6 +209,22 @@ class EditableVindex:
             self._float32_weights = float32_copies(self.model().weights)
         return self._float32_weights
 
+    def insert(self, facts: Fact | Sequence[Fact], method: str | None = None, **options: Any) -> InsertReport:
+        """Teach the model `facts` through this view's overlay, all or nothing, and report what the
+        edit did (each fact's scores before and after, unrelated prompts, the subjects' other
+        relations). `method`: "neuron", "rome", "memit" or "feature"; None takes the model's measured
+        default. The options are `larql.edit.insert.insert_facts`'s (layers, measure, progress, ...).
+
+        Example:
+            >>> v = larql.edit_vindex("g.vindex")
+            >>> report = v.insert(larql.Fact("France", "The capital of France is", "Lisbon", "capital"))
+            >>> v.model().generate("The capital of France is", max_new_tokens=2).text
+        """
+        from larql.edit.insert import insert_facts
+        from larql.edit.methods.facts import Fact
+
+        return insert_facts(self, [facts] if isinstance(facts, Fact) else list(facts), method, **options)
+
     def __repr__(self) -> str:
         return f"EditableVindex({self.store!r}, edited_features={len(self.overlay)})"
 
@@ -212,26 +232,3 @@ class EditableVindex:
 def edit_vindex(path: str | Path) -> EditableVindex:
     """Open the vindex at `path` read-only and wrap it in an editable view with an empty overlay."""
     return EditableVindex(open_vindex(path))
-
-
-def installed(vindex: EditableVindex, layer: int, neurons: bool = False) -> list[PatchOp]:
-    """The feature inserts live at `layer` (METHOD NEURON's with `neurons`): the last insert op per
-    slot over the applied patches and the unsaved edits, for slots the overlay still holds."""
-    stack = vindex.patches
-    live: dict[int, PatchOp] = {}
-    for op in [o for p in stack.applied for o in p.ops] + stack.pending:
-        if op.layer != layer:
-            continue
-        if isinstance(op, PatchOp) and op.op == "insert" and op.entity is not None:
-            live[op.feature] = op
-        elif op.op == "delete":
-            live.pop(op.feature, None)
-    overlay = vindex.overlay
-    return [op for f, op in live.items() if (layer, f) in overlay and is_neuron(op) == neurons]
-
-
-def neuron_subjects(vindex: EditableVindex) -> list[str]:
-    """The subjects of the METHOD NEURON features in place, at every layer (what a new neuron's key
-    must tell its subject from, `defaults.subject_keys`)."""
-    return [op.entity for layer in range(vindex.num_layers) for op in installed(vindex, layer, neurons=True)
-            if op.entity]

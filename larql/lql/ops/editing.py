@@ -15,7 +15,7 @@ from larql.lql.ops.query import EDGE_FIELDS, filter_rows
 from larql.lql.plan import PlanRun
 from larql.lql.result import Result
 from larql.lql.session import Session
-from larql.model.interp import first_target_token
+from larql.model.targets import first_target_token
 from larql.vindex import browse
 
 if TYPE_CHECKING:

@@ -15,7 +15,6 @@ from larql.lql.result import Result
 from larql.lql.session import Session
 from larql.model.generate import log_softmax
 from larql.model.interp import (
-    first_target_token,
     kl,
     layer_deltas,
     logit_attribution,
@@ -24,6 +23,7 @@ from larql.model.interp import (
     residual_hook_names,
     top_tokens,
 )
+from larql.model.targets import first_target_token
 
 
 def model_of(session: Session, stmt: ast.Statement) -> Any:
@@ -226,7 +226,7 @@ def lens_top1(m: Any, resid: np.ndarray) -> str:
 
 
 def crown(stmt: ast.CrownStmt, session: Session, result: Result, run: PlanRun) -> None:
-    from larql.edit.measure.crown import find_crown
+    from larql.model.crown import find_crown
 
     m = model_of(session, stmt)
     prompt = run.take("tokenize")["prompt"]

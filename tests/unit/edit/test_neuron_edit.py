@@ -12,7 +12,7 @@ import pytest
 
 from larql.edit.insert import insert_facts, key_metrics, stats_dir
 from larql.edit.methods.capture import capture
-from larql.edit.methods.facts import Fact, subject_position, target_ids
+from larql.edit.methods.facts import Fact
 from larql.edit.methods.neuron import PRE_ACTIVATION
 from larql.edit.methods.weight_edit import HeldPrompt
 from larql.edit.patches.patch import PatchOp, is_neuron
@@ -22,6 +22,7 @@ from larql.lql.executor import execute
 from larql.lql.session import Session
 from larql.model.forward import norm
 from larql.model.model import Model
+from larql.model.targets import subject_position, target_ids
 from tests.synthetic import TinySpec, tiny_vindex
 
 PROMPT = "Colour of zeta"

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from larql.edit.measure.evaluate import EditRecord, load_edit_set, score_records, summarise
-from larql.edit.methods.facts import Fact, rewrites, target_ids
+from larql.edit.methods.facts import Fact, rewrites
 from larql.edit.methods.relations import relation_holds
 from larql.edit.state.view import edit_vindex
 from larql.model.model import Model
+from larql.model.targets import target_ids
 from tests.synthetic import TinySpec, tiny_vindex
 
 

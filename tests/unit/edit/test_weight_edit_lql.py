@@ -12,12 +12,13 @@ import pytest
 
 import larql
 from larql.edit.insert import insert_facts
-from larql.edit.methods.facts import Fact, target_ids
+from larql.edit.methods.facts import Fact
 from larql.edit.patches.weight_op import WeightOp
 from larql.edit.state.view import edit_vindex
 from larql.errors import EditError, LqlSemanticError, VindexError
 from larql.lql.executor import execute
 from larql.lql.session import Session
+from larql.model.targets import target_ids
 from tests.synthetic import TinySpec, tiny_vindex
 
 # the subject ends the prompt: on a random tiny model, attention from later positions is noise

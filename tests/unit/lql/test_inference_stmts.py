@@ -72,8 +72,8 @@ def test_trace_rows_agree_with_infer(src: dict) -> None:
 
 
 def test_trace_attributions_include_the_final_norm_and_add_up_to_the_logit(src: dict) -> None:
-    from larql.lql.ops.inference import first_target_token
     from larql.model import interp
+    from larql.model.targets import first_target_token
 
     m = larql.load(src["inference"])
     ids = m.tokenize("hello there")

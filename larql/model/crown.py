@@ -13,14 +13,14 @@ The crown layer of a site is the one whose ablation lowers p(expected) most.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.methods.facts import subject_position, target_ids
 from larql.errors import EditError
 from larql.model.hooks import Zero
-from larql.model.model import Model
+from larql.model.targets import HasTokenizer, subject_position, target_ids
 
 SITES = ("last", "subject")
 
@@ -64,7 +64,20 @@ def _p_rank(logits: NDArray[np.float32], token: int) -> tuple[float, int, int]:
     return float(p[token]), int(np.sum(p > p[token])) + 1, int(np.argmax(p))
 
 
-def find_crown(model: Model, prompt: str, expected: str, subject: str | None = None,
+class Ablatable(HasTokenizer, Protocol):
+    """What crown discovery runs: a model's next-token logits under hooks (a `Model`)."""
+
+    @property
+    def config(self) -> Any: ...
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+    def check_fits(self, ids: list[int], max_new_tokens: int = 0) -> None: ...
+
+    def next_logits(self, ids: list[int], cache: Any = None, hooks: Any = None) -> NDArray[np.float32]: ...
+
+
+def find_crown(model: Ablatable, prompt: str, expected: str, subject: str | None = None,
                layers: list[int] | None = None) -> CrownReport:
     """Ablate each layer's MLP output at the last position (and at the subject's last token when
     `subject` is given); `expected` is scored by its first token (" " + expected)."""
