@@ -1,0 +1,224 @@
+"""The OpenAI-compatible routes, as the official `openai` client and its look-alikes call them.
+
+    GET  /v1/models, /v1/models/{id}   the served model (its name is the one model id)
+    POST /v1/completions               legacy completions: logprobs (k), echo, n, stream
+    POST /v1/chat/completions          chat: logprobs + top_logprobs, n, stream
+    POST /v1/embeddings                one vector per input (see `embed` for the pooling)
+
+Log-probabilities are exact: the log-softmax of the raw logits of the very forward pass that chose
+the token. With a temperature or top_p they are still the model's distribution, not the sampling
+one. The `model` field of a request is not checked: the served model answers whatever it names.
+Errors have OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, with larql's error
+class as the `type`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import BaseRoute, Route
+
+from larql.errors import LarqlError, ServeError
+from larql.serve.embeddings import embeddings
+from larql.serve.generation import Ask, Token, generate, parse_ask, scored, usage
+from larql.serve.http import LarqlJSON, ServerState, error_body, read_json, state
+from larql.serve.sessions import ClientSession
+
+if TYPE_CHECKING:
+    from larql.model.model import Model
+
+
+T = TypeVar("T")
+
+
+async def merged(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T | None]]:
+    """(index, item) from several streams as the items come, and (index, None) when one ends: the
+    `n` choices of one request generate at once (so their steps share batched passes)."""
+    queue: asyncio.Queue[tuple[int, T | None, BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int, stream: AsyncIterator[T]) -> None:
+        try:
+            async for item in stream:
+                await queue.put((i, item, None))
+            await queue.put((i, None, None))
+        except Exception as e:
+            await queue.put((i, None, e))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        running = len(streams)
+        while running:
+            i, item, err = await queue.get()
+            if err is not None:
+                raise err
+            running -= item is None
+            yield i, item
+    finally:
+        for t in tasks:  # the client went away, or a choice failed: stop the others too
+            t.cancel()
+
+
+def _card(server: ServerState) -> dict[str, Any]:
+    return {"id": server.served.name, "object": "model", "created": int(server.started), "owned_by": "larql"}
+
+
+async def models(request: Request) -> Response:
+    return LarqlJSON({"object": "list", "data": [_card(state(request))]})
+
+
+async def model(request: Request) -> Response:
+    server, wanted = state(request), request.path_params["model"]
+    if wanted != server.served.name:
+        raise ServeError(f"the model {wanted!r} is not served here; this server serves {server.served.name!r}",
+                         status=404, param="model", code="model_not_found")
+    return LarqlJSON(_card(server))
+
+
+def prompt_scores(model: Model, ids: list[int], top: int, sess: ClientSession | None) -> list[Token]:
+    """The prompt's tokens scored by one forward pass over it: each token's log-probability after
+    the ones before it (None for the first, which nothing predicts). A token's `text` is what it
+    adds to the decoded prompt; a leading BOS adds nothing."""
+    if sess is not None:
+        with sess.lock:
+            logits = model.forward(ids)  # (T, vocab)
+    else:
+        logits = model.forward(ids)
+    skip = 1 if ids and ids[0] == model.tokenizer.bos_id else 0
+    out, before = [Token(ids[0], "" if skip else model.detokenize(ids[:1]))], model.detokenize(ids[skip:1])
+    for i in range(1, len(ids)):
+        text = model.detokenize(ids[skip:i + 1])
+        out.append(Token(ids[i], text[len(before):], *scored(ids[i], logits[i - 1], top)))
+        before = text
+    return out
+
+
+def chat_logprobs(model: Model, toks: list[Token]) -> dict[str, Any]:
+    """`choices[].logprobs` of a chat completion: `content[]` of {token, logprob, bytes, top_logprobs}."""
+    def entry(tid: int, lp: float | None) -> dict[str, Any]:
+        return {"token": model.tokenizer.token_text(tid), "logprob": lp,
+                "bytes": list(model.tokenizer.token_bytes(tid))}
+
+    return {"content": [{**entry(t.id, t.logprob), "top_logprobs": [entry(i, lp) for i, lp in t.top]}
+                        for t in toks], "refusal": None}
+
+
+def legacy_logprobs(model: Model, toks: list[Token], offset: int) -> tuple[dict[str, Any], int]:
+    """`choices[].logprobs` of a legacy completion (tokens, token_logprobs, top_logprobs, text_offset),
+    the first token at character `offset` of the choice's text; and the offset after the last."""
+    out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for t in toks:
+        out["tokens"].append(model.tokenizer.token_text(t.id))
+        out["token_logprobs"].append(t.logprob)
+        out["top_logprobs"].append(None if t.logprob is None else
+                                   {model.tokenizer.token_text(i): lp for i, lp in t.top})
+        out["text_offset"].append(offset)
+        offset += len(t.text)
+    return out, offset
+
+
+def _joined(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    return {k: a[k] + b[k] for k in a}
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def _collect(server: ServerState, sess: ClientSession | None, ask: Ask) -> tuple[str, list[Token]]:
+    text, toks = [], []
+    async for piece, got in generate(server, sess, ask):
+        text.append(piece)
+        toks.extend(got)
+    return "".join(text), toks
+
+
+async def openai(request: Request, chat: bool) -> Response:
+    server = state(request)
+    body = await read_json(request)
+    ask = await server.run(parse_ask, server, body, chat, 256 if chat else 16)  # tokenizing is work too
+    sess = server.session_of(request)
+    llm = sess.view.model() if sess is not None else server.served.model
+    assert llm is not None
+    head = {"id": ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12), "created": int(time.time()),
+            "model": server.served.name, "object": "chat.completion" if chat else "text_completion"}
+    asks, lp = [ask.choice(i) for i in range(ask.n)], ask.logprobs is not None
+    echoed = ask.prompt if ask.echo else ""
+    scores: list[Token] = []
+    if ask.echo and lp:
+        scores = await server.run(prompt_scores, llm, ask.ids, ask.logprobs, sess, deadline=server.deadline())
+
+    def legacy(toks: list[Token], offset: int) -> tuple[dict[str, Any] | None, int]:
+        return legacy_logprobs(llm, toks, offset) if lp else (None, offset)
+
+    if not body.get("stream"):
+        results = await asyncio.gather(*(_collect(server, sess, a) for a in asks))
+        choices = []
+        for i, (a, (text, toks)) in enumerate(zip(asks, results)):
+            if chat:
+                choices.append({"index": i, "message": {"role": "assistant", "content": text},
+                                "logprobs": chat_logprobs(llm, toks) if lp else None, "finish_reason": a.finish})
+                continue
+            logprobs, _ = legacy(toks, len(echoed))
+            if logprobs is not None and ask.echo:
+                logprobs = _joined(legacy_logprobs(llm, scores, 0)[0], logprobs)
+            choices.append({"index": i, "text": echoed + text, "logprobs": logprobs, "finish_reason": a.finish})
+        return LarqlJSON({**head, "choices": choices, "usage": usage(ask, sum(a.used for a in asks))})
+
+    async def events() -> AsyncIterator[str]:
+        chunk = {**head, "object": "chat.completion.chunk"} if chat else head
+
+        def event(i: int, text: str | None, toks: list[Token], finish: str | None = None) -> str:
+            if chat:
+                delta = {"content": text} if text else {}
+                choice = {"index": i, "delta": delta, "logprobs": chat_logprobs(llm, toks) if lp and toks else None}
+            else:
+                logprobs, offsets[i] = legacy(toks, offsets[i])
+                choice = {"index": i, "text": text or "", "logprobs": logprobs}
+            return _sse({**chunk, "choices": [{**choice, "finish_reason": finish}]})
+
+        offsets = [0] * ask.n
+        for i in range(ask.n):
+            if chat:
+                yield _sse({**chunk, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                  "logprobs": None, "finish_reason": None}]})
+            elif ask.echo:
+                yield event(i, echoed, scores)
+                offsets[i] = len(echoed)
+        try:
+            async for i, item in merged([generate(server, sess, a) for a in asks]):
+                if item is None:
+                    yield event(i, None, [], asks[i].finish)
+                elif item[0] or (lp and item[1]):
+                    yield event(i, *item)
+        except LarqlError as e:  # the status line has gone: the error is the stream's last event
+            yield _sse(error_body(e, openai=True))
+            return
+        if (body.get("stream_options") or {}).get("include_usage"):
+            yield _sse({**chunk, "choices": [], "usage": usage(ask, sum(a.used for a in asks))})
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+async def completions(request: Request) -> Response:
+    return await openai(request, chat=False)
+
+
+async def chat_completions(request: Request) -> Response:
+    return await openai(request, chat=True)
+
+
+def routes() -> list[BaseRoute]:
+    return [Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/models/{model:path}", model, methods=["GET"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/embeddings", embeddings, methods=["POST"])]
+
