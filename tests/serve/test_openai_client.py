@@ -172,3 +172,33 @@ def test_errors_in_openais_shape(client: openai.OpenAI, url: str) -> None:
     assert r.status_code == 400 and r.json() == {"error": {
         "type": "ServeError", "message": "encoding_format must be \"float\" or \"base64\", got 'int8'",
         "param": "encoding_format", "code": None}}
+
+
+def test_a_sessions_edits_show_in_its_logprobs_and_embeddings(serve: Serve, infer_vx: Path,
+                                                               tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A client with a session (its own overlay) is answered by its edited model, one step at a time
+    under the session's lock: the numbers are those of the same edit made locally."""
+    from larql.lql.executor import execute
+    from larql.lql.session import Session
+
+    edit = "DELETE FROM EDGES WHERE layer = 2"
+    local = Session(vindex=larql.edit_vindex(infer_vx))
+    execute(edit, local)
+    edited, plain = local.vindex.model(), larql.load(infer_vx)
+    ids = edited.tokenize(CHAT_PROMPT)
+    want = edited.generate(ids, max_new_tokens=4, stop_at_eos=False)
+    lps = scores(edited, ids + want.ids, len(ids))
+    assert not np.allclose(lps[0], scores(plain, ids + want.ids, len(ids))[0], atol=1e-3)  # the edit shows
+    with serve(infer_vx, root=tmp_path_factory.mktemp("sess"), allow_edits=True) as u:
+        r = httpx.post(u + "/v1/lql", json={"query": edit}, timeout=60)
+        assert r.status_code == 200, r.text
+        client = openai.OpenAI(base_url=u + "/v1", api_key="x", max_retries=0, timeout=120,
+                               default_headers={"X-Larql-Session": r.headers["x-larql-session"]})
+        got = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                             temperature=0, logprobs=True)
+        n = len(got.choices[0].logprobs.content)
+        assert [c.logprob for c in got.choices[0].logprobs.content] == pytest.approx(
+            [lp[t] for lp, t in zip(lps[:n], want.ids)], abs=2e-4) and n >= 1
+        _, acts = edited.run_with_cache(edited.tokenize("hello"), names=["hook_final_norm"])
+        vec = client.embeddings.create(model="m", input="hello").data[0].embedding
+        np.testing.assert_allclose(vec, acts["hook_final_norm"].astype(np.float64).mean(axis=0), rtol=1e-5, atol=1e-6)
