@@ -95,8 +95,8 @@ def template(server: ServerState) -> ChatTemplate:
 def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
     """The `logprobs` a request asks for: chat's `logprobs: true` + `top_logprobs: k`, or the
     legacy completions' `logprobs: k`."""
-    if not chat:
-        return _number(body, "logprobs", None, int, 0, MAX_TOP_LOGPROBS)
+    if not chat:  # false is what some clients send for "none"
+        return None if body.get("logprobs") is False else _number(body, "logprobs", None, int, 0, MAX_TOP_LOGPROBS)
     wanted = body.get("logprobs")
     if wanted is not None and not isinstance(wanted, bool):
         raise ServeError(f"logprobs must be true or false, got {wanted!r}", param="logprobs")

@@ -15,6 +15,7 @@ class as the `type`.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
 import secrets
 import time
@@ -83,19 +84,19 @@ async def model(request: Request) -> Response:
 
 def prompt_scores(model: Model, ids: list[int], top: int, sess: ClientSession | None) -> list[Token]:
     """The prompt's tokens scored by one forward pass over it: each token's log-probability after
-    the ones before it (None for the first, which nothing predicts). A token's `text` is what it
-    adds to the decoded prompt; a leading BOS adds nothing."""
+    the ones before it (None for the first, which nothing predicts). A token's `text` is what its
+    bytes add to the decoded prompt (a leading BOS adds nothing), decoded incrementally: linear in
+    the prompt's length."""
     if sess is not None:
         with sess.lock:
             logits = model.forward(ids)  # (T, vocab)
     else:
         logits = model.forward(ids)
-    skip = 1 if ids and ids[0] == model.tokenizer.bos_id else 0
-    out, before = [Token(ids[0], "" if skip else model.detokenize(ids[:1]))], model.detokenize(ids[skip:1])
-    for i in range(1, len(ids)):
-        text = model.detokenize(ids[skip:i + 1])
-        out.append(Token(ids[i], text[len(before):], *scored(ids[i], logits[i - 1], top)))
-        before = text
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    out = []
+    for i, tid in enumerate(ids):
+        text = "" if i == 0 and tid == model.tokenizer.bos_id else utf8.decode(model.tokenizer.token_bytes(tid))
+        out.append(Token(tid, text, *scored(tid, logits[i - 1], top)) if i else Token(tid, text))
     return out
 
 
