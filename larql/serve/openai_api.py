@@ -20,6 +20,7 @@ import json
 import secrets
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.requests import Request
@@ -132,12 +133,86 @@ def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-async def _collect(server: ServerState, sess: ClientSession | None, ask: Ask) -> tuple[str, list[Token]]:
-    text, toks = [], []
-    async for piece, got in generate(server, sess, ask):
-        text.append(piece)
-        toks.extend(got)
-    return "".join(text), toks
+@dataclass
+class Reply:
+    """One completion request under way: its choices' asks (seed + i each) and what every choice
+    shares (the model that answers, the echoed prompt and its scores, the response's head)."""
+
+    server: ServerState
+    sess: ClientSession | None
+    llm: Model
+    ask: Ask
+    chat: bool
+    head: dict[str, Any]
+    scores: list[Token]  # the echoed prompt's tokens, scored (empty without echo + logprobs)
+    asks: list[Ask] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.asks = [self.ask.choice(i) for i in range(self.ask.n)]
+        self.lp, self.echoed = self.ask.logprobs is not None, self.ask.prompt if self.ask.echo else ""
+
+    def legacy(self, toks: list[Token], offset: int) -> tuple[dict[str, Any] | None, int]:
+        return legacy_logprobs(self.llm, toks, offset) if self.lp else (None, offset)
+
+    def usage(self) -> dict[str, int]:
+        return usage(self.ask, sum(a.used for a in self.asks))
+
+    async def _collect(self, ask: Ask) -> tuple[str, list[Token]]:
+        text, toks = [], []
+        async for piece, got in generate(self.server, self.sess, ask):
+            text.append(piece)
+            toks.extend(got)
+        return "".join(text), toks
+
+    async def whole(self) -> dict[str, Any]:
+        """The response of a request without "stream": every choice generated at once."""
+        results = await asyncio.gather(*(self._collect(a) for a in self.asks))
+        choices = []
+        for i, (a, (text, toks)) in enumerate(zip(self.asks, results)):
+            if self.chat:
+                choices.append({"index": i, "message": {"role": "assistant", "content": text},
+                                "logprobs": chat_logprobs(self.llm, toks) if self.lp else None,
+                                "finish_reason": a.finish})
+                continue
+            logprobs, _ = self.legacy(toks, len(self.echoed))
+            if logprobs is not None and self.ask.echo:
+                logprobs = _joined(legacy_logprobs(self.llm, self.scores, 0)[0], logprobs)
+            choices.append({"index": i, "text": self.echoed + text, "logprobs": logprobs, "finish_reason": a.finish})
+        return {**self.head, "choices": choices, "usage": self.usage()}
+
+    async def events(self, include_usage: bool) -> AsyncIterator[str]:
+        """The server-sent events of a "stream" request: the choices' chunks as they come."""
+        chunk = {**self.head, "object": "chat.completion.chunk"} if self.chat else self.head
+        offsets = [0] * self.ask.n  # a legacy choice's text so far, for text_offset
+
+        def event(i: int, text: str | None, toks: list[Token], finish: str | None = None) -> str:
+            if self.chat:
+                logprobs = chat_logprobs(self.llm, toks) if self.lp and toks else None
+                choice = {"index": i, "delta": {"content": text} if text else {}, "logprobs": logprobs}
+            else:
+                legacy, offsets[i] = self.legacy(toks, offsets[i])
+                choice = {"index": i, "text": text or "", "logprobs": legacy}
+            return _sse({**chunk, "choices": [{**choice, "finish_reason": finish}]})
+
+        for i in range(self.ask.n):
+            if self.chat:
+                yield _sse({**chunk, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                  "logprobs": None, "finish_reason": None}]})
+            elif self.ask.echo:
+                yield event(i, self.echoed, self.scores)
+                offsets[i] = len(self.echoed)
+        try:
+            async for i, item in merged([generate(self.server, self.sess, a) for a in self.asks]):
+                if item is None:
+                    yield event(i, None, [], self.asks[i].finish)
+                elif item[0] or (self.lp and item[1]):
+                    yield event(i, *item)
+        except LarqlError as e:  # the status line has gone: the error is the stream's last event
+            yield _sse(error_body(e, openai=True))
+            return
+        if include_usage:
+            yield _sse({**chunk, "choices": [], "usage": self.usage()})
+        yield "data: [DONE]\n\n"
 
 
 async def openai(request: Request, chat: bool) -> Response:
@@ -149,63 +224,17 @@ async def openai(request: Request, chat: bool) -> Response:
     assert llm is not None
     head = {"id": ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12), "created": int(time.time()),
             "model": server.served.name, "object": "chat.completion" if chat else "text_completion"}
-    asks, lp = [ask.choice(i) for i in range(ask.n)], ask.logprobs is not None
-    echoed = ask.prompt if ask.echo else ""
     scores: list[Token] = []
-    if ask.echo and lp:
+    if ask.echo and ask.logprobs is not None:
         scores = await server.run(prompt_scores, llm, ask.ids, ask.logprobs, sess, deadline=server.deadline())
-
-    def legacy(toks: list[Token], offset: int) -> tuple[dict[str, Any] | None, int]:
-        return legacy_logprobs(llm, toks, offset) if lp else (None, offset)
-
+    reply = Reply(server, sess, llm, ask, chat, head, scores)
     if not body.get("stream"):
-        results = await asyncio.gather(*(_collect(server, sess, a) for a in asks))
-        choices = []
-        for i, (a, (text, toks)) in enumerate(zip(asks, results)):
-            if chat:
-                choices.append({"index": i, "message": {"role": "assistant", "content": text},
-                                "logprobs": chat_logprobs(llm, toks) if lp else None, "finish_reason": a.finish})
-                continue
-            logprobs, _ = legacy(toks, len(echoed))
-            if logprobs is not None and ask.echo:
-                logprobs = _joined(legacy_logprobs(llm, scores, 0)[0], logprobs)
-            choices.append({"index": i, "text": echoed + text, "logprobs": logprobs, "finish_reason": a.finish})
-        return LarqlJSON({**head, "choices": choices, "usage": usage(ask, sum(a.used for a in asks))})
-
-    async def events() -> AsyncIterator[str]:
-        chunk = {**head, "object": "chat.completion.chunk"} if chat else head
-
-        def event(i: int, text: str | None, toks: list[Token], finish: str | None = None) -> str:
-            if chat:
-                delta = {"content": text} if text else {}
-                choice = {"index": i, "delta": delta, "logprobs": chat_logprobs(llm, toks) if lp and toks else None}
-            else:
-                logprobs, offsets[i] = legacy(toks, offsets[i])
-                choice = {"index": i, "text": text or "", "logprobs": logprobs}
-            return _sse({**chunk, "choices": [{**choice, "finish_reason": finish}]})
-
-        offsets = [0] * ask.n
-        for i in range(ask.n):
-            if chat:
-                yield _sse({**chunk, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                  "logprobs": None, "finish_reason": None}]})
-            elif ask.echo:
-                yield event(i, echoed, scores)
-                offsets[i] = len(echoed)
-        try:
-            async for i, item in merged([generate(server, sess, a) for a in asks]):
-                if item is None:
-                    yield event(i, None, [], asks[i].finish)
-                elif item[0] or (lp and item[1]):
-                    yield event(i, *item)
-        except LarqlError as e:  # the status line has gone: the error is the stream's last event
-            yield _sse(error_body(e, openai=True))
-            return
-        if (body.get("stream_options") or {}).get("include_usage"):
-            yield _sse({**chunk, "choices": [], "usage": usage(ask, sum(a.used for a in asks))})
-        yield "data: [DONE]\n\n"
-
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return LarqlJSON(await reply.whole())
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise ServeError('stream_options must be an object, e.g. {"include_usage": true}', param="stream_options")
+    events = reply.events(bool(options.get("include_usage")))
+    return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 async def completions(request: Request) -> Response:

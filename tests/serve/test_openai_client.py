@@ -168,6 +168,8 @@ def test_errors_in_openais_shape(client: openai.OpenAI, url: str) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         client.embeddings.create(model="m", input=[[1, 2], []])
     assert e.value.param == "input" and e.value.body["type"] == "ServeError"
+    r = httpx.post(url + "/v1/completions", json={"prompt": "hi", "stream": True, "stream_options": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options"
     r = httpx.post(url + "/v1/embeddings", json={"input": "hi", "encoding_format": "int8"})
     assert r.status_code == 400 and r.json() == {"error": {
         "type": "ServeError", "message": "encoding_format must be \"float\" or \"base64\", got 'int8'",
