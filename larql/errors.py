@@ -119,10 +119,12 @@ class ServeError(LarqlError):
 
     status = 400
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, param: str | None = None,
+                 code: str | None = None) -> None:
         super().__init__(message)
         if status is not None:
             self.status = status
+        self.param, self.code = param, code  # the request field at fault and a short code, for OpenAI's error shape
 
 
 class AccessError(ServeError):

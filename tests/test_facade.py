@@ -60,7 +60,7 @@ def test_load_dispatches_on_the_path(vx: Path) -> None:
     view = larql.edit_vindex(vx)
     assert isinstance(view, larql.EditableVindex) and view.store.path == vx
     assert view.model().edits is not None and len(view.overlay) == 0
-    with pytest.raises(UnknownModelError, match="not a model alias or an existing path"):
+    with pytest.raises(UnknownModelError, match="not a model alias, an existing path or a Hugging Face Hub id"):
         larql.load(vx.parent / "missing.gguf")
     from larql.model.load import load as load_model
 

@@ -91,7 +91,7 @@ def add_extract(sub: argparse._SubParsersAction) -> None:
     from larql.vindex.layout import EXTRACT_DEFAULTS, LEVELS
 
     ex = sub.add_parser("extract", help="decompile a model into a vindex directory")
-    ex.add_argument("src", help="alias, .gguf file or HF directory")
+    ex.add_argument("src", help="alias, .gguf file, HF directory, or Hugging Face Hub id (org/name, hf://org/name@rev)")
     ex.add_argument("-o", "--output", required=True, help="the vindex directory to create (e.g. g.vindex)")
     ex.add_argument("--level", choices=LEVELS, default=EXTRACT_DEFAULTS["level"],
                     help="browse: no model weights; inference/all: the vindex runs the model (LQL: WITH INFERENCE)")

@@ -94,7 +94,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     run = sub.add_parser("run", help="generate text from a model (streams tokens as they come); no prompt: a chat")
-    run.add_argument("model", help="alias (gemma3-270m, smollm2-135m), a .gguf file or an HF directory")
+    run.add_argument("model", help="alias (gemma3-270m, smollm2-135m), a .gguf file, an HF directory, or a Hugging "
+                                    "Face Hub id (org/name, hf://org/name@rev)")
     run.add_argument("prompt", nargs="?", help="the text to continue; without it, a chat in the terminal (the model's "
                      "chat template, /reset, /exit)")
     run.add_argument("--max-tokens", type=int, default=32, help="tokens to generate (default 32; in a chat, a reply's)")

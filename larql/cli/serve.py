@@ -45,7 +45,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     d = Limits()
     sv = sub.add_parser("serve", help="serve a vindex or model over HTTP: LQL, REST shortcuts, OpenAI-style "
                                       "completions, a token WebSocket")
-    sv.add_argument("src", metavar="VINDEX|MODEL", help="a vindex directory, or a model alias / .gguf / HF directory")
+    sv.add_argument("src", metavar="VINDEX|MODEL",
+                    help="a vindex directory, or a model alias / .gguf / HF directory; or a Hugging Face Hub id of "
+                         "either (org/name, hf://org/name@rev)")
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     sv.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
     sv.add_argument("--token", default=None, help="write statements need 'Authorization: Bearer TOKEN' "

@@ -1,4 +1,4 @@
-"""`load(src)`: a bundled alias, a GGUF file or an HF model directory -> Model (vindex directories
+"""`load(src)`: a bundled alias, a GGUF file, an HF model directory or a Hub id -> Model (vindex directories
 are the facade's: `larql.load`)."""
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from larql.model.gguf_file import GGUFFile
 from larql.model.gguf_fused import FusedGGUF, is_fused
 from larql.model.hf_config import config_from_hf
 from larql.model.hf_names import SANDWICH_ARCHS, hf_tensor
+from larql.model.hub import PREFIX as HUB_PREFIX
+from larql.model.hub import hub_path, is_hub_id
 from larql.model.model import Model
 from larql.model.tokenizer import tokenizer_from_gguf, tokenizer_from_hf
 from larql.model.weights import SafetensorsSource, Weights, load_weights
@@ -50,7 +52,8 @@ ALIASES: dict[str, Callable[[], Path]] = {
 
 
 def resolve(src: str | Path) -> tuple[str, Path]:
-    """(display name, path) for an alias or a path."""
+    """(display name, path) for an alias, a path, or a Hugging Face Hub id (model/hub.py; a path
+    that exists wins over a Hub id of the same spelling)."""
     text = str(src)
     if text in ALIASES:
         try:
@@ -62,9 +65,11 @@ def resolve(src: str | Path) -> tuple[str, Path]:
     path = Path(text).expanduser()
     if path.exists():
         return path.name, path
+    if is_hub_id(text):  # a Hugging Face Hub id: the repository's snapshot in the HF cache
+        return text.removeprefix(HUB_PREFIX), hub_path(text)
     raise UnknownModelError(
-        f"{text}: not a model alias or an existing path (aliases: {', '.join(ALIASES)}; "
-        f"or give a .gguf file or an HF directory with config.json)"
+        f"{text}: not a model alias, an existing path or a Hugging Face Hub id (aliases: {', '.join(ALIASES)}; "
+        f"or give a .gguf file, an HF directory with config.json, or org/name)"
     )
 
 

@@ -16,6 +16,7 @@ built from them in each process.
 from __future__ import annotations
 
 import hashlib
+import re
 from itertools import repeat
 from operator import itemgetter
 from pathlib import Path
@@ -63,6 +64,31 @@ class TextTokenizer:
 
     def token_to_id(self, text: str) -> int | None:
         return self.tok.token_to_id(text)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for: its text in UTF-8, or, for a token that is part of a
+        multi-byte character (a byte-fallback `<0xE2>` or a byte-level piece), its raw bytes."""
+        text = self.decode([token_id])
+        if "\ufffd" not in text:
+            return text.encode("utf-8")
+        piece = self.tok.id_to_token(token_id) or ""
+        if m := re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece):
+            return bytes([int(m[1], 16)])
+        table = _byte_level_chars()
+        if piece and all(c in table for c in piece):
+            return bytes(table[c] for c in piece)
+        return text.encode("utf-8")
+
+
+def _byte_level_chars() -> dict[str, int]:
+    """GPT-2's byte-level alphabet reversed: the printable character standing for each byte."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    chars, extra = {b: b for b in keep}, 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = 256 + extra
+            extra += 1
+    return {chr(c): b for b, c in chars.items()}
 
 
 def _bos_processor(bos: str, bos_id: int) -> processors.TemplateProcessing:

@@ -5,7 +5,10 @@
     POST /v1/lql  {"query": "..."}      {"results": [...]}: one `larql lql --json` object per result
     GET|POST /v1/describe|walk|infer|trace   one statement from parameters; its result object
     DELETE /v1/session                  drop this client's session (its edits)
-    POST /v1/completions, /v1/chat/completions   OpenAI-compatible ("stream": true for SSE)
+    POST /v1/completions, /v1/chat/completions   OpenAI-compatible ("stream": true for SSE), with
+                                        logprobs, top_logprobs, n and (completions) echo
+    GET  /v1/models, /v1/models/{id}    the served model, in OpenAI's list shape
+    POST /v1/embeddings                 mean-pooled `hook_final_norm` vectors (float or base64)
     WS   /v1/stream                     token frames, a done frame; {"type": "cancel"} stops
     GET|POST /v1/attention              every head's attention pattern for a prompt (a layer, or all)
     GET  /                              the browser console (larql/serve/console.py)

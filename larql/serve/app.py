@@ -18,7 +18,7 @@ from larql.serve.sessions import Served
 
 def create_app(served: Served, config: ServeConfig | None = None) -> Starlette:
     """The Starlette app serving `served` (see larql/serve/__init__.py for the routes)."""
-    from larql.serve import attention, console, generation, lql_routes
+    from larql.serve import attention, console, generation, lql_routes, openai_api
 
     server = ServerState(served, config or ServeConfig())
 
@@ -38,7 +38,8 @@ def create_app(served: Served, config: ServeConfig | None = None) -> Starlette:
         shard.check_range(server)
         routes = ffn_remote.routes()
     else:
-        routes = lql_routes.routes() + generation.routes() + attention.routes() + console.routes()
+        routes = (lql_routes.routes() + openai_api.routes() + generation.routes() + attention.routes()
+                  + console.routes())
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={LarqlError: larql_error, HTTPException: http_error,
                                         Exception: internal_error})

@@ -1,5 +1,5 @@
-"""OpenAI-compatible /v1/completions and /v1/chat/completions (SSE with "stream": true), and the
-token WebSocket /v1/stream.
+"""Generation for the OpenAI-compatible routes (openai_api.py) and the token WebSocket /v1/stream:
+a request checked into an `Ask`, then its tokens, one step at a time.
 
 Generation runs the served model; a client with a session runs it with its own overlay, so its
 edits show in its completions. Each token is one step in the worker pool (the forward pass holds
@@ -11,23 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from larql.errors import LarqlError, LimitError, ServeError
 from larql.model.chat_template import ChatTemplate, find_template
-from larql.model.generate import SamplingParams, sample
-from larql.serve.http import LarqlJSON, ServerState, error_body, read_json, state
+from larql.model.generate import SamplingParams, log_softmax, sample
+from larql.serve.http import ServerState, error_body, state
 from larql.serve.sessions import ClientSession
 
 if TYPE_CHECKING:
@@ -36,7 +33,10 @@ if TYPE_CHECKING:
 
 @dataclass
 class Ask:
-    """One generation request, checked: the prompt's ids and the sampling parameters."""
+    """One generation request, checked: the prompt's ids and the sampling parameters.
+
+    `logprobs` is None when the client asked for no log-probabilities, else how many of the most
+    likely alternatives each token lists (0: the chosen token's log-probability alone)."""
 
     ids: list[int]
     max_tokens: int
@@ -45,8 +45,31 @@ class Ask:
     top_k: int = 0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    n: int = 1  # choices to generate, each its own sample
+    logprobs: int | None = None
+    echo: bool = False  # a completion's text (and log-probs) begin with the prompt's
+    prompt: str = ""  # a completion's prompt as sent
     used: int = 0  # tokens generated so far
     finish: str = "stop"  # stop | length | cancelled
+
+    def choice(self, index: int) -> Ask:
+        """The request for choice `index`: a fresh count, and seed + index when a seed was given
+        (so the choices differ, and each is the one a request with that seed and n=1 gets)."""
+        return replace(self, seed=None if self.seed is None else self.seed + index, used=0, finish="stop")
+
+
+@dataclass
+class Token:
+    """One generated token: its id, the text it newly makes decodable, and (when asked) its
+    log-probability and the `top` most likely (id, log-probability) pairs at its position."""
+
+    id: int
+    text: str
+    logprob: float | None = None
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+MAX_N, MAX_TOP_LOGPROBS = 16, 20
 
 
 def _number(body: dict[str, Any], key: str, default: Any, kind: type, low: float, high: float) -> Any:
@@ -54,9 +77,9 @@ def _number(body: dict[str, Any], key: str, default: Any, kind: type, low: float
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not float(v).is_integer()):
-        raise ServeError(f"{key} must be {'an integer' if kind is int else 'a number'}, got {v!r}")
+        raise ServeError(f"{key} must be {'an integer' if kind is int else 'a number'}, got {v!r}", param=key)
     if not low <= v <= high:
-        raise ServeError(f"{key} must be between {low:g} and {high:g}, got {v}")
+        raise ServeError(f"{key} must be between {low:g} and {high:g}, got {v}", param=key)
     return kind(v)
 
 
@@ -69,39 +92,57 @@ def template(server: ServerState) -> ChatTemplate:
     return server.chat
 
 
+def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
+    """The `logprobs` a request asks for: chat's `logprobs: true` + `top_logprobs: k`, or the
+    legacy completions' `logprobs: k`."""
+    if not chat:  # false is what some clients send for "none"
+        return None if body.get("logprobs") is False else _number(body, "logprobs", None, int, 0, MAX_TOP_LOGPROBS)
+    wanted = body.get("logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise ServeError(f"logprobs must be true or false, got {wanted!r}", param="logprobs")
+    top = _number(body, "top_logprobs", None, int, 0, MAX_TOP_LOGPROBS)
+    if top is not None and not wanted:
+        raise ServeError("top_logprobs needs logprobs: true", param="top_logprobs")
+    return (top or 0) if wanted else None
+
+
 def parse_ask(server: ServerState, body: dict[str, Any], chat: bool, default_tokens: int) -> Ask:
     """Check an OpenAI-style body and tokenize its prompt (raises ServeError / LimitError)."""
     model = server.served.model
     if model is None:
         raise ServeError("this vindex is browse-level: generation needs model weights (extract it WITH INFERENCE)")
-    if _number(body, "n", 1, int, 1, 1) != 1 or body.get("logprobs") or body.get("echo"):
-        raise ServeError("n > 1, logprobs and echo are not supported")
+    echo = body.get("echo") or False
+    if not isinstance(echo, bool) or (echo and chat):
+        raise ServeError("echo must be true or false, and is for /v1/completions only", param="echo")
     limit = server.config.limits.max_tokens
     default_tokens = min(default_tokens, limit)  # only a max_tokens the client asked for can be over the limit
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens", default_tokens))
     if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > limit:
-        raise LimitError(f"max_tokens {max_tokens} is over this server's limit of {limit}", status=400)
-    ask = Ask([], _number({"max_tokens": max_tokens}, "max_tokens", default_tokens, int, 1, limit),
+        raise LimitError(f"max_tokens {max_tokens} is over this server's limit of {limit}", status=400,
+                         param="max_tokens")
+    # with echo, max_tokens 0 scores the prompt alone
+    ask = Ask([], _number({"max_tokens": max_tokens}, "max_tokens", default_tokens, int, 0 if echo else 1, limit),
               _number(body, "temperature", 1.0, float, 0.0, 2.0), _number(body, "top_p", 1.0, float, 1e-9, 1.0),
-              _number(body, "top_k", 0, int, 0, 1 << 20), _number(body, "seed", None, int, 0, 2**63 - 1))
+              _number(body, "top_k", 0, int, 0, 1 << 20), _number(body, "seed", None, int, 0, 2**63 - 1 - MAX_N),
+              n=_number(body, "n", 1, int, 1, MAX_N), logprobs=_logprobs(body, chat), echo=echo)
     stop = body.get("stop") or []
     ask.stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(ask.stop, list) or len(ask.stop) > 4 or not all(isinstance(s, str) and s for s in ask.stop):
-        raise ServeError("stop must be a string or a list of at most 4 non-empty strings")
+        raise ServeError("stop must be a string or a list of at most 4 non-empty strings", param="stop")
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
                 for m in messages):
-            raise ServeError('messages must be a non-empty list of {"role": ..., "content": "text"}')
+            raise ServeError('messages must be a non-empty list of {"role": ..., "content": "text"}', param="messages")
         ask.ids = template(server).render(model, messages)
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if not isinstance(prompt, str):
-            raise ServeError("prompt must be a string (one prompt per request)")
-        ask.ids = model.tokenize(prompt)
+            raise ServeError("prompt must be a string (one prompt per request)", param="prompt")
+        ask.ids, ask.prompt = model.tokenize(prompt), prompt
     model.check_fits(ask.ids, ask.max_tokens)
     return ask
 
@@ -128,137 +169,126 @@ class StopScan:
         return out
 
 
-def _step(it: Iterator[tuple[int, str]], sess: ClientSession | None) -> tuple[int, str] | None:
-    if sess is None:
-        return next(it, None)
-    with sess.lock:  # the session's overlay may not change under a forward pass
-        return next(it, None)
+def scored(tok: int, logits: NDArray[np.float32], top: int) -> tuple[float, list[tuple[int, float]]]:
+    """The log-probability of `tok` and the `top` most likely (id, log-probability) pairs: the
+    log-softmax of the raw logits, whatever temperature or top-p then chose among them."""
+    lp = log_softmax(logits, np.float64)
+    best = np.argpartition(-lp, top - 1)[:top] if 0 < top < len(lp) else np.arange(len(lp) if top else 0)
+    best = best[np.argsort(-lp[best], kind="stable")]
+    return float(lp[tok]), [(int(i), float(lp[i])) for i in best]
 
 
 class Decode:
-    """One generation stepped by the server's batcher: what `Model.stream` keeps between tokens."""
+    """One generation stepped by the caller: what `Model.stream` keeps between tokens."""
 
     def __init__(self, model: Model, ask: Ask) -> None:
         self.model, self.feed, self.new, self.emitted = model, list(ask.ids), list[int](), ""
         self.params = SamplingParams(ask.temperature, ask.top_k, ask.top_p, ask.seed)
         self.rng = np.random.default_rng(ask.seed)
         self.cache = model.new_cache(len(ask.ids) + ask.max_tokens)
+        self.logprobs = ask.logprobs
 
-    def after(self, logits: NDArray[np.float32]) -> tuple[int, str]:
-        """The next (token id, newly decodable text) from the logits after `feed` (in the batch's thread)."""
+    def after(self, logits: NDArray[np.float32]) -> Token:
+        """The next token from the logits after `feed` (in the thread that ran the pass)."""
         tok = sample(logits, self.params, self.rng)
+        out = Token(tok, "")
+        if self.logprobs is not None:
+            out.logprob, out.top = scored(tok, logits, self.logprobs)
         self.new.append(tok)
         self.feed = [tok]
         text = self.model.detokenize(self.new)
-        if text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
-            return tok, ""
-        piece, self.emitted = text[len(self.emitted):], text
-        return tok, piece
+        if not text.endswith("\ufffd"):  # else wait for the rest of a multi-byte character
+            out.text, self.emitted = text[len(self.emitted):], text
+        return out
+
+    def step(self, sess: ClientSession | None) -> Token:
+        """The next token, its pass run here (a pool thread), under the session's lock if any."""
+        if sess is None:
+            return self.after(self.model.next_logits(self.feed, self.cache))
+        with sess.lock:  # the session's overlay may not change under a forward pass
+            return self.after(self.model.next_logits(self.feed, self.cache))
 
 
-async def _batched(server: ServerState, model: Model, ask: Ask) -> AsyncIterator[tuple[int, str]]:
+def _step(it: Iterator[tuple[int, str]], sess: ClientSession | None) -> Token | None:
+    if sess is None:
+        step = next(it, None)
+    else:
+        with sess.lock:  # the session's overlay may not change under a forward pass
+            step = next(it, None)
+    return None if step is None else Token(*step)
+
+
+async def _batched(server: ServerState, model: Model, ask: Ask) -> AsyncIterator[Token]:
     assert server.batcher is not None
     d, deadline, eos = Decode(model, ask), server.deadline(), set(model.tokenizer.eos_ids)
     for _ in range(ask.max_tokens):
         try:
-            item = await asyncio.wait_for(server.batcher.next_logits(model, d.feed, d.cache, d.after),
-                                          max(0.0, deadline - time.monotonic()))
+            tok = await asyncio.wait_for(server.batcher.next_logits(model, d.feed, d.cache, d.after),
+                                         max(0.0, deadline - time.monotonic()))
         except TimeoutError:
             raise server.too_slow() from None
-        if item[0] in eos:
+        if tok.id in eos:
             return
-        yield item
+        yield tok
 
 
-async def tokens(server: ServerState, sess: ClientSession | None, ask: Ask) -> AsyncIterator[tuple[int, str]]:
-    """(token id, text) as generated, stopping before the model's stop token: each step batched with
-    other clients' (the shared model), or one by one in the pool (a session's own overlay)."""
+async def tokens(server: ServerState, sess: ClientSession | None, ask: Ask) -> AsyncIterator[Token]:
+    """Tokens as generated, stopping before the model's stop token: each step batched with other
+    clients' (the shared model), or one by one in the pool (a session's own overlay)."""
     model = sess.view.model() if sess is not None else server.served.model
     assert model is not None
     if sess is None and server.batcher is not None:
         async for item in _batched(server, model, ask):
             yield item
         return
+    deadline, eos = server.deadline(), set(model.tokenizer.eos_ids)
+    if ask.logprobs is not None:  # the logits of every step are needed: step them here
+        d = Decode(model, ask)
+        for _ in range(ask.max_tokens):
+            tok = await server.run(d.step, sess, deadline=deadline)
+            if tok.id in eos:
+                return
+            yield tok
+        return
     it = model.stream(ask.ids, max_new_tokens=ask.max_tokens, temperature=ask.temperature, top_k=ask.top_k,
                       top_p=ask.top_p, seed=ask.seed)
-    deadline = server.deadline()
-    eos = set(model.tokenizer.eos_ids)
     while (step := await server.run(_step, it, sess, deadline=deadline)) is not None:
-        if step[0] in eos:
+        if step.id in eos:
             return
         yield step
 
 
-async def generate(server: ServerState, sess: ClientSession | None, ask: Ask) -> AsyncIterator[str]:
-    """Text pieces, cut at a stop string; counts `ask.used` and sets `ask.finish`."""
-    scan = StopScan(ask.stop)
-    async for _, piece in tokens(server, sess, ask):
+async def generate(server: ServerState, sess: ClientSession | None, ask: Ask) -> AsyncIterator[tuple[str, list[Token]]]:
+    """(text, the tokens read since the last piece) pieces, the text cut at a stop string; counts
+    `ask.used` and sets `ask.finish`. A piece's text may be empty when only its tokens are news.
+    The text ends as the tokens decode: a last multi-byte character left unfinished comes as U+FFFD."""
+    scan, pending, ids, sent = StopScan(ask.stop), list[Token](), list[int](), 0
+    async for tok in tokens(server, sess, ask):
         ask.used += 1
-        text, stopped = scan.feed(piece)
-        if text:
-            yield text
+        pending.append(tok)
+        ids.append(tok.id)
+        sent += len(tok.text)
+        text, stopped = scan.feed(tok.text)
+        if text or stopped:
+            yield text, pending
+            pending = []
         if stopped:
             return
     if ask.used >= ask.max_tokens:
         ask.finish = "length"
-    if rest := scan.flush():
-        yield rest
+    model = sess.view.model() if sess is not None else server.served.model
+    assert model is not None
+    tail = model.detokenize(ids)[sent:] if ids else ""  # bytes held back for a character never finished
+    text, stopped = scan.feed(tail)
+    if stopped:
+        ask.finish = "stop"
+    if (rest := text + ("" if stopped else scan.flush())) or pending:
+        yield rest, pending
 
 
-def _usage(ask: Ask) -> dict[str, int]:
-    return {"prompt_tokens": len(ask.ids), "completion_tokens": ask.used, "total_tokens": len(ask.ids) + ask.used}
-
-
-def _sse(obj: Any) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-async def openai(request: Request, chat: bool) -> Response:
-    server = state(request)
-    body = await read_json(request)
-    ask = await server.run(parse_ask, server, body, chat, 256 if chat else 16)  # tokenizing is work too
-    sess = server.session_of(request)
-    head = {"id": ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12), "created": int(time.time()),
-            "model": server.served.name, "object": "chat.completion" if chat else "text_completion"}
-
-    def choice(text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
-        if not chat:
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        if body.get("stream"):
-            delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
-            return {"index": 0, "delta": delta, "finish_reason": finish}
-        return {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
-
-    if not body.get("stream"):
-        text = "".join([p async for p in generate(server, sess, ask)])
-        return LarqlJSON({**head, "choices": [choice(text, ask.finish)],
-                          "usage": _usage(ask)})
-
-    async def events() -> AsyncIterator[str]:
-        chunk = {**head, "object": "chat.completion.chunk"} if chat else head
-        if chat:
-            yield _sse({**chunk, "choices": [choice(None, None, first=True)]})
-        try:
-            async for piece in generate(server, sess, ask):
-                yield _sse({**chunk, "choices": [choice(piece, None)]})
-        except LarqlError as e:  # the status line has gone: the error is the stream's last event
-            yield _sse(error_body(e))
-            return
-        final = {**chunk, "choices": [choice(None, ask.finish)]}
-        if (body.get("stream_options") or {}).get("include_usage"):
-            final["usage"] = _usage(ask)
-        yield _sse(final)
-        yield "data: [DONE]\n\n"
-
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-
-async def completions(request: Request) -> Response:
-    return await openai(request, chat=False)
-
-
-async def chat_completions(request: Request) -> Response:
-    return await openai(request, chat=True)
+def usage(ask: Ask, completion_tokens: int | None = None) -> dict[str, int]:
+    used = ask.used if completion_tokens is None else completion_tokens
+    return {"prompt_tokens": len(ask.ids), "completion_tokens": used, "total_tokens": len(ask.ids) + used}
 
 
 async def stream(ws: WebSocket) -> None:
@@ -274,17 +304,17 @@ async def stream(ws: WebSocket) -> None:
         try:
             ask = await server.run(parse_ask, server, body, "messages" in body, 64)
             pieces: list[str] = []
-            async for tok, piece in tokens(server, server.session_of(ws), ask):
+            async for tok in tokens(server, server.session_of(ws), ask):
                 if cancel.is_set():
                     ask.finish = "cancelled"
                     break
-                pieces.append(piece)
+                pieces.append(tok.text)
                 ask.used += 1
-                await ws.send_json({"type": "token", "id": tok, "text": piece})
+                await ws.send_json({"type": "token", "id": tok.id, "text": tok.text})
             else:
                 ask.finish = "length" if ask.used >= ask.max_tokens else "stop"
             await ws.send_json({"type": "done", "finish_reason": ask.finish, "text": "".join(pieces),
-                                "usage": _usage(ask)})
+                                "usage": usage(ask)})
         except LarqlError as e:
             await error(e)
         except (WebSocketDisconnect, RuntimeError):  # the client left mid-stream
@@ -314,6 +344,4 @@ async def stream(ws: WebSocket) -> None:
 
 
 def routes() -> list[BaseRoute]:
-    return [Route("/v1/completions", completions, methods=["POST"]),
-            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-            WebSocketRoute("/v1/stream", stream)]
+    return [WebSocketRoute("/v1/stream", stream)]

@@ -123,12 +123,23 @@ async def read_json(request: Request) -> dict[str, Any]:
     return data
 
 
-def error_body(e: Exception) -> dict[str, Any]:
-    """`{"type", "message"}` plus, for an LQL error, its parts (so a client can locate it itself)."""
+# routes a client of OpenAI's API calls: their errors come in OpenAI's shape
+OPENAI_PATHS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/embeddings")
+
+
+def error_body(e: Exception, openai: bool = False) -> dict[str, Any]:
+    """`{"type", "message"}` plus, for an LQL error, its parts (so a client can locate it itself);
+    with `openai`, OpenAI's `{"message", "type", "param", "code"}` (param: the request field at fault)."""
     err: dict[str, Any] = {"type": type(e).__name__, "message": str(e)}
+    if openai:
+        err.update(param=getattr(e, "param", None), code=getattr(e, "code", None))
     if isinstance(e, LqlError):
         err.update(detail=e.message, hint=e.hint, line=e.line, column=e.column)
     return {"error": err}
+
+
+def is_openai(conn: HTTPConnection) -> bool:
+    return conn.url.path.startswith(OPENAI_PATHS)
 
 
 def status_of(e: LarqlError) -> int:
@@ -137,14 +148,16 @@ def status_of(e: LarqlError) -> int:
 
 async def larql_error(request: Request, e: Exception) -> Response:
     assert isinstance(e, LarqlError)
-    return LarqlJSON(error_body(e), status_code=status_of(e))
+    return LarqlJSON(error_body(e, is_openai(request)), status_code=status_of(e))
 
 
 async def http_error(request: Request, e: Exception) -> Response:
     assert isinstance(e, HTTPException)
     kind = {404: "NotFound", 405: "MethodNotAllowed"}.get(e.status_code, "HTTPError")
-    return LarqlJSON({"error": {"type": kind, "message": f"{request.method} {request.url.path}: {e.detail}"}},
-                     status_code=e.status_code)
+    err: dict[str, Any] = {"type": kind, "message": f"{request.method} {request.url.path}: {e.detail}"}
+    if is_openai(request):
+        err.update(param=None, code=None)
+    return LarqlJSON({"error": err}, status_code=e.status_code)
 
 
 async def read_body(request: Request, server: ServerState) -> bytes:

@@ -1,6 +1,6 @@
 """The Vindexfile: a line-based recipe for a vindex (vindex_spec/VINDEXFILE.md).
 
-    FROM gemma3-270m                 # a vindex, an alias, a .gguf file or an HF directory
+    FROM gemma3-270m                 # a vindex, an alias, a .gguf file, an HF directory or a Hub id
     PATCH "facts.vlp"
     INSERT ("France", "capital", "Rome")
     DELETE entity = "Paris" AND relation = "capital"

@@ -105,14 +105,21 @@ class Plan:
 
 
 def _source(root: Path, vf: Vindexfile, ins: Instruction) -> Source:
+    from larql.model.hub import hub_path, is_hub_id
     from larql.model.load import ALIASES, resolve
 
     local = (root / ins.arg).expanduser()
+    if not local.exists() and ins.arg not in ALIASES and is_hub_id(ins.arg):
+        try:  # a Hugging Face Hub id: the repository's snapshot (a vindex or a model) in the HF cache
+            local = hub_path(ins.arg)
+        except LarqlError as e:
+            raise BuildError(f"{vf.path.name}:{ins.line}: FROM {ins.arg}: {e}") from e
     if (local / layout.INDEX_FILE).is_file():  # a vindex: its sealed index.json names every file's sha256
         return Source(local, True, hashlib.sha256((local / layout.INDEX_FILE).read_bytes()).hexdigest())
     if ins.arg not in ALIASES and not local.exists():
         raise BuildError(f"{vf.path.name}:{ins.line}: FROM {ins.arg}: no vindex, model file or HF directory "
-                         f"there (relative paths are from {root}), and not an alias ({', '.join(ALIASES)})")
+                         f"there (relative paths are from {root}), not an alias ({', '.join(ALIASES)}), "
+                         f"and not a Hugging Face Hub id (org/name)")
     try:
         _, path = resolve(ins.arg if ins.arg in ALIASES else local)
     except LarqlError as e:

@@ -38,7 +38,7 @@ def test_top_k_table_and_json(tiny_gguf: Path) -> None:
 
 
 @pytest.mark.parametrize("args, message", [
-    (("run", "no-such-model", "hi"), "larql: error: no-such-model: not a model alias or an existing path"),
+    (("run", "no-such-model", "hi"), "larql: error: no-such-model: not a model alias, an existing path or a Hugging Face Hub id"),
     (("run", "{tiny}", "hi", "--max-tokens", "500"), "exceed the context of 64"),
 ])
 def test_errors_are_one_line_without_traceback(tiny_gguf: Path, args: tuple[str, ...], message: str) -> None:

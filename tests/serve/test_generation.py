@@ -77,7 +77,8 @@ def test_stop_strings_cut_the_text(tiny: str) -> None:
 def test_generation_limits_and_errors(tiny: str, serve: Serve, browse_vx: Path) -> None:
     r = httpx.post(f"{tiny}/v1/completions", json={"prompt": PROMPT, "max_tokens": 41})
     assert r.status_code == 400 and r.json()["error"] == {
-        "type": "LimitError", "message": "max_tokens 41 is over this server's limit of 40"}
+        "type": "LimitError", "message": "max_tokens 41 is over this server's limit of 40", "param": "max_tokens",
+        "code": None}
     r = httpx.post(f"{tiny}/v1/completions", json={"prompt": PROMPT, "temperature": "hot"})
     assert r.status_code == 400 and r.json()["error"]["message"] == "temperature must be a number, got 'hot'"
     r = httpx.post(f"{tiny}/v1/completions", json={"prompt": "x" * 100, "max_tokens": 8})
@@ -105,7 +106,9 @@ def test_chat_uses_the_models_template(smol: str) -> None:
                                                                   "stream_options": {"include_usage": True}},
                             timeout=120))
     assert events[0]["object"] == "chat.completion.chunk" and events[0]["choices"][0]["delta"]["role"] == "assistant"
-    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1]) == message["content"]
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1] if e["choices"])
+    assert text == message["content"]
+    assert events[-2]["choices"] == []  # usage comes last, in a chunk of its own as OpenAI sends it
     assert events[-2]["usage"] == body["usage"] and events[-1] == "[DONE]"
 
 

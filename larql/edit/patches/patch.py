@@ -185,17 +185,24 @@ def _vector(text: Any, hidden: int, where: str, name: str) -> F32:
     return vec
 
 
+def _larql_meta(m: dict[str, Any], vocab: int, where: str, need_c: bool) -> None:
+    """LARQL's `{t, i, c}` fields of a down_meta, each checked when present (read or not: a file
+    with an impossible value is refused); `c` is required when the fields are all there is."""
+    if "i" in m:
+        _index(m["i"], vocab or 1 << 32, "down_meta's token id i", where)
+    if (need_c or "c" in m) and not _finite(m.get("c")):
+        raise VindexError(f"{where}: down_meta's c (c_score) must be a finite number, got {str(m.get('c'))[:40]!r}")
+    if not isinstance(m.get("t", ""), str) or len(m.get("t", "")) > MAX_TEXT:
+        raise VindexError(f"{where}: down_meta's t (the top token) must be a string of at most "
+                          f"{MAX_TEXT:,} characters")
+
+
 def _meta(m: Any, vocab: int, where: str) -> MetaOverride:
     """down_meta: equally long lists of token ids (in the vocabulary) and finite scores, or LARQL's
     `{t, i, c}` (top token, its id, c_score) when there are no lists."""
     shape_hint = f"{where}: down_meta must be {{\"ids\": [...], \"scores\": [...]}}"
     if isinstance(m, dict) and "ids" not in m and "scores" not in m and "i" in m:
-        _index(m["i"], vocab or 1 << 32, "down_meta's token id i", where)
-        if not _finite(m.get("c")):
-            raise VindexError(f"{where}: down_meta's c (c_score) must be a finite number, got {str(m.get('c'))[:40]!r}")
-        if not isinstance(m.get("t", ""), str) or len(m.get("t", "")) > MAX_TEXT:
-            raise VindexError(f"{where}: down_meta's t (the top token) must be a string of at most "
-                              f"{MAX_TEXT:,} characters")
+        _larql_meta(m, vocab, where, need_c=True)
         return MetaOverride((m["i"],), (float(m["c"]),))
     if not isinstance(m, dict) or not isinstance(m.get("ids"), list) or not isinstance(m.get("scores"), list):
         raise VindexError(shape_hint + " (or LARQL's {\"t\": token, \"i\": id, \"c\": score})")
@@ -206,6 +213,7 @@ def _meta(m: Any, vocab: int, where: str) -> MetaOverride:
         _index(t, vocab or 1 << 32, "a down_meta token id", where)
     if not all(_finite(x) for x in scores):
         raise VindexError(f"{where}: down_meta scores must be finite numbers")
+    _larql_meta(m, vocab, where, need_c=False)  # LARQL's fields beside the lists are not read, but must be valid
     return MetaOverride(tuple(ids), tuple(float(x) for x in scores))
 
 

@@ -11,6 +11,7 @@ from larql.lql import ast
 from larql.lql.plan import PlanRun
 from larql.lql.result import Result
 from larql.lql.session import Session
+from larql.model.hub import local_or_hub
 from larql.vindex.extract import extract
 from larql.vindex.layout import EXTRACT_DEFAULTS
 from larql.vindex.store import open_vindex
@@ -33,7 +34,12 @@ def use(stmt: ast.UseStmt, session: Session, result: Result, run: PlanRun) -> No
         session.model = load_any(step["target"])
         result.notes.append(f"Using model: {session.model!r}")
         return
-    session.vindex = edit_vindex(run.take("open_vindex")["target"])
+    target = run.take("open_vindex")["target"]
+    path = local_or_hub(target)  # a Hub id names the repository's snapshot in the HF cache
+    if path != Path(target).expanduser() and not (path / "index.json").is_file():
+        raise VindexError(f"{target} is a model, not a vindex: USE MODEL \"{target}\" runs it, and "
+                          f"EXTRACT MODEL \"{target}\" INTO \"name.vindex\" makes a vindex of it")
+    session.vindex = edit_vindex(path)
     result.notes.append(f"Using: {session.describe_backend()}")
 
 

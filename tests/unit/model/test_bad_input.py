@@ -23,7 +23,7 @@ def good_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(UnknownModelError, match="not a model alias or an existing path"):
+    with pytest.raises(UnknownModelError, match="not a model alias, an existing path or a Hugging Face Hub id"):
         larql.load(tmp_path / "nope.gguf")
 
 
