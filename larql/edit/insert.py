@@ -300,7 +300,7 @@ def insert_facts(v: EditTarget, facts: Sequence[Fact], method: str | None = None
                                         objects=objects, holds=holds)
                 facts_meta = tuple({"subject": f.subject, "relation": f.relation, "prompt": f.prompt,
                                     "target": f.target} for f in group)
-                v.patches.record_all([WeightOp(d.layer, d.u, d.v, plan.keys[d.layer], facts_meta, method)
+                v.patches.record_all([WeightOp(d.layer, d.u, d.v, d.keys, facts_meta, method)
                                       for d in plan.deltas])
         except BaseException:  # an error or Ctrl-C: nothing half-applied
             v.patches.undo(len(v.patches.pending) - recorded)

@@ -23,33 +23,16 @@ split; the solve above is the same for both architectures.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 from numpy.typing import NDArray
 
+from larql.edit.patches.delta import LowRankDelta
 from larql.errors import EditError
 
 F32 = NDArray[np.float32]
 F64 = NDArray[np.float64]
 RIDGE = 1e-2  # C + RIDGE * mean(diag C) * I: C from ~10^4 tokens underestimates its small eigenvalues
 CONSTRAINT_RIDGE = 1e-6  # relative, on K^T C^-1 K: near-identical keys (one subject twice) stay solvable
-
-
-@dataclass(frozen=True)
-class LowRankDelta:
-    """dW = U @ V.T for one layer's down projection."""
-
-    layer: int
-    u: F32  # (hidden, r)
-    v: F32  # (ffn, r)
-
-    @property
-    def rank(self) -> int:
-        return int(self.u.shape[1])
-
-    def dense(self) -> F32:
-        return (self.u @ self.v.T).astype(np.float32)
 
 
 class KeyMetric:
@@ -95,4 +78,4 @@ def solve_update(metric: KeyMetric, layer: int, keys: F32, residuals: F32, prese
     gram += CONSTRAINT_RIDGE * float(np.mean(np.diag(gram))) * np.eye(len(gram))
     # dW = R_all gram^-1 (C^-1 K_all)^T and R_all = [R, 0]: only the first n rows of gram^-1 matter
     v = cinv_k @ np.linalg.solve(gram, np.eye(len(gram))[:, :n])  # (ffn, n), gram symmetric
-    return LowRankDelta(layer, r.astype(np.float32), v.astype(np.float32))
+    return LowRankDelta(layer, r.astype(np.float32), v.astype(np.float32), k.astype(np.float32))

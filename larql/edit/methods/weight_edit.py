@@ -27,8 +27,9 @@ from larql.edit.methods.capture import LowerLayers, capture_batch
 from larql.edit.methods.defaults import N_PREFIXES
 from larql.edit.methods.facts import Fact, model_prefixes
 from larql.edit.methods.relations import known_edges
-from larql.edit.methods.rome import KeyMetric, LowRankDelta, solve_update
+from larql.edit.methods.rome import KeyMetric, solve_update
 from larql.edit.methods.value import ValueResult, optimise_values
+from larql.edit.patches.delta import LowRankDelta
 from larql.errors import EditError
 from larql.model.forward import norm
 from larql.model.grad import DenseLayer
@@ -286,7 +287,7 @@ def plan_weight_edit(model: Model, facts: Sequence[Fact], layers: Sequence[int],
         if preserved is not None and layer in preserved:
             hold.insert(0, preserved[layer])
         deltas.append(solve_update(metrics[layer], layer, k, r, np.concatenate(hold, axis=1)))
-        keys[layer] = k.astype(np.float32)
+        keys[layer] = deltas[-1].keys
     t_end = time.perf_counter()
     return WeightEditPlan(tuple(facts), layers, tuple(deltas), keys, tuple(values), n_decoys, t_end - t0,
                           {"prefixes": t_prefix - t0, "values": t_value - t_prefix, "solve": t_end - t_value})

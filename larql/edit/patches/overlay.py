@@ -23,6 +23,7 @@ from typing import NamedTuple, cast
 import numpy as np
 from numpy.typing import NDArray
 
+from larql.edit.patches.delta import LowRankDelta
 from larql.errors import VindexError
 
 F32 = NDArray[np.float32]
@@ -45,14 +46,6 @@ class MetaOverride:
     scores: tuple[float, ...]
 
 
-class WeightDelta(NamedTuple):
-    """dW = u @ v.T for one layer's down projection, and the keys `(ffn, r)` it was solved for."""
-
-    u: F32  # (hidden, r)
-    v: F32  # (ffn, r)
-    keys: F32  # (ffn, r)
-
-
 MAX_ADDED = 1 << 16  # features a layer may gain (ids base width .. base width + MAX_ADDED - 1)
 
 
@@ -71,7 +64,7 @@ class PatchOverlay:
         self._added_joined: dict[int, tuple[F32, F32, F32]] = {}  # layer -> (G, U, D), stacked once
         self._meta: dict[int, dict[int, MetaOverride]] = {}
         self._deleted: dict[int, set[int]] = {}
-        self._weights: dict[int, list[WeightDelta]] = {}
+        self._weights: dict[int, list[LowRankDelta]] = {}
         self._joined: dict[int, tuple[F32, F32, F32]] = {}  # layer -> (U, V, keys), concatenated once
         self.revision = 0  # bumped by every change, so results kept from before one are not reused
 
@@ -222,7 +215,7 @@ class PatchOverlay:
                 raise VindexError(f"weight edit of L{layer}: {name} has shape {arr.shape}, expected {shape}")
             if not np.all(np.isfinite(arr)):
                 raise VindexError(f"weight edit of L{layer}: {name} has NaN or infinite values")
-        self._weights.setdefault(layer, []).append(WeightDelta(*arrays))
+        self._weights.setdefault(layer, []).append(LowRankDelta(layer, *arrays))
         self._joined.pop(layer, None)
 
     def weight_layers(self) -> list[int]:
@@ -237,8 +230,9 @@ class PatchOverlay:
         if not ws:
             return None
         if layer not in self._joined:
-            self._joined[layer] = tuple(np.ascontiguousarray(np.concatenate(parts, axis=1))  # type: ignore[assignment]
-                                        for parts in zip(*ws))
+            u, v, keys = (np.ascontiguousarray(np.concatenate(parts, axis=1))
+                          for parts in ([w.u for w in ws], [w.v for w in ws], [w.keys for w in ws]))
+            self._joined[layer] = (u, v, keys)
         return self._joined[layer]
 
     def down_delta(self, layer: int) -> tuple[F32, F32] | None:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from larql.edit.patches.delta import LowRankDelta
 from larql.edit.patches.overlay import PatchOverlay
 from larql.errors import VindexError
 
@@ -43,21 +44,13 @@ def _unb64(text: Any, shape: tuple[int, int], where: str, name: str) -> F32:
 
 
 @dataclass(frozen=True)
-class WeightOp:
-    """dW = u @ v.T added to layer `layer`'s down projection."""
+class WeightOp(LowRankDelta):
+    """A low-rank delta as a patch operation: the facts it teaches and the method that solved it."""
 
-    layer: int
-    u: F32  # (hidden, r)
-    v: F32  # (ffn, r)
-    keys: F32  # (ffn, r)
     facts: tuple[dict[str, str], ...] = ()
     method: str = "rome"
     op: str = "weight_edit"
     feature: int = -1  # not a feature edit: no slot is written
-
-    @property
-    def rank(self) -> int:
-        return int(self.u.shape[1])
 
     def apply(self, overlay: PatchOverlay) -> None:
         overlay.add_weight(self.layer, self.u, self.v, self.keys)
