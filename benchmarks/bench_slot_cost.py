@@ -31,8 +31,8 @@ def main() -> None:
     parser.add_argument("--compensate", action="store_true")
     parser.add_argument("--name", default="")
     args = parser.parse_args()
-    from larql.edit.insert import key_metrics, stats_dir
     from larql.edit.measure.evaluate import unrelated_logps
+    from larql.edit.methods.metrics import key_metrics, stats_dir
     from larql.edit.methods.weight_edit import dense_layers
     from larql.edit.patches.patch import PatchOp
     from larql.edit.patches.weight_op import WeightOp

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from larql.edit.insert import _metrics, _metrics_of
+from larql.edit.methods.metrics import _metrics, _metrics_of
 from larql.edit.state.view import edit_vindex
 from larql.serve.config import ServeConfig
 from larql.serve.server import ServerThread

@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from larql.edit.insert import insert_facts, key_metrics, stats_dir
+from larql.edit.insert import insert_facts
 from larql.edit.methods.capture import capture
 from larql.edit.methods.facts import Fact
+from larql.edit.methods.metrics import key_metrics, stats_dir
 from larql.edit.methods.neuron import PRE_ACTIVATION
 from larql.edit.methods.weight_edit import HeldPrompt
 from larql.edit.patches.patch import PatchOp, is_neuron
@@ -143,7 +144,7 @@ def test_stacked_neurons_take_new_slots_and_stay_silent_on_each_other(vx: Path) 
 
 
 def test_without_a_layer_neurons_fill_the_model_layers_in_order(vx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import larql.edit.insert as module
+    import larql.edit.methods.strategies as module
 
     v = edit_vindex(vx)
     m = v.model()
@@ -161,7 +162,7 @@ def test_a_batch_over_layers_holds_each_layer_off_the_subjects_placed_at_the_oth
         vx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each layer's neurons are planned with the texts of the batch's subjects placed at other layers
     (their prompt and the subject opening a text) and the subjects of neurons already at any layer."""
-    import larql.edit.insert as module
+    import larql.edit.methods.strategies as module
 
     seen: dict[int, tuple[list[str], list[tuple[str, str]]]] = {}
     plan = module.plan_neuron_edit
@@ -339,7 +340,7 @@ def test_a_neuron_fires_at_its_key_and_its_patch_names_the_whole_subject(
     its neurons off the earlier subjects where those are keyed. (Whether the fact is then learnt is
     measured on gemma3-270m, tests/parity/test_weight_edits.py: the tiny model's random attention
     carries little from one token to the next.)"""
-    import larql.edit.insert as module
+    import larql.edit.methods.strategies as module
 
     seen: dict[str, Any] = {}
     plan = module.plan_neuron_edit
@@ -372,7 +373,7 @@ def test_insert_takes_a_key_column_for_neuron_edits(vx: Path, monkeypatch: pytes
     """A user names the words a neuron keys on (a lone "X Pharma" would otherwise key on " Pharma",
     which every other "... Pharma" shares); a key that is not the entity's leading words, or a key
     for another method, is refused before anything runs."""
-    import larql.edit.insert as module
+    import larql.edit.methods.strategies as module
     from larql.errors import LqlSemanticError
 
     seen: list[dict[str, str]] = []
@@ -436,8 +437,8 @@ def test_a_layers_inputs_read_once_serve_its_plan_and_settling(vx: Path, monkeyp
 
 
 def test_a_large_insert_optimises_its_values_behind_fewer_prefixes(vx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import larql.edit.insert as insert_module
     import larql.edit.methods.defaults as methods
+    import larql.edit.methods.strategies as insert_module
 
     seen: list[int] = []
     real = insert_module.plan_neuron_edit
@@ -462,7 +463,7 @@ def test_texts_read_again_above_the_lowest_layer_run_from_it(vx: Path, monkeypat
     pass packs other rows beside them); texts it has seen run from its layer (the residual there
     kept), new ones in full; a point below its layer is read in full, the store left alone. A neuron
     INSERT over two layers records the same patch with and without it."""
-    from larql.edit import insert as insert_mod
+    from larql.edit.methods import strategies as insert_mod
     from larql.edit.methods.capture import LowerLayers, capture_batch
 
     m = edit_vindex(vx).model()

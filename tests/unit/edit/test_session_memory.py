@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from larql.edit.insert import _metrics, insert_facts, key_metrics, stats_dir
+from larql.edit.insert import insert_facts
 from larql.edit.methods.facts import Fact
+from larql.edit.methods.metrics import _metrics, key_metrics, stats_dir
 from larql.edit.methods.weight_edit import dense_layers
 from larql.edit.state.view import edit_vindex
 from tests.synthetic import TinySpec, tiny_vindex
