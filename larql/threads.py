@@ -7,8 +7,7 @@ after that point is too late for BLAS (OpenBLAS sizes its pool when numpy is imp
 Why a short spin: numba's OpenMP layer (GNU libgomp) lets a worker that has finished spin
 before it sleeps. libgomp's default spin (GOMP_SPINCOUNT 300,000, milliseconds) steals the cores a
 busy machine's other work needs and, measured on this 2-vCPU VM, slows decoding itself
-(SmolLM2-135M 76-82 tok/s); no spin at all (OMP_WAIT_POLICY=PASSIVE, what larql set until
-session 38) makes every parallel region wake a sleeping worker: a decode step runs ~200 regions,
+(SmolLM2-135M 76-82 tok/s); no spin at all (OMP_WAIT_POLICY=PASSIVE) makes every parallel region wake a sleeping worker: a decode step runs ~200 regions,
 and passive cost it half (SmolLM2-135M 44-55 tok/s against 88-110 with 3,000 spins, Gemma 3 49
 against 74-88). GOMP_SPINCOUNT=3000 keeps a worker awake across the few microseconds between one
 matvec and the next and asleep ~0.1 ms after the last. It is libgomp's setting, so a library in
