@@ -18,6 +18,7 @@ from larql.model.attention import KVCache
 from larql.model.forward import norm
 from larql.model.generate import log_softmax
 from larql.model.hooks import Replace, hook_name
+from larql.model.targets import first_target_token, target_token_ids
 
 __all__ = ["AttentionPatterns", "attention_patterns", "attribution", "copy_kv", "direct_logit_attribution", "embedding_neighbours", "first_target_token", "kl", "layer_attribution", "layer_deltas", "log_softmax", "logit_attribution", "logit_lens", "patch_activation", "patching_sweep", "rank_of", "residual_hook_names", "steering_vector", "target_token_ids", "token_trajectory", "top_tokens"]
 
