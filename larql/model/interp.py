@@ -54,8 +54,6 @@ def rank_of(logp: F32, token: int) -> int:
     return int(np.sum(logp > logp[token])) + 1
 
 
-# ---- targets ------------------------------------------------------------------------------------
-
 def logit_lens(m: Model, resid: F32) -> F32:
     """Log-probabilities `(..., vocab)` of a residual `(..., hidden)` read through the final norm
     and the unembedding, as if the model stopped there."""
