@@ -1,14 +1,18 @@
-"""The README runs as written.
+"""The README and the docs pages run as written.
 
-- Every ```python block runs, in order, in one namespace (as a reader pasting them into one session
-  would), in a directory where `g.vindex` is the gemma3-270m vindex the suite extracts anyway.
+- Every ```python block runs, in order, in one namespace per page (as a reader pasting a page's
+  blocks into one session would), in a directory where `g.vindex` is the gemma3-270m vindex the
+  suite extracts anyway.
 - Every `larql ...` line of a ```bash block parses: its arguments with larql's own argument
   parser, and for `larql lql` its statements with the LQL parser.
 - The `larql lql` lines that only read g.vindex, and the `larql run` lines, run for real.
 
+The pages are README.md and docs/**/*.md (the file-format specs under vindex_spec/, which the site
+shows as docs/vindex_spec, describe multi-machine set-ups with placeholder hosts and are not run).
+
 Why a small collector and not pytest-markdown-docs or sybil: the blocks build on each other and
 need the session's vindex in their working directory (a fixture), and the shell lines need
-larql's own parsers; both tools run code blocks but neither checks a CLI line. This is ~80 lines.
+larql's own parsers; both tools run code blocks but neither checks a CLI line. This is ~90 lines.
 """
 
 from __future__ import annotations
@@ -22,39 +26,43 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAGES = [README, *sorted(p for p in (ROOT / "docs").rglob("*.md") if "vindex_spec" not in p.relative_to(ROOT).parts)]
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 
 
-def blocks(lang: str) -> list[tuple[int, str]]:
-    """(line number, body) of every fenced block in `lang`."""
-    text = README.read_text(encoding="utf-8")
+def blocks(lang: str, page: Path = README) -> list[tuple[int, str]]:
+    """(line number, body) of every fenced block in `lang` on one page."""
+    text = page.read_text(encoding="utf-8")
     return [(text[: m.start()].count("\n") + 2, m.group(2)) for m in _FENCE.finditer(text) if m.group(1) == lang]
 
 
-def shell_commands() -> list[tuple[int, list[str]]]:
-    """Every `larql` (and `echo ... > file`) command of the bash blocks as argv, a command spanning lines (a quoted LQL
-    script) joined, `# comments` dropped, `a && b` split."""
+def shell_commands() -> list[tuple[str, list[str]]]:
+    """Every `larql` (and `echo ... > file`) command of every page's bash blocks as argv, with its
+    `page:line`, a command spanning lines (a quoted LQL script) joined, `# comments` dropped,
+    `a && b` split."""
     out = []
-    for start, body in blocks("bash"):
-        pending, first = "", 0
-        for i, line in enumerate(body.splitlines()):
-            if not pending and not line.strip():
-                continue
-            pending, first = (pending + "\n" + line, first) if pending else (line, start + i)
-            try:
-                words = shlex.split(pending, comments=True)
-            except ValueError:  # an open quote: the command goes on on the next line
-                continue
-            pending = ""
-            command: list[str] = []
-            for w in [*words, "&&"]:
-                if w == "&&":
-                    if command and command[0] in ("larql", "echo"):
-                        out.append((first, command))
-                    command = []
-                else:
-                    command.append(w)
+    for page in PAGES:
+        for start, body in blocks("bash", page):
+            pending, first = "", 0
+            for i, line in enumerate(body.splitlines()):
+                if not pending and not line.strip():
+                    continue
+                pending, first = (pending + "\n" + line, first) if pending else (line, start + i)
+                try:
+                    words = shlex.split(pending, comments=True)
+                except ValueError:  # an open quote: the command goes on on the next line
+                    continue
+                pending = ""
+                command: list[str] = []
+                for w in [*words, "&&"]:
+                    if w == "&&":
+                        if command and command[0] in ("larql", "echo"):
+                            out.append((f"{page.relative_to(ROOT)}:{first}", command))
+                        command = []
+                    else:
+                        command.append(w)
     return out
 
 
@@ -74,9 +82,9 @@ def test_every_larql_line_parses() -> None:
         try:
             args = build_parser().parse_args(argv[1:])
         except SystemExit as e:
-            raise AssertionError(f"README.md:{line}: {shlex.join(argv)} does not parse") from e
+            raise AssertionError(f"{line}: {shlex.join(argv)} does not parse") from e
         if args.command == "lql" and args.statements:
-            assert parse(args.statements), f"README.md:{line}"
+            assert parse(args.statements), line
 
 
 @pytest.fixture(scope="module")
@@ -86,22 +94,23 @@ def readme_dir(gemma_vindex: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     return d
 
 
-SERVED = "http://127.0.0.1:8081"  # the README's `larql serve smollm2-135m --port 8081`
+SERVED = "http://127.0.0.1:8081"  # docs/guide/serving.md's `larql serve smollm2-135m --port 8081`
 
 
-def test_python_blocks_run_as_written(readme_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("page", [p for p in PAGES if blocks("python", p)], ids=lambda p: str(p.relative_to(ROOT)))
+def test_python_blocks_run_as_written(page: Path, readme_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from larql.serve.server import ServerThread
     from larql.serve.sessions import open_served
 
     monkeypatch.chdir(readme_dir)
     namespace: dict[str, object] = {"__name__": "readme"}
-    for line, body in blocks("python"):
+    for line, body in blocks("python", page):
         if SERVED in body:  # the OpenAI client block talks to the server the bash block above starts
             with ServerThread(open_served("smollm2-135m")) as url:  # a real one, on a free loopback port
-                code = compile("\n" * (line - 1) + body.replace(SERVED, url), str(README), "exec")
+                code = compile("\n" * (line - 1) + body.replace(SERVED, url), str(page), "exec")
                 exec(code, namespace)
             continue
-        code = compile("\n" * (line - 1) + body, str(README), "exec")  # tracebacks name the README's line
+        code = compile("\n" * (line - 1) + body, str(page), "exec")  # tracebacks name the page's line
         exec(code, namespace)
 
 
@@ -118,14 +127,18 @@ def _reads_only(argv: list[str]) -> bool:
 
 
 def test_read_only_commands_run(readme_dir: Path) -> None:
-    runnable = [(line, argv) for line, argv in shell_commands() if _reads_only(argv)]
+    runnable, seen = [], set()
+    for line, argv in shell_commands():  # a command two pages show (the install, the quick start) runs once
+        if _reads_only(argv) and (argv[0] == "echo" or tuple(argv) not in seen):
+            runnable.append((line, argv))
+            seen.add(tuple(argv))
     assert len(runnable) >= 5
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for line, argv in runnable:
         if argv[0] == "echo":  # echo TEXT > FILE: a file a later command reads
             (readme_dir / argv[-1]).write_text(" ".join(argv[1:-2]) + "\n")
             continue
         r = subprocess.run([sys.executable, "-m", "larql", *argv[1:]], cwd=readme_dir, capture_output=True,
                            text=True, timeout=900, env=env)
-        assert r.returncode == 0, f"README.md:{line}: {shlex.join(argv)}\n{r.stderr}"
-        assert r.stdout.strip(), f"README.md:{line} printed nothing"
+        assert r.returncode == 0, f"{line}: {shlex.join(argv)}\n{r.stderr}"
+        assert r.stdout.strip(), f"{line} printed nothing"
