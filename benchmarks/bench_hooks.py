@@ -2,7 +2,7 @@
 
     python benchmarks/bench_hooks.py
 
-Targets (issue 5): an empty spec costs <= 2%; capturing everything <= 15%. Writes
+Targets: an empty spec costs <= 2%; capturing everything <= 15%. Writes
 benchmarks/results/hooks.json.
 """
 

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_lql.py
 
-Target (issue 4): 100 mixed statements parse in <= 20 ms. LARQL's Rust parser: 78 us for its mix.
+Target: 100 mixed statements parse in <= 20 ms. LARQL's Rust parser: 78 us for its mix.
 Writes benchmarks/results/lql.json.
 """
 
