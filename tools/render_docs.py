@@ -332,7 +332,7 @@ _PATH = re.compile(r"`([A-Za-z0-9_.\-/*{},]+)`")
 
 
 def doc_files() -> list[Path]:
-    return [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted(DOCS.rglob("*.md"))]
+    return [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "CONTRIBUTING.md", *sorted(DOCS.rglob("*.md"))]
 
 
 def missing_paths() -> list[str]:
