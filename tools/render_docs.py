@@ -131,16 +131,16 @@ def render_lql() -> str:
 
 # What each route does. A route of the server without an entry here fails `--check`.
 ROUTES: dict[str, str] = {
-    "/v1/health": "liveness: `{\"status\": \"ok\"}`",
+    "/v1/health": "liveness and version: `{\"status\": \"ok\", \"version\"}`",
     "/v1/info": "the model, its layers, the vindex level, the limits, the chat template's origin, "
                 "this client's patches",
     "/v1/lql": "`{\"query\": \"...\"}` -> `{\"results\": [...]}`, one object per result as `larql lql --json` "
                "prints it",
     "/v1/session": "drop this client's session (its edits)",
-    "/v1/describe": "one DESCRIBE from parameters (`entity`, ...)",
-    "/v1/walk": "one WALK from parameters (`prompt`, `top`, ...)",
-    "/v1/infer": "one INFER from parameters (`prompt`, `top`)",
-    "/v1/trace": "one TRACE from parameters (`prompt`, `for`, ...)",
+    "/v1/describe": "one DESCRIBE from parameters: `entity`, `band`, `layer`, `relations_only`, `verbose`, `mode`",
+    "/v1/walk": "one WALK from parameters: `prompt`, `top`, `layers`",
+    "/v1/infer": "one INFER from parameters: `prompt`, `top`",
+    "/v1/trace": "one TRACE from parameters: `prompt`, `for`, `decompose`, `layers`, `positions`",
     "/v1/completions": "OpenAI completions (`prompt`, `max_tokens`, `temperature`, `top_p`, `top_k`, `seed`, "
                        "`stop`, `stream`: server-sent events)",
     "/v1/chat/completions": "OpenAI chat completions (`messages`, rendered with the model's chat template; "
@@ -149,9 +149,10 @@ ROUTES: dict[str, str] = {
                   "and a `{\"type\": \"done\"}` frame; `{\"type\": \"cancel\"}` stops",
     "/v1/attention": "`{\"prompt\", \"layer\"}`: every head's attention pattern at that layer (or every layer)",
     "/": "the browser console",
-    "/v1/lql/keywords": "the grammar's keywords (the console's highlighting)",
+    "/v1/lql/keywords": "the grammar's keywords (for the console's editor)",
     "/v1/lql/complete": "`{\"text\": \"...\"}`: completions at the end of the text (the console's Tab)",
     "/console": "the console's static files",
+    "ffn /v1/info": "the shard: `{\"kind\": \"ffn\", \"model\", \"layers\", \"hidden\", \"ffn_layers\"}` (and its experts)",
     "/v1/ffn": "`--ffn-only`: one layer's FFN (`?layer=i`, float32 rows in and out)",
     "/v1/experts": "`--ffn-only --experts`: the chosen experts' FFN rows of one layer",
 }
@@ -180,9 +181,10 @@ def render_routes() -> tuple[str, list[str]]:
     out += ["", "A server started with `--ffn-only` answers these alone:", "",
             "| method | path | what |", "|---|---|---|"]
     for path, kind in _route_rows([ffn_remote]):
-        if path not in ROUTES:
+        what = ROUTES.get(f"ffn {path}", ROUTES.get(path))
+        if what is None:
             missing.append(path)
-        out.append(f"| {kind} | `{path}` | {ROUTES.get(path, '**undocumented**')} |")
+        out.append(f"| {kind} | `{path}` | {what or '**undocumented**'} |")
     return "\n".join(out), missing
 
 
