@@ -337,18 +337,27 @@ def doc_files() -> list[Path]:
     return [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "CONTRIBUTING.md", *sorted(DOCS.rglob("*.md"))]
 
 
+_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
 def missing_paths() -> list[str]:
-    """Repository paths named in backticks (`larql/...`, `benchmarks/...`) that do not exist."""
+    """Repository paths named in backticks (`larql/...`, `benchmarks/...`) that do not exist, and
+    relative links of the pages outside docs/ (README, CHANGELOG, CONTRIBUTING: MkDocs checks the
+    links of docs/ itself) whose target does not exist."""
     bad = []
     for f in doc_files():
         if not f.exists():
             continue
+        outside = DOCS not in f.parents
         for n, line in enumerate(f.read_text().splitlines(), 1):
             for p in _PATH.findall(line):
                 if not p.startswith(_TOP) or "{" in p:
                     continue
                 if not (list(ROOT.glob(p)) if "*" in p else (ROOT / p).exists()):
                     bad.append(f"{f.relative_to(ROOT)}:{n}: {p}")
+            for p in _LINK.findall(line) if outside else []:
+                if "://" not in p and not (f.parent / p).exists():
+                    bad.append(f"{f.relative_to(ROOT)}:{n}: link {p}")
     return bad
 
 
