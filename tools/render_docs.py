@@ -210,7 +210,9 @@ def _tier(machine: dict[str, Any]) -> str:
     tier = machine.get("tier")
     if not tier:
         return ""
-    return f"{machine.get('cpu', machine.get('processor', 'CPU'))}, {machine.get('threads', '?')} threads, {tier}"
+    load = machine.get("load_average")
+    return (f"{machine.get('cpu', machine.get('processor', 'CPU'))}, {machine.get('threads', '?')} threads, {tier}"
+            + (f", load average {load[0]:.1f} at the start" if load else ""))
 
 
 def render_editing_methods() -> str:
