@@ -212,7 +212,7 @@ def _tier(machine: dict[str, Any]) -> str:
         return ""
     load = machine.get("load_average")
     return (f"{machine.get('cpu', machine.get('processor', 'CPU'))}, {machine.get('threads', '?')} threads, {tier}"
-            + (f", load average {load[0]:.1f} at the start" if load else ""))
+            + (f", load average {load[0]:.1f} recorded with the run" if load else ""))
 
 
 def render_editing_methods() -> str:
