@@ -114,7 +114,9 @@ def render_lql() -> str:
     out = ["# LQL statement reference", "", GENERATED.strip(), "",
            "Every statement the grammar (`grammar/lql.lark`) accepts, from the table the REPL's `.help`",
            "prints (`.help DESCRIBE` shows one). Syntax: `[optional]`, `{one | other}`, `...` repeats.",
-           "Statements end with `;`. The [LQL guide](../guide/lql.md) shows them at work.", "",
+           "Statements end with `;`. The [LQL guide](../guide/lql.md) shows them at work;",
+           "`USE REMOTE \"http://host:port\"` sends the statements after it to a `larql serve`",
+           "([serving](../guide/serving.md#use-remote)).", "",
            "| statement | what it does |", "|---|---|"]
     anchors = [s.name.lower().replace(" ", "-") for s in STATEMENTS]
     for s, anchor in zip(STATEMENTS, anchors):
