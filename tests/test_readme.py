@@ -2,7 +2,8 @@
 
 - Every ```python block runs, in order, in one namespace per page (as a reader pasting a page's
   blocks into one session would), in a directory where `g.vindex` is the gemma3-270m vindex the
-  suite extracts anyway.
+  suite extracts anyway. A line `EXPR  # => VALUE` (or `NAME = EXPR  # => VALUE`) shows its result,
+  and the result is checked: equal, floats within 0.01.
 - Every `larql ...` line of a ```bash block parses: its arguments with larql's own argument
   parser, and for `larql lql` its statements with the LQL parser.
 - The `larql lql` lines that only read g.vindex, and the `larql run` lines, run for real.
@@ -94,6 +95,38 @@ def readme_dir(gemma_vindex: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     return d
 
 
+_SHOWN = re.compile(r"^(?P<indent>\s*)(?:(?P<name>[A-Za-z_]\w*) = )?(?P<expr>.+?)\s+# => (?P<want>.+)$")
+
+
+def _same(got: object, want: object) -> bool:
+    if isinstance(want, float) and isinstance(got, (int, float)):
+        return abs(float(got) - want) <= 0.01
+    if isinstance(want, (list, tuple)) and isinstance(got, (list, tuple)):
+        return len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want))
+    return bool(got == want)
+
+
+def _check_shown(got: object, want: str, where: str) -> None:
+    import ast
+
+    if hasattr(got, "tolist"):  # numpy scalars and arrays compare as Python values
+        got = got.tolist()
+    assert _same(got, ast.literal_eval(want)), f"{where}: shows {want}, got {got!r}"
+
+
+def with_checks(body: str, page: Path, first: int) -> str:
+    """`body` with every `EXPR  # => VALUE` line turned into a check of EXPR's value."""
+    lines = body.splitlines()
+    for i, line in enumerate(lines):
+        m = _SHOWN.match(line)
+        if m:
+            where = f"{page.relative_to(ROOT)}:{first + i}"
+            target = m["name"] or "_shown"
+            lines[i] = (f"{m['indent']}{target} = {m['expr']}; "
+                        f"_check_shown({target}, {m['want']!r}, {where!r})")
+    return "\n".join(lines) + "\n"
+
+
 SERVED = "http://127.0.0.1:8081"  # docs/guide/serving.md's `larql serve smollm2-135m --port 8081`
 
 
@@ -103,8 +136,9 @@ def test_python_blocks_run_as_written(page: Path, readme_dir: Path, monkeypatch:
     from larql.serve.sessions import open_served
 
     monkeypatch.chdir(readme_dir)
-    namespace: dict[str, object] = {"__name__": "readme"}
+    namespace: dict[str, object] = {"__name__": "readme", "_check_shown": _check_shown}
     for line, body in blocks("python", page):
+        body = with_checks(body, page, line)
         if SERVED in body:  # the OpenAI client block talks to the server the bash block above starts
             with ServerThread(open_served("smollm2-135m")) as url:  # a real one, on a free loopback port
                 code = compile("\n" * (line - 1) + body.replace(SERVED, url), str(page), "exec")
