@@ -6,7 +6,9 @@
   and the result is checked: equal, floats within 0.01.
 - Every `larql ...` line of a ```bash block parses: its arguments with larql's own argument
   parser, and for `larql lql` its statements with the LQL parser.
-- The `larql lql` lines that only read g.vindex, and the `larql run` lines, run for real.
+- The `larql lql` lines that only read g.vindex, and the `larql run` lines, run for real. A bash
+  block followed directly by a ```text title="output" block shows what its last command prints,
+  and that output is checked (the same words; numbers within 0.1%).
 
 The pages are README.md and docs/**/*.md (the file-format specs under vindex_spec/, which the site
 shows as docs/vindex_spec, describe multi-machine set-ups with placeholder hosts and are not run).
@@ -30,7 +32,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PAGES = [README, *sorted(p for p in (ROOT / "docs").rglob("*.md") if "vindex_spec" not in p.relative_to(ROOT).parts)]
-_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+_FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.M | re.S)  # the language, then any attributes
 
 
 def blocks(lang: str, page: Path = README) -> list[tuple[int, str]]:
@@ -148,6 +150,38 @@ def test_python_blocks_run_as_written(page: Path, readme_dir: Path, monkeypatch:
         exec(code, namespace)
 
 
+_OUTPUT = re.compile(r'^```bash\n(.*?)^```\n+```text title="output"\n(.*?)^```', re.M | re.S)
+_CELL = re.compile(r"[^\s\u2500-\u257f]+")  # words between spaces and box-drawing characters
+
+
+def shown_outputs() -> dict[str, str]:
+    """`page:line` of a bash block's last command -> the output block shown after it."""
+    out = {}
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for m in _OUTPUT.finditer(text):
+            lines = m.group(1).rstrip("\n").splitlines()
+            first = text[: m.start(1)].count("\n") + 1
+            out[f"{page.relative_to(ROOT)}:{first + len(lines) - 1}"] = m.group(2)
+    return out
+
+
+def _same_output(got: str, want: str) -> bool:
+    g, w = _CELL.findall(got), _CELL.findall(want)
+    if len(g) != len(w):
+        return False
+    for a, b in zip(g, w):
+        try:
+            x, y = float(a.replace(",", "")), float(b.replace(",", ""))
+        except ValueError:
+            if a != b:
+                return False
+            continue
+        if abs(x - y) > 1e-3 * max(abs(x), abs(y), 1.0):
+            return False
+    return True
+
+
 def _reads_only(argv: list[str]) -> bool:
     """Commands cheap enough to run and that write nothing the next one would see (EXTRACT INTO
     "g.vindex" finds the same extraction there and reuses it)."""
@@ -167,7 +201,9 @@ def test_read_only_commands_run(readme_dir: Path) -> None:
             runnable.append((line, argv))
             seen.add(tuple(argv))
     assert len(runnable) >= 5
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "80"}  # tables as wide as the shown outputs
+    shown = shown_outputs()
+    assert shown, "no output block was found"
     for line, argv in runnable:
         if argv[0] == "echo":  # echo TEXT > FILE: a file a later command reads
             (readme_dir / argv[-1]).write_text(" ".join(argv[1:-2]) + "\n")
@@ -176,3 +212,6 @@ def test_read_only_commands_run(readme_dir: Path) -> None:
                            text=True, timeout=900, env=env)
         assert r.returncode == 0, f"{line}: {shlex.join(argv)}\n{r.stderr}"
         assert r.stdout.strip(), f"{line} printed nothing"
+        if line in shown:
+            assert _same_output(r.stdout, shown.pop(line)), f"{line}: the output shown is not what it prints:\n{r.stdout}"
+    assert not shown, f"output blocks after commands that do not run: {sorted(shown)}"
