@@ -1,6 +1,7 @@
 """The generated docs are up to date: tools/render_docs.py --check (the CLI and LQL references, the
 HTTP routes table and the results tables match their sources; every LARQL_* variable is documented;
-every repository path the docs name exists; no development-round or issue numbers)."""
+every repository path and link the docs name exists; no development-round or issue numbers in the
+docs, benchmarks, tools or tests, nor in results file names)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ What it writes, so nothing is typed twice:
 
 `--check` renders in memory and fails (exit 1) if a file differs from what it would write, and also if
 an environment variable larql reads is missing from docs/reference/environment.md, a repository path
-named in backticks does not exist, or a development-round or issue number appears in the docs.
+named in backticks (or a README / CHANGELOG / CONTRIBUTING link) does not exist, a development-round
+or issue number appears in the docs, benchmarks, tools or tests, or a results file is named for one.
 
     python tools/render_docs.py           # rewrite the generated parts
     python tools/render_docs.py --check   # CI: fail if anything is stale or missing
@@ -368,8 +369,16 @@ def missing_paths() -> list[str]:
 _ROUND = re.compile(r"\b(session|issue|round) [0-9]+", re.I)
 
 
+_RESULT_NAME = re.compile(r"-(s[0-9]+|before|final[0-9]*)(-|$)")
+
+
 def round_words() -> list[str]:
-    bad = []
+    """Development-round or issue numbers in the docs, the benchmark scripts, the tools and the tests,
+    and results files named for a round or a process step instead of a benchmark and a date."""
+    bad = [f"benchmarks/results/{p.name}" for p in sorted(RESULTS.glob("*.json")) if _RESULT_NAME.search(p.stem)]
+    code = subprocess.run(["git", "grep", "-n", "-i", "-E", _ROUND.pattern, "--", "benchmarks", "tools", "tests",
+                           ":!tools/render_docs.py"], cwd=ROOT, capture_output=True, text=True).stdout
+    bad += [line[:120] for line in code.splitlines()]
     for f in doc_files():
         if f.exists():
             bad += [f"{f.relative_to(ROOT)}:{n}: {line.strip()[:100]}"
