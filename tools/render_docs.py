@@ -208,9 +208,10 @@ def _source(*names: str) -> str:
     return "Source: " + ", ".join(f"`benchmarks/results/{n}.json`" for n in names) + "."
 
 
-def _tier(machine: dict[str, Any]) -> str:
+def _tier(machine: dict[str, Any], top: dict[str, Any] | None = None) -> str:
     """The CPU and its kernel tier as the results file records them ('' when it records no tier)."""
-    tier = machine.get("tier")
+    top = top or {}
+    tier = machine.get("tier") or top.get("tier")
     if not tier:
         return ""
     load = machine.get("load_average")
@@ -265,7 +266,7 @@ def render_editing_relations() -> str:
     """RelS: whether an edit keeps what the model says about the subject's other relations."""
     held = _load("editing-relations-single")
     r = held["single"]
-    tier = _tier(held["machine"])
+    tier = _tier(held["machine"], held)
     out = ["| gemma3-270m, 40 single NEURON edits of real subjects | ES | PS | NS | RelS | GEN | "
            "unrelated top-1 kept | other-relation prompts kept |",
            "|---|---:|---:|---:|---:|---:|---:|---:|",
