@@ -25,7 +25,7 @@ FACTS = Path(__file__).parent / "data" / "facts_gemma3_270m.json"
 EXTRA = ["Paris", "Berlin", "London", "Tokyo", "Einstein", "Shakespeare", "Microsoft", "Amazon", "Germany", "Italy"]
 
 
-def alphabetical(ids: dict[str, int]):  # the plain ranking: sorted, filtered by prefix
+def alphabetical(ids: dict[str, int]):  # the plain alternative: sorted, filtered by prefix
     words = sorted({p[1:] for p in ids if p[:1] == "\u2581" and p[1:].isalpha() and len(p) > 3})
     return lambda partial: [w for w in words if w.lower().startswith(partial.lower())]
 

@@ -1,8 +1,8 @@
-"""larql on a busy machine: decode, prefill and DESCRIBE beside a CPU hog, with the libraries'
-default thread settings ("old") and with larql.threads.configure()
+"""larql on a busy machine: decode, prefill and DESCRIBE beside a CPU hog, with the thread settings
+of the libraries' defaults ("old") and with larql.threads.configure()
 ("new": OpenMP workers spin ~0.1 ms before they sleep, one BLAS thread when the machine is busy at
-start, numba on every available core; "new-passive": the same with the passive OpenMP wait
-instead of the short spin); with --settings also each part alone ("passive", "blas1").
+start, numba on every available core; "new-passive": the same with OpenMP's passive wait instead of the
+spin); with --settings also each part alone ("passive", "blas1").
 
     python benchmarks/bench_load.py --vindex g.vindex [--hogs 2] [--decode 24] [--settings old,new,new-passive,passive,blas1]
 
@@ -59,8 +59,8 @@ def worker(vindex: str | None, n_decode: int) -> dict[str, float]:
 
 def setting_env(setting: str) -> dict[str, str]:
     """The environment of a setting: old (the libraries' defaults), new (larql.threads.configure,
-    what the CLI applies: a short OpenMP spin), new-passive (configure with a passive OpenMP
-    wait instead), or one of its parts alone: passive
+    what the CLI applies: a short OpenMP spin), new-passive (configure with the
+    passive OpenMP wait instead of the spin), or one of its parts alone: passive
     (OMP_WAIT_POLICY), blas1 (one BLAS thread)."""
     env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
     if setting in ("new", "new-passive"):

@@ -22,6 +22,7 @@ from larql.threads import configure
 configure()  # before numpy starts OpenBLAS; main() applies --threads on top
 
 import numpy as np  # noqa: E402
+from results_file import with_tier  # noqa: E402
 
 from larql.cli.benchmark import describe_run, prompt_ids, run_bench, table  # noqa: E402
 from larql.model.forward import Segment  # noqa: E402
@@ -152,7 +153,7 @@ def main() -> None:
         print(f"{k['model']:14s} {k['tensor']:28s} {k['type']:6s} {tuple(k['shape'])!s:>14s} "
               f"{k['us']:9.1f} {k['GB_s']:7.2f} {k['GB_s'] / bw:6.0%}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1))
+    Path(args.out).write_text(json.dumps(with_tier(results), indent=1))
     print(f"\nwrote {args.out}")
 
 

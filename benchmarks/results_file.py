@@ -1,4 +1,5 @@
-"""Where benchmark scripts leave their numbers: benchmarks/results/NAME.json."""
+"""Where benchmark scripts leave their numbers: benchmarks/results/NAME.json, stamped with the CPU
+tier the kernels ran (the docs name it beside every speed figure: tools/render_docs.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,26 @@ from typing import Any
 RESULTS = Path(__file__).parent / "results"
 
 
+def cpu_tier() -> str:
+    """The kernels' tier on this machine: AVX-512 VNNI int8 passes, or their float32 form."""
+    from larql.quant.argmax import host_has_vnni
+
+    return "avx512-vnni int8" if host_has_vnni() else "float32"
+
+
+def with_tier(data: Any) -> Any:
+    """`data` with the tier in its `machine` dict (or at the top when it has none), unless recorded."""
+    if isinstance(data, dict):
+        machine = data.get("machine")
+        if isinstance(machine, dict):
+            machine.setdefault("tier", cpu_tier())
+        else:
+            data.setdefault("tier", cpu_tier())
+    return data
+
+
 def save_results(name: str, data: Any) -> Path:
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"{name}.json"
-    out.write_text(json.dumps(data, indent=1))
+    out.write_text(json.dumps(with_tier(data), indent=1))
     return out

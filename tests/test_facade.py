@@ -84,10 +84,11 @@ def _python_of(path: Path) -> str:
     return "\n".join(block.split("```", 1)[0] for block in text.split("```python")[1:])
 
 
-def test_the_readme_and_the_examples_use_only_the_public_api() -> None:
+def test_the_readme_the_docs_and_the_examples_use_only_the_public_api() -> None:
     """What a user copies imports `larql` and the names it gives, never a module inside it."""
     deep = re.compile(r"^\s*(from larql\.\w|import larql\.\w)", re.M)
-    for path in [ROOT / "README.md", *sorted((ROOT / "examples").glob("*.py"))]:
+    pages = sorted((ROOT / "docs").rglob("*.md"))
+    for path in [ROOT / "README.md", *pages, *sorted((ROOT / "examples").glob("*.py"))]:
         found = [m.group(0).strip() for m in deep.finditer(_python_of(path))]
         assert not found, (path.name, found)
 

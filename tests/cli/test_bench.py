@@ -1,4 +1,4 @@
-"""`larql bench` end to end on the tiny model: it prints the README's speed table and the machine,
+"""`larql bench` end to end on the tiny model: it prints the speed table and the machine,
 and says how to install llama.cpp's bindings when they are missing. No timing is asserted."""
 
 from __future__ import annotations

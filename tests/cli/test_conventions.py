@@ -1,5 +1,5 @@
 """CLI conventions: --version, global options before or after the command, the overview without a
-command, "did you mean" for a mistyped one, and the documented exit codes (README "Exit codes")."""
+command, "did you mean" for a mistyped one, and the documented exit codes (docs/troubleshooting.md)."""
 
 from __future__ import annotations
 

@@ -122,7 +122,7 @@ def test_longrope_decode_across_the_original_context_reruns_with_the_long_factor
     assert rel_err(m.next_logits(ids[20:25], short_again), m.forward(ids[:25])[24]) <= TOL
 
 
-if __name__ == "__main__":  # the figures of the README's architecture table
+if __name__ == "__main__":  # each architecture's errors against transformers
     for name in ARCHITECTURES:
         w = measure(name)
         print(f"{name:8s} logits {w['logits']:.1e}  resid {w['resid']:.1e}  embed {w['embed']:.1e}  "

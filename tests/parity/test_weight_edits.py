@@ -52,7 +52,7 @@ def test_rome_edit_generalises_stays_local_and_comes_off(gemma_vindex: Path) -> 
     # several of the 24 have top-1 margins under 0.15 nats on this small model ("In winter it is often":
     # difficult by 0.01, "The largest ocean on Earth is the": Pacific by 0.08), so flips there are noise.
     # With key statistics from the generated corpus this edit also moves "The Mona Lisa was painted by"
-    # (Leonardo by 2.6 nats -> "the"): a real leak, named in the README, and the fourth flip; a fifth
+    # (Leonardo by 2.6 nats -> "the"): a real leak, and the fourth flip; a fifth
     # fails here. Over the benchmark's 40 edits the same defaults keep 93.8% of these top-1s (was 93.3%).
     assert kept >= len(UNRELATED) - 4 and report.unrelated_kept == kept
     assert report.unrelated_kl < 0.1, report.unrelated_kl  # 0.079 (0.088 with ROME's value bounds)
@@ -136,7 +136,7 @@ def test_insert_defaults_to_the_method_measured_best_for_the_model(gemma_vindex:
     s = Session()
     execute(f'USE "{gemma_vindex}"', s)
     text = plan(parse('INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B")')[0], s).to_text()
-    assert "method neuron" in text  # gemma3-270m: NEURON measured best (README)
+    assert "method neuron" in text  # gemma3-270m: NEURON measured best (docs/guide/editing.md)
     assert default_method("smollm2-135m") == "neuron" and default_method("some-other-model") == "rome"
 
 

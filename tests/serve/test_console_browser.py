@@ -2,7 +2,7 @@
 `larql serve` started as a command on a loopback port over the tiny inference vindex. It types
 statements, sees the answers, and screenshots the TRACE chart.
 
-As a script it takes the README's picture of a running server:
+As a script it takes the docs' picture (docs/console.png) of a running server:
     python -m tests.serve.test_console_browser http://127.0.0.1:8080 docs/console.png 'TRACE "..." FOR "..."' \
         ["attention prompt" [LAYER]]
 """
