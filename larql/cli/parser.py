@@ -22,7 +22,7 @@ def _threads(n: int | None) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from larql.cli import bench, build, db, edit, lql, run, serve
+    from larql.cli import bench, build, db, edit, hub, lql, run, serve
 
     parser = argparse.ArgumentParser(prog="larql", description="A language model as a database.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_verify(sub)
     edit.add_commands(sub)
     db.add_commands(sub)
+    hub.add_commands(sub)
     build.add_commands(sub)
     bench.add_commands(sub)
     serve.add_commands(sub)

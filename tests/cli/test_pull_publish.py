@@ -1,0 +1,203 @@
+"""`larql pull` and `larql publish` offline: pull from a Hugging Face cache seeded by hand
+(tests/hubcache.py) with HF_HUB_OFFLINE=1, through `huggingface_hub`'s own cache lookup; publish's
+plan by --dry-run (every file an add: the repository is not reached), and the comparison that
+decides add / change / unchanged / delete on file entries in the shape the Hub's tree API answers.
+Downloading and uploading themselves (the network) are not tested here: these machines cannot
+reach the Hub."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from huggingface_hub.hf_api import RepoFile
+from huggingface_hub.repocard import metadata_load
+
+import larql
+from larql.vindex.integrity import file_sha256
+from larql.vindex.sharing import LocalFile, compare, git_blob_id, model_card, remote_of
+from tests.hubcache import add_dir, add_repo, commit_of
+
+INFERENCE_FILES = ("weights.bin", "weights.json")
+
+
+def larql_offline(home: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    env.update(HF_HOME=str(home), HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, "-m", "larql", *args], capture_output=True, text=True, timeout=600,
+                          env=env, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def full(tiny_gguf: Path) -> Path:
+    """An inference-level vindex of the tiny GGUF."""
+    from larql.vindex.extract import extract
+
+    return extract(tiny_gguf, tiny_gguf.parent / "full.vindex", level="inference")
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory, full: Path, tiny_vindex: Path) -> Path:
+    """HF_HOME holding tiny-org/full (the inference vindex), tiny-org/browse (a browse-level one),
+    and tiny-org/partial: the inference vindex's repository of which only index.json and the browse
+    files were ever downloaded (what a browse pull leaves in the cache)."""
+    home = tmp_path_factory.mktemp("hf-home")
+    add_dir(home, "tiny-org/full", full)
+    add_dir(home, "tiny-org/browse", tiny_vindex)
+    index = json.loads((full / "index.json").read_text())
+    add_repo(home, "tiny-org/partial", {n: full / n for n in ["index.json", *index["files"]]
+                                         if n not in INFERENCE_FILES})
+    return home
+
+
+def files_of(vindex: Path) -> dict[str, Any]:
+    return dict(json.loads((vindex / "index.json").read_text())["files"])
+
+
+def test_pull_gives_the_cached_snapshot(home: Path, full: Path, tmp_path: Path) -> None:
+    snapshot = home / "hub" / "models--tiny-org--full" / "snapshots" / commit_of("tiny-org/full")
+    for repo in ("tiny-org/full", "hf://tiny-org/full", f"hf://tiny-org/full@{commit_of('tiny-org/full')}"):
+        r = larql_offline(home, "pull", repo)
+        assert r.returncode == 0 and r.stdout.strip() == str(snapshot), r.stderr
+        assert f"pulled tiny-org/full@{commit_of('tiny-org/full')[:12]}" in r.stderr and "Hugging Face cache" in r.stderr
+    r = larql_offline(home, "pull", "tiny-org/full", "--json")
+    got = json.loads(r.stdout)
+    assert got["how"] == "cache" and got["files"] == len(files_of(full)) + 1
+    assert larql.open_vindex(snapshot).index == larql.open_vindex(full).index
+
+
+def test_pull_to_a_directory_copies_it_atomically(home: Path, full: Path, tmp_path: Path) -> None:
+    out = tmp_path / "mine.vindex"
+    r = larql_offline(home, "pull", "tiny-org/full", "-o", str(out))
+    assert r.returncode == 0 and r.stdout.strip() == str(out), r.stderr
+    assert not any(p.is_symlink() for p in out.iterdir()) and files_of(out) == files_of(full)
+    assert larql.load(out).forward([5, 6, 7]).tolist() == larql.load(full).forward([5, 6, 7]).tolist()
+    r = larql_offline(home, "pull", "tiny-org/full", "-o", str(out))
+    assert r.returncode == 1 and "already exists; choose another path or pass --force" in r.stderr
+    assert larql_offline(home, "pull", "tiny-org/full", "-o", str(out), "--force").returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.vindex"]  # no temporaries left
+
+
+def test_a_browse_slice_needs_only_its_files(home: Path, full: Path, tmp_path: Path) -> None:
+    """tiny-org/partial's cache has no weights: the browse slice comes from the files it has."""
+    out = tmp_path / "b.vindex"
+    r = larql_offline(home, "pull", "tiny-org/partial", "--slice", "browse", "-o", str(out))
+    assert r.returncode == 0 and r.stdout.strip() == str(out), r.stderr
+    v = larql.open_vindex(out)
+    assert not v.has_model_weights and v.index["parts"][:4] == ["tokenizer", "embeddings", "gates", "down_meta"]
+    assert v.index["sliced_from"] == {"path": f"hf://tiny-org/partial@{commit_of('tiny-org/partial')}", "preset": "browse"}
+    assert {n: e for n, e in files_of(full).items() if n not in INFERENCE_FILES} == files_of(out)
+    r = larql_offline(home, "pull", "tiny-org/partial")  # the whole repository is not in the cache
+    assert r.returncode == 1 and "snapshot" in r.stderr and "lacks weights.bin" in r.stderr
+    assert len(r.stderr.splitlines()) == 1
+
+
+def test_a_client_slice_is_cut_like_larql_slice(home: Path, full: Path, tmp_path: Path) -> None:
+    r = larql_offline(home, "pull", "tiny-org/full", "--slice", "client", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "full-client.vindex" and "the client slice, cut" in r.stderr
+    local = larql.vindex.slice.slice_vindex(full, tmp_path / "local.vindex", preset="client")
+    pulled = tmp_path / "full-client.vindex"
+    assert files_of(pulled) == files_of(local) and larql.open_vindex(pulled).index["parts"][-1] == "attention"
+    r = larql_offline(home, "pull", "tiny-org/full", "--slice", "inference")  # all of it: the snapshot itself
+    assert r.returncode == 0 and "snapshots" in r.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["tiny-org/browse", "--slice", "client"], "tiny-org/browse: its vindex (browse level) has no attention, which "
+                                               "--slice client needs"),
+    (["hf://tiny-org/full/weights.bin"], "names a file (weights.bin); give the repository: hf://tiny-org/full"),
+    (["hf://tiny-org/full@v1", "--revision", "v2"], "two revisions (@v1 and --revision v2); give one"),
+    (["nobody/nothing"], "nobody/nothing: nobody/nothing (file index.json) is not in the Hugging Face cache"),
+    (["not a repo"], "not a Hugging Face Hub repository id"),
+])
+def test_pull_refuses_in_one_line(home: Path, tmp_path: Path, args: list[str], message: str) -> None:
+    r = larql_offline(home, "pull", *args, cwd=tmp_path)
+    assert r.returncode == 1 and message in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_publish_dry_run_offline_lists_every_file_as_an_add(home: Path, full: Path, tmp_path: Path) -> None:
+    r = larql_offline(home, "publish", str(full), "me/tiny-vindex", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    *lines, summary = r.stdout.splitlines()
+    names = sorted([*files_of(full), "index.json", "README.md"])
+    assert [line.split()[:2] for line in lines] == [["add", n] for n in names]
+    assert summary.startswith(f"me/tiny-vindex: {len(names)} files to upload (") and ", 0 unchanged;" in summary
+    assert "the repository was not checked (HF_HUB_OFFLINE is set), so every file counts as an add" in summary
+    assert summary.endswith("--dry-run: nothing uploaded")
+    r = larql_offline(home, "publish", str(full), "hf://me/tiny-vindex@dev", "--slice", "browse", "--dry-run", "--json")
+    plan = json.loads(r.stdout)
+    sliced = larql.vindex.slice.slice_vindex(full, tmp_path / "s.vindex", preset="browse")  # what publish cuts
+    card = model_card(larql.open_vindex(sliced).index, "me/tiny-vindex")
+    sizes = {**{n: e["size"] for n, e in files_of(tmp_path / "s.vindex").items()}, "README.md": len(card.encode())}
+    sizes["index.json"] = (tmp_path / "s.vindex" / "index.json").stat().st_size
+    assert {f["name"]: f["bytes"] for f in plan["files"]} == sizes
+    assert plan["revision"] == "dev" and not plan["checked"] and plan["why_unchecked"] == "HF_HUB_OFFLINE is set"
+    assert "weights.bin" not in {f["name"] for f in plan["files"]} and {f["action"] for f in plan["files"]} == {"add"}
+
+
+def test_publish_without_the_hub_uploads_nothing(home: Path, full: Path, tmp_path: Path) -> None:
+    r = larql_offline(home, "publish", str(full), "me/tiny-vindex")
+    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert r.stderr.strip().endswith("me/tiny-vindex: cannot compare with the repository (HF_HUB_OFFLINE is set); "
+                                     "nothing uploaded (larql publish --dry-run shows the plan)")
+    r = larql_offline(home, "publish", str(tmp_path / "none.vindex"), "me/x", "--dry-run")
+    assert r.returncode == 1 and "no such vindex directory" in r.stderr
+
+
+def _tree(entries: list[dict[str, Any]]) -> list[RepoFile]:
+    """RepoFile entries from JSON in the shape the Hub's tree API answers (huggingface_hub's own class)."""
+    return [RepoFile(**e) for e in entries]
+
+
+def test_compare_by_lfs_sha256_and_git_blob_id(full: Path, tmp_path: Path) -> None:
+    index = json.loads((full / "index.json").read_text())
+    local = {n: LocalFile(full / n, e["sha256"], e["size"]) for n, e in index["files"].items()}
+    local["index.json"] = LocalFile(full / "index.json", file_sha256(full / "index.json"),
+                                    (full / "index.json").stat().st_size)
+    big, small = "gate_vectors.bin", "index.json"
+    lfs = lambda n, sha: {"type": "file", "path": n, "size": local[n].size, "oid": "0" * 40,  # noqa: E731
+                          "lfs": {"oid": sha, "size": local[n].size, "pointerSize": 134}}
+    tree = _tree([
+        lfs(big, local[big].sha256),  # the same contents
+        lfs("embeddings.bin", "f" * 64),  # other contents
+        {"type": "file", "path": small, "size": local[small].size, "oid": git_blob_id(full / small)},
+        {"type": "file", "path": "tokenizer.json", "size": 3, "oid": "1" * 40},  # a small file, changed
+        lfs("weights.bin", "e" * 64) | {"path": "feature_labels.jsonl"},  # a vindex file no longer there
+        {"type": "file", "path": ".gitattributes", "size": 10, "oid": "2" * 40},  # not a vindex file: kept
+    ])
+    steps = {s.name: s.action for s in compare(local, remote_of(tree))}
+    assert steps[big] == "unchanged" and steps[small] == "unchanged"
+    assert steps["embeddings.bin"] == "change" and steps["tokenizer.json"] == "change"
+    assert steps["feature_labels.jsonl"] == "delete" and ".gitattributes" not in steps
+    assert steps["weights.bin"] == "add" and steps["down_meta.bin"] == "add"
+    assert {s.action for s in compare(local, None)} == {"add"}
+
+
+def test_git_blob_id_is_gits(tmp_path: Path) -> None:
+    f = tmp_path / "x.txt"
+    f.write_bytes(b"a vindex\x00\n" * 100)
+    r = subprocess.run(["git", "hash-object", str(f)], capture_output=True, text=True, check=True)
+    assert git_blob_id(f) == r.stdout.strip()
+
+
+def test_the_model_card_says_library_larql(full: Path, tmp_path: Path) -> None:
+    index = larql.open_vindex(full).index
+    card = tmp_path / "README.md"
+    card.write_text(model_card(index, "me/tiny-vindex"))
+    meta = metadata_load(card)  # huggingface_hub's own reading of the front matter
+    assert meta is not None and meta["library_name"] == "larql" and "vindex" in meta["tags"]
+    assert meta["larql"]["model"] == index["model"] and meta["larql"]["extract_level"] == "inference"
+    assert meta["larql"]["num_layers"] == index["num_layers"] and "base_model" not in meta  # a local file's name
+    assert "runs the model" in card.read_text() and 'USE "hf://me/tiny-vindex"' in card.read_text()
+    hub_model = model_card({**index, "model": "google/gemma-3-270m", "extract_level": "browse",
+                            "has_model_weights": False, "parts": ["tokenizer"]}, "me/x")
+    card.write_text(hub_model)
+    meta = metadata_load(card)
+    assert meta is not None and meta["base_model"] == "google/gemma-3-270m" and meta["larql"]["parts"] == ["tokenizer"]
