@@ -93,7 +93,13 @@ def pull(text: str, preset: str | None = None, revision: str | None = None, out:
     with hub_errors(text, repo, rev, layout.INDEX_FILE, path_too=False):
         index_path = Path(hf.hf_hub_download(repo, layout.INDEX_FILE, revision=rev))
     index = read_json(index_path, MAX_INDEX_BYTES, MAX_JSON_DEPTH, "vindex index")
-    validate_index(index, text)  # a vindex repository of ours (LARQL's index.json is refused by name here)
+    if not isinstance(index, dict) or (index.get("format"), index.get("version")) != (layout.FORMAT_NAME,
+                                                                                      layout.FORMAT_VERSION):
+        got = (index.get("format"), index.get("version")) if isinstance(index, dict) else (None, None)
+        raise VindexError(f"{text}: holds no larql vindex: its index.json has format {got[0]!r}, version {got[1]!r}, "
+                          f"not {layout.FORMAT_NAME!r} version {layout.FORMAT_VERSION} (LARQL's own vindexes are "
+                          f"not this format)")
+    validate_index(index, text)
     parts = None if preset in (None, "all") else PRESETS[preset]
     held = held_parts(index)
     if parts is not None:

@@ -50,6 +50,15 @@ def home(tmp_path_factory: pytest.TempPathFactory, full: Path, tiny_vindex: Path
     add_dir(home, "tiny-org/full", full)
     add_dir(home, "tiny-org/browse", tiny_vindex)
     index = json.loads((full / "index.json").read_text())
+    larqls = home.parent / "larql-index.json"  # the fields LARQL's index.json (version 2) starts with
+    larqls.write_text(json.dumps({"version": 2, "model": "google/gemma-3-4b-it", "family": "gemma3", "num_layers": 34}))
+    add_repo(home, "rust-org/gemma-vindex", {"index.json": larqls})
+    bad = home.parent / "embeddings.bin"  # one byte changed: not what index.json's sha256 says
+    data = bytearray((full / "embeddings.bin").read_bytes())
+    data[100] ^= 1
+    bad.write_bytes(bytes(data))
+    add_repo(home, "tiny-org/damaged", {n: bad if n == "embeddings.bin" else full / n
+                                        for n in ["index.json", *index["files"]]})
     add_repo(home, "tiny-org/partial", {n: full / n for n in ["index.json", *index["files"]]
                                          if n not in INFERENCE_FILES})
     return home
@@ -115,6 +124,10 @@ def test_a_client_slice_is_cut_like_larql_slice(home: Path, full: Path, tmp_path
     (["hf://tiny-org/full@v1", "--revision", "v2"], "two revisions (@v1 and --revision v2); give one"),
     (["nobody/nothing"], "nobody/nothing: nobody/nothing (file index.json) is not in the Hugging Face cache"),
     (["not a repo"], "not a Hugging Face Hub repository id"),
+    (["tiny-org/damaged", "--slice", "browse"], "embeddings.bin: contents differ from the sha256 in index.json"),
+    (["tiny-org/damaged"], "embeddings.bin: contents differ from the sha256 in index.json"),
+    (["rust-org/gemma-vindex"], "rust-org/gemma-vindex: holds no larql vindex: its index.json has format None, "
+                                "version 2, not 'larql-vindex' version 1"),
 ])
 def test_pull_refuses_in_one_line(home: Path, tmp_path: Path, args: list[str], message: str) -> None:
     r = larql_offline(home, "pull", *args, cwd=tmp_path)
