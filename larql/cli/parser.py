@@ -57,7 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    answered = preflight(argv, list(sub.choices))
+    # an alias maps to its command's parser, whose prog ends with the command's own name
+    commands = [name for name, p in sub.choices.items() if p.prog.split()[-1] == name]
+    answered = preflight(argv, commands, [name for name in sub.choices if name not in commands])
     if answered is not None:
         return answered
     args = parser.parse_args(argv)

@@ -31,6 +31,8 @@ def test_extract_index_is_extract(tiny_gguf: Path, tmp_path: Path) -> None:
     both(["extract", str(tiny_gguf), "-o", str(a), "--level", "inference"],
          ["extract-index", str(tiny_gguf), "-o", str(b), "--level", "inference"])
     assert written(a) == written(b) and written(b)[1] == "inference"
+    overview = run().stdout  # accepted, not listed: the overview names each command once
+    assert "extract-index" not in overview and "Commands: run, extract, lql" in overview
 
 
 def test_gguf_to_vindex_is_convert_to_vindex(tiny_gguf: Path, tmp_path: Path) -> None:
