@@ -90,8 +90,8 @@ def pull(text: str, preset: str | None = None, revision: str | None = None, out:
     repo, rev = repo_ref(text, revision)
     if preset is not None and preset not in PULL_SLICES:
         raise VindexError(f"--slice {preset!r}: choose one of {', '.join(PULL_SLICES)}")
-    with hub_errors(text, repo, rev, layout.INDEX_FILE, path_too=False):
-        index_path = Path(hf.hf_hub_download(repo, layout.INDEX_FILE, revision=rev))
+    index_path = index_json(text, repo, rev)
+    commit = index_path.parent.name  # the snapshot's: every file comes from that one commit
     index = read_json(index_path, MAX_INDEX_BYTES, MAX_JSON_DEPTH, "vindex index")
     if not isinstance(index, dict) or (index.get("format"), index.get("version")) != (layout.FORMAT_NAME,
                                                                                       layout.FORMAT_VERSION):
@@ -113,7 +113,7 @@ def pull(text: str, preset: str | None = None, revision: str | None = None, out:
     wanted = [n for n in index["files"] if not by_files or any(n in FILE_PARTS[p] for p in parts or ())]
     names = [layout.INDEX_FILE, *sorted(wanted)]
     with hub_errors(text, repo, rev, path_too=False):
-        snap = Path(hf.snapshot_download(repo, revision=rev, allow_patterns=names))
+        snap = Path(hf.snapshot_download(repo, revision=commit, allow_patterns=names))
     missing = [n for n in names if not (snap / n).is_file()]
     if missing:
         raise VindexError(f"{text}: the Hugging Face cache's snapshot {snap} lacks {missing[0]}"
@@ -136,6 +136,30 @@ def pull(text: str, preset: str | None = None, revision: str | None = None, out:
         path = slice_vindex(snap, target, preset=preset, overwrite=overwrite, source=source)
     open_vindex(path)
     return Pulled(path, repo, snap.name, len(names), size, "cut")
+
+
+def index_json(text: str, repo: str, rev: str | None) -> Path:
+    """The repository's index.json, in the Hugging Face cache's snapshot of `rev`. A repository
+    without one (a model's) is refused by name: a model is extracted, not pulled."""
+    import huggingface_hub as hf
+    from huggingface_hub import errors
+
+    try:
+        return Path(hf.hf_hub_download(repo, layout.INDEX_FILE, revision=rev))
+    except errors.EntryNotFoundError as e:
+        absent: Exception = e
+    snap = None
+    if isinstance(absent, errors.LocalEntryNotFoundError):  # not cached; is the rest of the repository?
+        try:
+            snap = Path(hf.snapshot_download(repo, revision=rev, local_files_only=True))
+        except Exception:
+            snap = None
+        if snap is None or not any(snap.iterdir()):
+            with hub_errors(text, repo, rev, layout.INDEX_FILE, path_too=False):
+                raise absent
+    model = snap is not None and ((snap / "config.json").is_file() or any(snap.rglob("*.gguf")))
+    raise VindexError(f"{text}: holds no vindex (no {layout.INDEX_FILE}){', but a model' if model else ''}; make a "
+                      f"vindex of a model with larql extract {text} -o NAME.vindex")
 
 
 def copy_vindex(src: Path, out: Path, names: list[str], overwrite: bool) -> Path:

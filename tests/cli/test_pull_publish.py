@@ -53,6 +53,7 @@ def home(tmp_path_factory: pytest.TempPathFactory, full: Path, tiny_vindex: Path
     larqls = home.parent / "larql-index.json"  # the fields LARQL's index.json (version 2) starts with
     larqls.write_text(json.dumps({"version": 2, "model": "google/gemma-3-4b-it", "family": "gemma3", "num_layers": 34}))
     add_repo(home, "rust-org/gemma-vindex", {"index.json": larqls})
+    add_repo(home, "tiny-org/tiny-GGUF", {"tiny.gguf": full.parent / "tiny.gguf"})
     bad = home.parent / "embeddings.bin"  # one byte changed: not what index.json's sha256 says
     data = bytearray((full / "embeddings.bin").read_bytes())
     data[100] ^= 1
@@ -124,6 +125,8 @@ def test_a_client_slice_is_cut_like_larql_slice(home: Path, full: Path, tmp_path
     (["hf://tiny-org/full@v1", "--revision", "v2"], "two revisions (@v1 and --revision v2); give one"),
     (["nobody/nothing"], "nobody/nothing: nobody/nothing (file index.json) is not in the Hugging Face cache"),
     (["not a repo"], "not a Hugging Face Hub repository id"),
+    (["tiny-org/tiny-GGUF"], "tiny-org/tiny-GGUF: holds no vindex (no index.json), but a model; make a vindex of a "
+                             "model with larql extract tiny-org/tiny-GGUF -o NAME.vindex"),
     (["tiny-org/damaged", "--slice", "browse"], "embeddings.bin: contents differ from the sha256 in index.json"),
     (["tiny-org/damaged"], "embeddings.bin: contents differ from the sha256 in index.json"),
     (["rust-org/gemma-vindex"], "rust-org/gemma-vindex: holds no larql vindex: its index.json has format None, "
