@@ -96,9 +96,9 @@ def pull(text: str, preset: str | None = None, revision: str | None = None, out:
     if not isinstance(index, dict) or (index.get("format"), index.get("version")) != (layout.FORMAT_NAME,
                                                                                       layout.FORMAT_VERSION):
         got = (index.get("format"), index.get("version")) if isinstance(index, dict) else (None, None)
+        larqls = " (LARQL's own index.json is version 2, a format larql does not read)" if got == (None, 2) else ""
         raise VindexError(f"{text}: holds no larql vindex: its index.json has format {got[0]!r}, version {got[1]!r}, "
-                          f"not {layout.FORMAT_NAME!r} version {layout.FORMAT_VERSION} (LARQL's own vindexes are "
-                          f"not this format)")
+                          f"not {layout.FORMAT_NAME!r} version {layout.FORMAT_VERSION}{larqls}")
     validate_index(index, text)
     parts = None if preset in (None, "all") else PRESETS[preset]
     held = held_parts(index)
@@ -116,9 +116,13 @@ def pull(text: str, preset: str | None = None, revision: str | None = None, out:
         snap = Path(hf.snapshot_download(repo, revision=commit, allow_patterns=names))
     missing = [n for n in names if not (snap / n).is_file()]
     if missing:
+        from huggingface_hub import constants
+
+        why = ("HF_HUB_OFFLINE is set; pull again where the Hub can be reached" if constants.is_offline_mode()
+               else "the repository lacks it, or the Hub could not be reached")
         raise VindexError(f"{text}: the Hugging Face cache's snapshot {snap} lacks {missing[0]}"
-                          f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}, and the Hub did not "
-                          f"give it (HF_HUB_OFFLINE, or no connection); pull again where the Hub can be reached")
+                          f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}, which index.json "
+                          f"lists; {why}")
     size = sum((snap / n).stat().st_size for n in names)
     source = f"{PREFIX}{repo}@{snap.name}"
     if whole:
@@ -144,10 +148,13 @@ def index_json(text: str, repo: str, rev: str | None) -> Path:
     import huggingface_hub as hf
     from huggingface_hub import errors
 
-    try:
-        return Path(hf.hf_hub_download(repo, layout.INDEX_FILE, revision=rev))
-    except errors.EntryNotFoundError as e:
-        absent: Exception = e
+    absent: Exception | None = None
+    with hub_errors(text, repo, rev, layout.INDEX_FILE, path_too=False):  # a missing repository, no token, ...
+        try:
+            return Path(hf.hf_hub_download(repo, layout.INDEX_FILE, revision=rev))
+        except errors.EntryNotFoundError as e:  # ... but not a missing file: that is said below
+            absent = e
+    assert absent is not None
     snap = None
     if isinstance(absent, errors.LocalEntryNotFoundError):  # not cached; is the rest of the repository?
         try:

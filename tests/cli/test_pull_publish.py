@@ -60,6 +60,9 @@ def home(tmp_path_factory: pytest.TempPathFactory, full: Path, tiny_vindex: Path
     bad.write_bytes(bytes(data))
     add_repo(home, "tiny-org/damaged", {n: bad if n == "embeddings.bin" else full / n
                                         for n in ["index.json", *index["files"]]})
+    from larql.vindex.slice import slice_vindex
+
+    add_dir(home, "tiny-org/client", slice_vindex(full, home.parent / "client.vindex", preset="client"))
     add_repo(home, "tiny-org/partial", {n: full / n for n in ["index.json", *index["files"]]
                                          if n not in INFERENCE_FILES})
     return home
@@ -103,7 +106,7 @@ def test_a_browse_slice_needs_only_its_files(home: Path, full: Path, tmp_path: P
     assert v.index["sliced_from"] == {"path": f"hf://tiny-org/partial@{commit_of('tiny-org/partial')}", "preset": "browse"}
     assert {n: e for n, e in files_of(full).items() if n not in INFERENCE_FILES} == files_of(out)
     r = larql_offline(home, "pull", "tiny-org/partial")  # the whole repository is not in the cache
-    assert r.returncode == 1 and "snapshot" in r.stderr and "lacks weights.bin" in r.stderr
+    assert r.returncode == 1 and "lacks weights.bin and 1 more, which index.json lists; HF_HUB_OFFLINE is set" in r.stderr
     assert len(r.stderr.splitlines()) == 1
 
 
@@ -118,6 +121,18 @@ def test_a_client_slice_is_cut_like_larql_slice(home: Path, full: Path, tmp_path
     assert r.returncode == 0 and "snapshots" in r.stdout
 
 
+def test_a_published_slice_is_pulled_as_it_is(home: Path, tmp_path: Path) -> None:
+    r = larql_offline(home, "pull", "tiny-org/client", "--slice", "client", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["how"] == "cache", r.stderr
+    r = larql_offline(home, "pull", "tiny-org/client", "--slice", "browse", "--json", cwd=tmp_path)
+    got = json.loads(r.stdout)
+    assert got["how"] == "cut" and got["path"] == "client-browse.vindex" and got["files"] == 5  # index + the browse core
+    assert larql.open_vindex(tmp_path / "client-browse.vindex").index["parts"] == ["tokenizer", "embeddings", "gates",
+                                                                                  "down_meta", "clusters"]
+    r = larql_offline(home, "pull", "tiny-org/client", "--slice", "server")
+    assert r.returncode == 1 and "tiny-org/client: its vindex (browse level) has no ffn" in r.stderr
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["tiny-org/browse", "--slice", "client"], "tiny-org/browse: its vindex (browse level) has no attention, which "
                                                "--slice client needs"),
@@ -130,7 +145,7 @@ def test_a_client_slice_is_cut_like_larql_slice(home: Path, full: Path, tmp_path
     (["tiny-org/damaged", "--slice", "browse"], "embeddings.bin: contents differ from the sha256 in index.json"),
     (["tiny-org/damaged"], "embeddings.bin: contents differ from the sha256 in index.json"),
     (["rust-org/gemma-vindex"], "rust-org/gemma-vindex: holds no larql vindex: its index.json has format None, "
-                                "version 2, not 'larql-vindex' version 1"),
+                                "version 2, not 'larql-vindex' version 1 (LARQL's own index.json is version 2"),
 ])
 def test_pull_refuses_in_one_line(home: Path, tmp_path: Path, args: list[str], message: str) -> None:
     r = larql_offline(home, "pull", *args, cwd=tmp_path)
