@@ -1,9 +1,10 @@
 """`larql pull` and `larql publish` offline: pull from a Hugging Face cache seeded by hand
 (tests/hubcache.py) with HF_HUB_OFFLINE=1, through `huggingface_hub`'s own cache lookup; publish's
 plan by --dry-run (every file an add: the repository is not reached), and the comparison that
-decides add / change / unchanged / delete on file entries in the shape the Hub's tree API answers.
-Downloading and uploading themselves (the network) are not tested here: these machines cannot
-reach the Hub."""
+decides add / change / unchanged / delete on file entries in the shape the Hub's tree API answers,
+once through `huggingface_hub`'s HTTP client from a loopback stand-in for that one endpoint
+(HF_ENDPOINT). Downloading, the real Hub's answers and uploading are not tested here: these
+machines cannot reach the Hub."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -232,3 +236,70 @@ def test_the_model_card_says_library_larql(full: Path, tmp_path: Path) -> None:
     card.write_text(hub_model)
     meta = metadata_load(card)
     assert meta is not None and meta["base_model"] == "google/gemma-3-270m" and meta["larql"]["parts"] == ["tokenizer"]
+
+
+@pytest.fixture(scope="module")
+def tree_endpoint(full: Path) -> Iterator[str]:
+    """A loopback stand-in for the Hub's tree listing (GET /api/models/ORG/NAME/tree/REV), answering for
+    me/tiny-vindex what a repository holding an older upload of `full` would, and RepoNotFound (as
+    the Hub says it) for any other repository."""
+    index = json.loads((full / "index.json").read_text())
+
+    def lfs(name: str, sha256: str) -> dict[str, Any]:
+        size = index["files"][name]["size"]
+        return {"type": "file", "path": name, "size": size, "oid": "0" * 40,
+                "lfs": {"oid": sha256, "size": size, "pointerSize": 134}}
+
+    tree = [
+        {"type": "file", "path": "index.json", "size": (full / "index.json").stat().st_size,
+         "oid": git_blob_id(full / "index.json")},
+        lfs("gate_vectors.bin", index["files"]["gate_vectors.bin"]["sha256"]),
+        lfs("embeddings.bin", "e" * 64),
+        {"type": "file", "path": "feature_labels.jsonl", "size": 12, "oid": "1" * 40},
+        {"type": "directory", "path": "notes", "oid": "2" * 40},
+        {"type": "file", "path": "notes/a.txt", "size": 5, "oid": "3" * 40},
+    ]
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            ours = self.path.split("?")[0] == "/api/models/me/tiny-vindex/tree/main"
+            body = json.dumps(tree if ours else {"error": "Repository not found"}).encode()
+            self.send_response(200 if ours else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            if not ours:
+                self.send_header("X-Error-Code", "RepoNotFound")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    thread.join()
+
+
+def test_publish_dry_run_compares_with_the_listing(tree_endpoint: str, full: Path, home: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    env.update(HF_HOME=str(home), HF_ENDPOINT=tree_endpoint)
+
+    def publish(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "larql", "publish", *args], capture_output=True, text=True,
+                              timeout=600, env=env)
+
+    r = publish(str(full), "me/tiny-vindex", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    *lines, summary = r.stdout.splitlines()
+    actions = {line.split()[1]: line.split()[0] for line in lines}
+    assert actions.pop("index.json") == "unchanged" and actions.pop("gate_vectors.bin") == "unchanged"
+    assert actions.pop("embeddings.bin") == "change" and actions.pop("feature_labels.jsonl") == "delete"
+    assert set(actions.values()) == {"add"} and "README.md" in actions and "weights.bin" in actions
+    assert summary.startswith(f"me/tiny-vindex: {len(actions) + 1} files to upload (")
+    assert summary.endswith(", 2 unchanged, 1 to delete; --dry-run: nothing uploaded") and "not checked" not in summary
+    r = publish(str(full), "me/new-vindex", "--dry-run", "--private")
+    assert r.returncode == 0 and r.stdout.splitlines()[-1].endswith("; a new repository (private); --dry-run: "
+                                                                    "nothing uploaded"), r.stderr
