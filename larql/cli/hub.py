@@ -19,8 +19,12 @@ def _mb(n: int) -> str:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
+    from huggingface_hub.utils import disable_progress_bars
+
     from larql.vindex.sharing import pull
 
+    if args.quiet or args.json or not sys.stderr.isatty():  # huggingface_hub's own download bars
+        disable_progress_bars()
     got = pull(args.repo, preset=args.slice, revision=args.revision, out=args.output, overwrite=args.force)
     if args.json:
         print(json.dumps({"path": str(got.path), "repo": got.repo, "commit": got.commit, "files": got.files,
