@@ -6,7 +6,8 @@ library (larql.lql, larql.vindex, larql.edit, larql.serve).
     common.py     what the commands share: a progress display, "wrote X (N MB) in Ys", LQL result output
     run.py        larql run: generate, --top, or a chat (chat.py) without a prompt
     lql.py        larql lql and larql repl
-    db.py         larql extract, verify, convert, slice
+    db.py         larql extract, verify, convert, slice (and LARQL's spellings of them)
+    hub.py        larql pull and publish: vindexes through the Hugging Face Hub
     edit.py       larql crown, edit, memit, apply-patch, eval-edits
     build.py      larql build: a Vindexfile into a vindex
     bench.py      larql bench: the runtime benchmark (benchmark.py) beside llama.cpp

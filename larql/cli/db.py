@@ -4,6 +4,10 @@
     larql verify VINDEX [--repair]
     larql convert SRC OUT [--to vindex|gguf|safetensors] [--dtype D] [--patch P.vlp]... [--force]
     larql slice VINDEX OUT (--preset browse|inference|client|server | --parts a,b,c) [--dry-run] [--force]
+
+LARQL's spellings run the same commands: `larql extract-index SRC -o OUT` is extract,
+`larql convert gguf-to-vindex X -o Y` (or safetensors-to-vindex) is `larql convert X Y --to vindex`,
+and `larql slice VINDEX -o OUT --preset P` is `larql slice VINDEX OUT --preset P`.
 """
 
 from __future__ import annotations
@@ -13,6 +17,10 @@ import json
 import sys
 
 from larql.cli.common import output_bytes, run_with_progress, wrote
+from larql.errors import LarqlError
+
+# LARQL's `convert` subcommands: the source each one takes, and the native spelling it stands for
+CONVERT_SPELLINGS = {"gguf-to-vindex": "a .gguf file", "safetensors-to-vindex": "a safetensors model directory"}
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
@@ -56,11 +64,48 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok or repaired is not None else 1
 
 
+def _one_output(command: str, positional: str | None, flag: str | None, usage: str) -> str:
+    """The output named as a positional or with -o (LARQL's spelling), exactly once."""
+    if positional is not None and flag is not None:
+        raise LarqlError(f"{command}: the output is given twice ({positional} and -o {flag}); give it once")
+    if positional is None and flag is None:
+        raise LarqlError(f"{command}: no output given; {usage}")
+    return positional if positional is not None else str(flag)
+
+
+def convert_request(args: argparse.Namespace) -> tuple[str, str, str | None]:
+    """(source, output, --to) of a `larql convert` line, in either spelling: native `SRC OUT`, or
+    LARQL's `gguf-to-vindex SRC -o OUT` (safetensors-to-vindex likewise), which means `--to vindex`."""
+    from pathlib import Path
+
+    if args.src not in CONVERT_SPELLINGS:
+        out = _one_output("convert", args.output, args.output_flag, "larql convert SRC OUT")
+        return args.src, out, args.to
+    kind, what = args.src, CONVERT_SPELLINGS[args.src]
+    if args.output is None:
+        raise LarqlError(f"convert {kind}: no source given; larql convert {kind} SRC -o OUT.vindex "
+                         f"(SRC is {what})")
+    src = args.output
+    out = _one_output(f"convert {kind}", args.output_flag, None, f"larql convert {kind} {src} -o OUT.vindex")
+    if args.to not in (None, "vindex"):
+        raise LarqlError(f"convert {kind} writes a vindex, not --to {args.to}; drop --to, or use "
+                         f"larql convert {src} OUT --to {args.to}")
+    path = Path(src)
+    if kind == "gguf-to-vindex" and path.is_dir():
+        raise LarqlError(f"{src}: a directory, and gguf-to-vindex takes {what}; for a model directory use "
+                         f"larql convert safetensors-to-vindex {src} -o {out}")
+    if kind == "safetensors-to-vindex" and path.is_file() and path.suffix.lower() == ".gguf":
+        raise LarqlError(f"{src}: a GGUF file, and safetensors-to-vindex takes {what}; use "
+                         f"larql convert gguf-to-vindex {src} -o {out}")
+    return src, out, "vindex"
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
     from larql.edit.bake.convert import convert
 
+    src, out, to = convert_request(args)
     (fmt, path), console, seconds = run_with_progress(args, lambda report: convert(
-        args.src, args.output, to=args.to, dtype=args.dtype, level=args.level, quant=args.quant,
+        src, out, to=to, dtype=args.dtype, level=args.level, quant=args.quant,
         patches=args.patch or (), overwrite=args.force, progress=report))
     console.print(wrote(path, before=fmt, seconds=seconds))
     return 0
@@ -70,6 +115,8 @@ def cmd_slice(args: argparse.Namespace) -> int:
     from larql.vindex.slice import parse_parts, plan_slice, slice_vindex
     from larql.vindex.store import open_vindex
 
+    args.output = _one_output("slice", args.output, args.output_flag,
+                              "larql slice VINDEX OUT --preset P (or -o OUT)")
     if args.dry_run:
         v = open_vindex(args.vindex)
         planned = plan_slice(v, parse_parts(args.preset, args.parts))
@@ -90,7 +137,8 @@ def add_extract(sub: argparse._SubParsersAction) -> None:
     # shared with EXTRACT MODEL ... INTO; layout loads no numpy, so `larql --help` stays fast
     from larql.vindex.layout import EXTRACT_DEFAULTS, LEVELS
 
-    ex = sub.add_parser("extract", help="decompile a model into a vindex directory")
+    ex = sub.add_parser("extract", aliases=["extract-index"],
+                        help="decompile a model into a vindex directory (extract-index: LARQL's name for it)")
     ex.add_argument("src", help="alias, .gguf file, HF directory, or Hugging Face Hub id (org/name, hf://org/name@rev)")
     ex.add_argument("-o", "--output", required=True, help="the vindex directory to create (e.g. g.vindex)")
     ex.add_argument("--level", choices=LEVELS, default=EXTRACT_DEFAULTS["level"],
@@ -119,8 +167,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     from larql.vindex.slice import PARTS, PRESETS
 
     cv = sub.add_parser("convert", help="model -> vindex or HF directory; vindex -> GGUF or HF directory")
-    cv.add_argument("src", help="alias, .gguf file, HF directory, or a vindex")
-    cv.add_argument("output", help="the file or directory to write")
+    cv.add_argument("src", help="alias, .gguf file, HF directory, or a vindex (or LARQL's gguf-to-vindex / "
+                                "safetensors-to-vindex, then the source and -o OUT)")
+    cv.add_argument("output", nargs="?", help="the file or directory to write")
+    cv.add_argument("-o", dest="output_flag", metavar="OUT", help="the output, LARQL's way (instead of OUT)")
     cv.add_argument("--to", choices=TARGETS, default=None,
                     help="output format (default: vindex from a model; from a vindex, gguf for OUT.gguf, "
                          "else safetensors)")
@@ -135,7 +185,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     sl = sub.add_parser("slice", help="copy the parts of a vindex a deployment needs into a new vindex")
     sl.add_argument("vindex")
-    sl.add_argument("output", help="the vindex to create")
+    sl.add_argument("output", nargs="?", help="the vindex to create")
+    sl.add_argument("-o", "--output", dest="output_flag", metavar="OUT", help="the vindex to create, LARQL's way (instead of OUT)")
     how = sl.add_mutually_exclusive_group(required=True)
     how.add_argument("--preset", choices=list(PRESETS), help="browse, inference, client (no FFN), server (FFN only)")
     how.add_argument("--parts", help=f"comma-separated parts: {','.join(PARTS)}")

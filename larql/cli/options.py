@@ -81,8 +81,9 @@ def _command_word(argv: Sequence[str]) -> str | None:
     return None
 
 
-def preflight(argv: Sequence[str], commands: Sequence[str]) -> int | None:
+def preflight(argv: Sequence[str], commands: Sequence[str], aliases: Sequence[str] = ()) -> int | None:
     """Handle a missing or mistyped command before argparse would, with a friendlier message.
+    `aliases` (LARQL's names of some commands) are accepted but not listed.
 
     Returns an exit code when it has answered, None when argparse should go on.
     """
@@ -92,7 +93,7 @@ def preflight(argv: Sequence[str], commands: Sequence[str]) -> int | None:
     if word is None:
         sys.stdout.write(FIRST_STEPS.format(version=__version__, commands=", ".join(commands)))
         return EXIT_OK
-    if word not in commands:
+    if word not in commands and word not in aliases:
         close = difflib.get_close_matches(word, commands, n=1, cutoff=0.5)
         hint = f"did you mean {close[0]!r}? " if close else ""
         sys.stderr.write(f"larql: unknown command {word!r}; {hint}commands: {', '.join(commands)}\n")

@@ -22,7 +22,7 @@ def _threads(n: int | None) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from larql.cli import bench, build, db, edit, lql, run, serve
+    from larql.cli import bench, build, db, edit, hub, lql, run, serve
 
     parser = argparse.ArgumentParser(prog="larql", description="A language model as a database.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_verify(sub)
     edit.add_commands(sub)
     db.add_commands(sub)
+    hub.add_commands(sub)
     build.add_commands(sub)
     bench.add_commands(sub)
     serve.add_commands(sub)
@@ -56,7 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    answered = preflight(argv, list(sub.choices))
+    # an alias maps to its command's parser, whose prog ends with the command's own name
+    commands = [name for name, p in sub.choices.items() if p.prog.split()[-1] == name]
+    answered = preflight(argv, commands, [name for name in sub.choices if name not in commands])
     if answered is not None:
         return answered
     args = parser.parse_args(argv)

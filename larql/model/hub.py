@@ -13,6 +13,8 @@ vindex (index.json), an HF model directory (config.json), or its one GGUF file.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from larql.errors import UnknownModelError
@@ -61,8 +63,7 @@ def hub_path(text: str) -> Path:
         from huggingface_hub import constants, errors
     except ImportError as e:
         raise UnknownModelError(f"{text}: Hub ids need huggingface_hub: pip install huggingface_hub") from e
-    at = f"{repo}@{rev}" if rev else repo
-    try:
+    with hub_errors(text, repo, rev, file):
         if file is not None:
             return Path(hf.hf_hub_download(repo, file, revision=rev))
         if not constants.is_offline_mode():
@@ -75,25 +76,38 @@ def hub_path(text: str) -> Path:
             if files is not None:
                 _refuse_ambiguous(files, text)
         snapshot = Path(hf.snapshot_download(repo, revision=rev))
+    return _pick(snapshot, text)
+
+
+@contextmanager
+def hub_errors(text: str, repo: str, rev: str | None, file: str | None = None, *, path_too: bool = True) -> Iterator[None]:
+    """Turn what `huggingface_hub` raises while fetching `repo` (at `rev`, or its `file`) into one
+    UnknownModelError line naming `text` and what to do (`path_too`: `text` could have been a local
+    path, and the message says that there is none)."""
+    from huggingface_hub import constants, errors
+
+    at = f"{repo}@{rev}" if rev else repo
+    nopath = "no such path here, and " if path_too else ""
+    try:
+        yield
     except errors.GatedRepoError:
         raise UnknownModelError(f"{text}: {at} is gated on the Hub; accept its terms there and log in "
                                 f"(`hf auth login` or HF_TOKEN)") from None
     except errors.RepositoryNotFoundError:
-        raise UnknownModelError(f"{text}: no such path here, and no repository {repo} on the Hugging Face Hub "
+        raise UnknownModelError(f"{text}: {nopath}no repository {repo} on the Hugging Face Hub "
                                 f"(a private one needs a token: `hf auth login` or HF_TOKEN)") from None
     except errors.RevisionNotFoundError:
         raise UnknownModelError(f"{text}: the Hub repository {repo} has no revision {rev!r}") from None
     except errors.LocalEntryNotFoundError:  # before EntryNotFoundError, its base
         why = "HF_HUB_OFFLINE is set" if constants.is_offline_mode() else "the Hub cannot be reached"
         what = f"{at} (file {file})" if file else at
-        raise UnknownModelError(f"{text}: no such path here, and {what} is not in the Hugging Face cache "
+        raise UnknownModelError(f"{text}: {nopath}{what} is not in the Hugging Face cache "
                                 f"({constants.HF_HUB_CACHE}) while {why}") from None
     except errors.EntryNotFoundError:
         raise UnknownModelError(f"{text}: the Hub repository {at} has no file {file!r}") from None
     except (errors.HfHubHTTPError, OSError, ValueError) as e:
         raise UnknownModelError(f"{text}: the Hugging Face Hub could not give {at}: "
                                 f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-    return _pick(snapshot, text)
 
 
 def _refuse_ambiguous(files: list[str], text: str) -> None:

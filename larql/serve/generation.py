@@ -293,14 +293,17 @@ def usage(ask: Ask, completion_tokens: int | None = None) -> dict[str, int]:
 
 async def stream(ws: WebSocket) -> None:
     """Frames in: a request ({"prompt"} or {"messages"}, plus the sampling fields) or {"type": "cancel"}.
-    Frames out: {"type": "token", "id", "text"} ..., then {"type": "done", "finish_reason", "text",
-    "usage"}; a bad request gets {"type": "error", "error": {...}} and the socket stays open."""
+    Frames out: {"type": "token", "id", "text", "index"} ..., then {"type": "done", "finish_reason", "text",
+    "usage", "tokens", "latency_ms"}; a bad request gets {"type": "error", "error": {...}} and the socket
+    stays open. `index` (the token's 0-based place in the reply), `tokens` (how many were sent) and
+    `latency_ms` (from the request frame to the done frame) are LARQL's fields, carried beside ours."""
     server = state(ws)
     await ws.accept()
     cancel = asyncio.Event()
     task: asyncio.Task[None] | None = None
 
     async def run(body: dict[str, Any], cancel: asyncio.Event) -> None:
+        t0 = time.perf_counter()
         try:
             ask = await server.run(parse_ask, server, body, "messages" in body, 64)
             pieces: list[str] = []
@@ -308,13 +311,14 @@ async def stream(ws: WebSocket) -> None:
                 if cancel.is_set():
                     ask.finish = "cancelled"
                     break
+                await ws.send_json({"type": "token", "id": tok.id, "text": tok.text, "index": len(pieces)})
                 pieces.append(tok.text)
                 ask.used += 1
-                await ws.send_json({"type": "token", "id": tok.id, "text": tok.text})
             else:
                 ask.finish = "length" if ask.used >= ask.max_tokens else "stop"
             await ws.send_json({"type": "done", "finish_reason": ask.finish, "text": "".join(pieces),
-                                "usage": usage(ask)})
+                                "usage": usage(ask), "tokens": len(pieces),
+                                "latency_ms": round((time.perf_counter() - t0) * 1000, 3)})
         except LarqlError as e:
             await error(e)
         except (WebSocketDisconnect, RuntimeError):  # the client left mid-stream

@@ -94,8 +94,9 @@ def plan_slice(v: Vindex, parts: tuple[str, ...]) -> list[SlicePart]:
 
 
 def slice_vindex(src: str | Path, out: str | Path, preset: str | None = None, parts: str | None = None,
-                 overwrite: bool = False) -> Path:
-    """Write the parts of `src` that a preset or part list names into a new vindex `out` (atomic).
+                 overwrite: bool = False, source: str | None = None) -> Path:
+    """Write the parts of `src` that a preset or part list names into a new vindex `out` (atomic);
+    `sliced_from` names `source` (default: `src`'s absolute path).
 
     Example:
         >>> slice_vindex("g.vindex", "g-browse.vindex", preset="browse")
@@ -122,15 +123,59 @@ def slice_vindex(src: str | Path, out: str | Path, preset: str | None = None, pa
             for name in layout.INFERENCE_FILES:
                 w.link(name, v.path / name, v.index["files"][name])
         elif tensor_names:
-            source = VindexWeightSource(v.path)
+            weight_source = VindexWeightSource(v.path)
             manifest = [e for e in json.loads((v.path / layout.MANIFEST_FILE).read_text()) if e["name"] in tensor_names]
             blob = w.binary(layout.WEIGHTS_FILE)
             for e in manifest:
-                e["offset"] = blob.write_aligned(np.ascontiguousarray(source.matrix(e["name"]).raw))
+                e["offset"] = blob.write_aligned(np.ascontiguousarray(weight_source.matrix(e["name"]).raw))
             w.text(layout.MANIFEST_FILE, json.dumps(manifest, indent=0))
-        index = {k: val for k, val in v.index.items() if k != "files"}
-        index.update({"has_model_weights": bool(whole), "parts": list(chosen),
-                      "extract_level": v.index["extract_level"] if whole else "browse",
-                      "quant": v.index["quant"] if tensor_names else "none",
-                      "sliced_from": {"path": str(v.path.resolve()), "preset": preset}})
-        return w.finish(index)
+        return w.finish(sliced_index(v.index, chosen, preset, source or str(v.path.resolve()), whole=bool(whole),
+                                     tensors=bool(tensor_names)))
+
+
+def sliced_index(index: dict[str, Any], parts: tuple[str, ...], preset: str | None, source: str, *,
+                 whole: bool, tensors: bool) -> dict[str, Any]:
+    """A slice's index.json fields (the writer adds the file table and the seal): the source's,
+    with the parts it holds, where it was cut from, and the level and quant that are left."""
+    out = {k: val for k, val in index.items() if k != "files"}
+    out.update({"has_model_weights": whole, "parts": list(parts),
+                "extract_level": index["extract_level"] if whole else "browse",
+                "quant": index["quant"] if tensors else "none",
+                "sliced_from": {"path": source, "preset": preset}})
+    return out
+
+
+def file_parts(parts: tuple[str, ...]) -> bool:
+    """Whether every part is whole files (no tensors cut out of weights.bin)."""
+    return all(p in FILE_PARTS for p in parts)
+
+
+def slice_files(src: Path, index: dict[str, Any], out: str | Path, parts: tuple[str, ...], preset: str | None,
+                source: str, overwrite: bool = False) -> Path:
+    """A slice of whole files (`file_parts`) from a directory holding only those files and the
+    source's index.json (`index`, checked by schema and seal): a pulled slice, whose other files
+    were never downloaded. Each file is checked against its sha256 before it goes in (atomic)."""
+    from larql.vindex.check import validate_index
+    from larql.vindex.integrity import check_seal, file_sha256
+    from larql.vindex.writer import VindexWriter
+
+    if not file_parts(parts):
+        raise VindexError(f"{src}: the parts {', '.join(p for p in parts if p not in FILE_PARTS)} are tensors "
+                          f"inside {layout.WEIGHTS_FILE}; slice the whole vindex instead")
+    validate_index(index, str(src / layout.INDEX_FILE))
+    check_seal(index, src)
+    files = index["files"]
+    with VindexWriter(Path(out), overwrite=overwrite) as w:
+        for part in parts:
+            names = [n for n in FILE_PARTS[part] if n in files]
+            if not names and part != "clusters":
+                raise VindexError(f"{src}: has no {part} ({', '.join(FILE_PARTS[part])}) to slice")
+            for name in names:
+                f = src / name
+                if not f.is_file():
+                    raise VindexError(f"{f}: missing; the slice needs it")
+                if file_sha256(f) != files[name]["sha256"]:
+                    raise VindexError(f"{f}: contents differ from the sha256 in {layout.INDEX_FILE} (damaged "
+                                      f"or changed); fetch it again")
+                w.link(name, f, files[name])
+        return w.finish(sliced_index(index, parts, preset, source, whole=False, tensors=False))

@@ -4,6 +4,7 @@ vindex's model for exact agreement with local generation, SmolLM2-135M-Instruct 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,25 @@ def test_websocket_streams_and_cancels(smol: str) -> None:
         while frames[-1]["type"] == "token":
             frames.append(json.loads(ws.recv(timeout=60)))
         assert frames[-1]["finish_reason"] == "cancelled" and frames[-1]["usage"]["completion_tokens"] < 400
+
+
+def test_websocket_frames_carry_larqls_fields(tiny: str, infer_vx: Path) -> None:
+    """Each token frame's `index` counts from 0; the done frame's `tokens` is how many token frames
+    came and `latency_ms` the request's wall time, as LARQL's frames have them (ours beside them)."""
+    want = larql.load(infer_vx).generate(PROMPT, max_new_tokens=5)
+    with connect(tiny.replace("http://", "ws://") + "/v1/stream") as ws:
+        for _ in range(2):  # the fields start again for each request on one socket
+            t0 = time.perf_counter()
+            ws.send(json.dumps({"prompt": PROMPT, "max_tokens": 5, "temperature": 0}))
+            frames = [json.loads(ws.recv(timeout=60))]
+            while frames[-1]["type"] == "token":
+                frames.append(json.loads(ws.recv(timeout=60)))
+            wall_ms = (time.perf_counter() - t0) * 1000
+            *toks, done = frames
+            assert [f["index"] for f in toks] == [0, 1, 2, 3, 4]
+            assert [f["id"] for f in toks] == list(want.ids) and done["text"] == want.text
+            assert done["tokens"] == 5 == done["usage"]["completion_tokens"]
+            assert isinstance(done["latency_ms"], float) and 0 < done["latency_ms"] <= wall_ms
 
 
 def test_chat_falls_back_to_a_built_in_template(tiny: str, infer_vx: Path, gemma: larql.Model) -> None:
