@@ -2,7 +2,7 @@
 
     larql bench [MODEL ...] [--prompt 256] [--decode 64] [--rounds 1] [--no-peers] [--out FILE]
 
-Prints the README's speed table (with --json, the results as one JSON object). Without
+Prints a speed table (docs/guide/performance.md) (with --json, the results as one JSON object). Without
 llama-cpp-python it measures larql alone, says on stderr how to install the peer, and exits 0.
 """
 
@@ -44,7 +44,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("bench", help="prefill and decode tok/s of larql beside llama.cpp (if installed), "
-                                     "as the README's speed table")
+                                     "as a speed table")
     b.add_argument("models", nargs="*", metavar="MODEL",
                    help="aliases, .gguf files or HF directories (default: gemma3-270m smollm2-135m)")
     b.add_argument("--prompt", type=int, default=256, metavar="N", help="prompt tokens for prefill (default 256)")

@@ -4,7 +4,7 @@
 
 llama.cpp is measured through llama-cpp-python when it is installed; it is never a dependency. Without
 it the larql rows are printed and one line says how to install it (exit code 0: larql's own figures
-were measured). The table is the README's "Speed" table; `benchmarks/bench_runtime.py` adds
+were measured). The table is the one docs/guide/performance.md shows; `benchmarks/bench_runtime.py` adds
 transformers and the per-kernel table on top of this module.
 """
 
@@ -207,7 +207,7 @@ def run_bench(models: Sequence[str], n_prompt: int, n_decode: int, peers: bool =
 
 
 def table(engines: Sequence[dict[str, Any]]) -> str:
-    """The README's speed table (markdown), decode compared with llama.cpp on the same model. Figures
+    """The speed table (markdown), decode compared with llama.cpp on the same model. Figures
     over several rounds are their medians, followed by the lowest and highest round."""
     lines = ["| model | engine | prefill tok/s | decode tok/s | decode vs llama.cpp |",
              "|---|---|---:|---:|---:|"]

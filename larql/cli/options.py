@@ -5,7 +5,7 @@ Global options are accepted before or after the subcommand (`larql --debug lql .
 `larql lql --debug ...`): each subparser gets a copy whose default is SUPPRESS, so a subcommand that
 does not see the option leaves the value the top-level parser set.
 
-Exit codes (the README lists them):
+Exit codes (docs/troubleshooting.md lists them):
     0    success
     1    larql refused or failed: a LarqlError (bad input, a damaged file, a failed check)
     2    the command line is wrong (unknown command or option, a bad value)

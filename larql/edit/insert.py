@@ -6,7 +6,7 @@ Methods (each a strategy in edit/methods/strategies.py):
             each holding the earlier ones' keys still;
 - "memit"   all facts in one joint solve per layer (EMMET's equality-constrained MEMIT);
 - "feature" LARQL's INSERT: one selective FFN feature per fact (edit/methods/feature.py).
-`defaults.default_method` is whichever measured best for the model (benchmarks/bench_editing.py; README).
+`defaults.default_method` is whichever measured best for the model (benchmarks/bench_editing.py; docs/design/edit-defaults.md).
 
 Every INSERT is recorded on the patch stack as a whole or not at all, and reports, per fact,
 efficacy (the prompt), generalisation and locality measured on prompts it did NOT optimise on:
