@@ -374,11 +374,11 @@ _RESULT_NAME = re.compile(r"-(s[0-9]+|before|final[0-9]*)(-|$)")
 
 
 def round_words() -> list[str]:
-    """Development-round or issue numbers in the docs, the benchmark scripts, the tools and the tests,
-    and results files named for a round or a process step instead of a benchmark and a date."""
+    """Development-round or issue numbers in the docs, the code, the benchmark scripts, the tools and
+    the tests, and results files named for a round or a process step instead of a benchmark and a date."""
     bad = [f"benchmarks/results/{p.name}" for p in sorted(RESULTS.glob("*.json")) if _RESULT_NAME.search(p.stem)]
-    code = subprocess.run(["git", "grep", "-n", "-i", "-E", _ROUND.pattern, "--", "benchmarks", "tools", "tests",
-                           ":!tools/render_docs.py"], cwd=ROOT, capture_output=True, text=True).stdout
+    code = subprocess.run(["git", "grep", "-n", "-i", "-E", _ROUND.pattern, "--", "larql", "examples", "grammar",
+                           "vindex_spec", "pyproject.toml", "benchmarks", "tools", "tests", ":!tools/render_docs.py"], cwd=ROOT, capture_output=True, text=True).stdout
     bad += [line[:120] for line in code.splitlines()]
     for f in doc_files():
         if f.exists():
