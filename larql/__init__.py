@@ -17,6 +17,17 @@ The public Python API; everything a user needs is a name here (each resolves on 
 
 `import larql` sets the thread pools as `larql run` does (numba, OpenMP, BLAS; threads.configure), so
 a script decodes at the CLI's speed; variables the user set already are left alone.
+
+The packages, each importing only those below it (tests/test_layering.py):
+
+    cli/ shell/ serve/ vindexfile/   the command line, the REPL, the server, Vindexfile builds (__main__.py)
+    (this facade)
+    lql/        the query language: grammar, planner, executor
+    edit/       editing a vindex: patches, methods, measurement, maintenance, baking
+    vindex/     the read-only store: extraction, verification, gate KNN, DESCRIBE
+    model/      loading and running models, hooks, interpretability
+    quant/      quantized tensors and their kernels
+    errors.py, threads.py, version.py, io/   leaves
 """
 
 from __future__ import annotations

@@ -250,3 +250,15 @@ def test_the_checker_allows_public_and_own_names() -> None:
     assert private_names([("larql.vindex.verify", "from larql.lql.parser import lark_parser\n"
                                                   "from larql.version import __version__\n", False),
                           ("larql.lql.parser", "def _lark(): ...\n_lark()\n", False)]) == []
+
+
+def test_every_package_lists_its_modules() -> None:
+    """Each package's docstring names each of its modules and sub-packages: the folder listing, read
+    from the package's own first page, is the design."""
+    missing = []
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        parts = [p.stem for p in init.parent.glob("*.py") if p.stem != "__init__"]
+        parts += [p.name for p in init.parent.iterdir() if (p / "__init__.py").is_file()]
+        missing += [f"{init.parent.relative_to(PACKAGE.parent)}/{name}" for name in parts if name not in doc]
+    assert not missing, missing

@@ -1,4 +1,15 @@
-"""Quantized tensors: the GGML type table, numpy reference dequantizers and numba kernels."""
+"""Quantized tensors: the GGML type table, numpy reference dequantizers and numba kernels.
+
+    types.py         the GGML type table (block size, bytes) and byte-shape helpers
+    reference.py     numpy reference dequantizers, each under a diagram of its block layout
+    kernels.py       numba byte readers and exact dequantization; dot_kernels.py: matvec and small matmul
+    tensor.py        QuantMatrix: a weight kept as raw GGUF blocks, with dequantize and matmul
+    quantize.py      Q4_K and Q6_K quantizers
+    repack.py        decode-speed int8 copies of 4/5/6-bit blocks; matvec_rows.py, q8_0_rows.py: their matvecs
+    argmax.py        the exact argmax of the lm_head matvec; argmax_tiles.py, topk_tiles.py: its tiled
+                     int8 candidate passes; q8_bounds.py: the bounds that make them exact
+    ir_parts.py      LLVM IR pieces the hand-written row kernels share
+"""
 
 from __future__ import annotations
 

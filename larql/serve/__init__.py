@@ -1,5 +1,14 @@
 """`larql serve`: a vindex (or a model) over HTTP and WebSocket, on Starlette + uvicorn.
 
+    server.py        uvicorn: `larql serve` and a server thread for tests; app.py: the routes assembled
+    http.py          what every route module shares: state, JSON errors; config.py: what the server allows
+    lql_routes.py    /v1/health, /v1/info, /v1/lql, the REST shortcuts; attention.py: /v1/attention
+    openai_api.py    the OpenAI routes; generation.py: generation for them and /v1/stream; embeddings.py
+    sessions.py      what is served and each client's own edits; guard.py: what a request may do
+    batcher.py       next-token passes that arrive together run as one
+    ffn_remote.py    a layer range's FFN over HTTP; expert_remote.py: an expert range; shard.py: their shared parts
+    console.py       the browser console at /
+
     GET  /v1/health                     {"status": "ok", "version"}
     GET  /v1/info                       model, layers, level, limits, this client's patches
     POST /v1/lql  {"query": "..."}      {"results": [...]}: one `larql lql --json` object per result

@@ -1,5 +1,16 @@
 """The vindex: a model's weights arranged as a queryable, memory-mapped, read-only database.
 
+    store.py         the read-only Vindex; reader.py: the protocols a store and an editable view share;
+                     queries.py: describe / walk / nearest as methods
+    layout.py        the format's constants; check.py, integrity.py, verify.py: what opening checks
+    extract.py       model -> vindex, a layer at a time; writer.py: atomic writing; topk.py, topk_kernels.py:
+                     each feature's top tokens; clusters.py: relation clusters
+    knn.py           gate KNN, exact; knn_kernels.py: its int8 passes
+    describe.py      DESCRIBE; probes.py: probe edges; tokens.py: what edges are made of; browse.py: WALK,
+                     NEAREST, SELECT
+    runtime.py       the model a vindex carries; weights.py: its weights
+    slice.py         `larql slice`; sharing.py: `larql pull` and `larql publish`
+
 Names resolve on first use (PEP 562): opening a store does not load extraction's numba kernels.
 Extraction is `larql.vindex.extract.extract` (a package attribute of that name would be shadowed by
 its submodule once imported, so the package does not export it).
