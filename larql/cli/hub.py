@@ -76,8 +76,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    from larql.vindex.sharing import PULL_SLICES
-    from larql.vindex.slice import PRESETS
+    from larql.vindex.slice import PRESETS, PULL_SLICES
 
     pl = sub.add_parser("pull", help="download a vindex (or a slice of it) from the Hugging Face Hub")
     pl.add_argument("repo", help="org/name or hf://org/name[@revision]")

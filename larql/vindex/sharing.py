@@ -31,9 +31,8 @@ from larql.io.tempfiles import clean_stale, swap_dir, temp_path
 from larql.model.hub import PREFIX, hub_errors, is_hub_id, parse
 from larql.vindex import layout
 from larql.vindex.check import MAX_INDEX_BYTES, MAX_JSON_DEPTH, validate_index
-from larql.vindex.slice import FILE_PARTS, PRESETS, file_parts, slice_files
+from larql.vindex.slice import FILE_PARTS, PRESETS, PULL_SLICES, file_parts, slice_files
 
-PULL_SLICES = ("all", *PRESETS)  # all: the whole repository, as it is
 CARD_FILE = "README.md"
 # the names a vindex's files can have: a remote file of these that the published vindex lacks is deleted
 VINDEX_FILES = frozenset({layout.INDEX_FILE, *layout.BROWSE_FILES, *layout.INFERENCE_FILES,

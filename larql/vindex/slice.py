@@ -37,6 +37,7 @@ PRESETS: dict[str, tuple[str, ...]] = {
     "client": (*REQUIRED, "clusters", "attention"),  # attention runs here; the FFN is someone else's
     "server": (*REQUIRED, "ffn"),  # the FFN half: its features and their weights
 }
+PULL_SLICES = ("all", *PRESETS)  # what `larql pull --slice` takes; all: the whole repository, as it is
 _FFN = (".ffn_gate.", ".ffn_up.", ".ffn_down.")
 
 
