@@ -26,6 +26,12 @@ def carried_model(v: Vindex, edits: FFNEdits | None = None) -> Model:
 def index_config(v: Vindex) -> ModelConfig:
     """The ModelConfig index.json records for an inference-level vindex."""
     if not v.has_model_weights:
+        parts = v.index.get("parts") or ()
+        if "attention" in parts and "ffn" not in parts:  # a client slice: attention here, the FFN elsewhere
+            raise VindexError(f"{v.path}: a client slice holds attention but no FFN weights, and larql runs a "
+                              f"model from a vindex with all of them; run the vindex it was sliced from "
+                              f"({v.index.get('sliced_from', {}).get('path', 'its source')}) with --ffn URL "
+                              f"to take the FFN from a server")
         raise VindexError(f"{v.path}: a browse-level vindex has no model weights; "
                           f"re-extract with --level inference to run the model from it")
     mc = dict(v.index["model_config"])

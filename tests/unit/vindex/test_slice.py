@@ -55,8 +55,12 @@ def test_each_preset_opens_verifies_and_browses(base: Path, tmp_path: Path, pres
 def test_inference_slice_runs_the_model_as_the_base(base: Path, tmp_path: Path) -> None:
     out = slice_vindex(base, tmp_path / "i.vindex", parts="tokenizer,embeddings,gates,down_meta,attention,ffn")
     np.testing.assert_array_equal(larql.load(out).dense().forward(IDS), larql.load(base).dense().forward(IDS))
-    with pytest.raises(VindexError, match="browse-level vindex has no model weights"):
-        larql.load(slice_vindex(base, tmp_path / "c.vindex", preset="client")).forward(IDS)
+    client = slice_vindex(base, tmp_path / "c.vindex", preset="client")
+    with pytest.raises(VindexError, match=r"a client slice holds attention but no FFN weights.*run the vindex it "
+                                          r"was sliced from \(.*\) with --ffn URL"):
+        larql.load(client).forward(IDS)  # not "re-extract": the user needs the source and a server
+    with pytest.raises(VindexError, match="browse-level vindex has no model weights; re-extract"):
+        larql.load(slice_vindex(base, tmp_path / "b.vindex", preset="browse")).forward(IDS)
 
 
 def test_sizes_and_bad_requests(base: Path, tmp_path: Path) -> None:
