@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,10 @@ def python_child(vindex: str, n: int) -> None:
     print(json.dumps({"trimmed_mb": rss_anon_mb()}), flush=True)
 
 
-def python_soak(vindex: Path, n: int) -> dict[str, Any]:
+Progress = Callable[[str, dict[str, Any]], None]
+
+
+def python_soak(vindex: Path, n: int, progress: Progress) -> dict[str, Any]:
     proc = subprocess.Popen([sys.executable, __file__, str(vindex), "--python-child", str(n)],
                             stdout=subprocess.PIPE, text=True)
     start, after, seconds, trimmed = 0.0, [], [], None
@@ -100,12 +104,13 @@ def python_soak(vindex: Path, n: int) -> dict[str, Any]:
             after.append(row["rss_anon_mb"])
             seconds.append(row["seconds"])
             print(f"python session {len(after)}: RssAnon {after[-1]:.0f} MB ({seconds[-1]:.1f} s)", file=sys.stderr)
+            progress("python", summary(start, after, seconds))
     if proc.wait() != 0:
         raise SystemExit(f"the Python soak failed ({proc.returncode})")
     return summary(start, after, seconds) | {"after_malloc_trim_mb": round(trimmed, 1) if trimmed else None}
 
 
-def http_soak(vindex: Path, n: int) -> dict[str, Any]:
+def http_soak(vindex: Path, n: int, progress: Progress) -> dict[str, Any]:
     proc = subprocess.Popen([sys.executable, "-m", "larql", "serve", str(vindex), "--port", "0", "--allow-edits",
                              "--timeout", "900", "--log-level", "warning"],
                             stderr=subprocess.PIPE, text=True, cwd=vindex.parent)
@@ -137,6 +142,7 @@ def http_soak(vindex: Path, n: int) -> dict[str, Any]:
             seconds.append(time.perf_counter() - t0)
             after.append(rss_anon_mb(proc.pid))
             print(f"http session {i + 1}: server RssAnon {after[-1]:.0f} MB ({seconds[-1]:.1f} s)", file=sys.stderr)
+            progress("http", summary(start, after, seconds))
         return summary(start, after, seconds)
     finally:
         proc.terminate()
@@ -162,9 +168,20 @@ def main() -> None:
                            "soaks_together": args.together}
     soaks = [(kind, fn, n) for kind, fn, n in (("python", python_soak, args.python_sessions),
                                                ("http", http_soak, args.http_sessions)) if n]
+    lock = threading.Lock()
+
+    def progress(kind: str, so_far: dict[str, Any]) -> None:
+        """The results so far, saved after every session: a run stopped early keeps what it measured."""
+        with lock:
+            out[kind] = so_far
+            out["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+            save_results(args.name, out)
+
     with ThreadPoolExecutor(max_workers=2 if args.together else 1) as pool:  # one worker: one after the other
-        futures = {kind: pool.submit(fn, args.vindex, n) for kind, fn, n in soaks}
-        out |= {kind: fut.result() for kind, fut in futures.items()}
+        futures = {kind: pool.submit(fn, args.vindex, n, progress) for kind, fn, n in soaks}
+        results = {kind: fut.result() for kind, fut in futures.items()}
+    with lock:
+        out |= results
     out["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     print("| process | sessions | RssAnon at start | after the first | last | MB / session after the first |\n"
           "|---|---:|---:|---:|---:|---:|")

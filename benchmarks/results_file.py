@@ -31,5 +31,7 @@ def with_tier(data: Any) -> Any:
 def save_results(name: str, data: Any) -> Path:
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"{name}.json"
-    out.write_text(json.dumps(with_tier(data), indent=1))
+    part = out.with_name(f".{out.name}.part")
+    part.write_text(json.dumps(with_tier(data), indent=1))
+    part.replace(out)  # atomic: a reader never sees half a file
     return out
