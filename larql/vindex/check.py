@@ -39,12 +39,12 @@ def validate_index(index: Any, where: str) -> None:
 
 def is_larql_index(index: Any) -> bool:
     """Whether an index.json document is LARQL's own (VindexConfig version 2, no `format`)."""
-    return isinstance(index, dict) and "format" not in index and index.get("version") == layout.LARQL_INDEX_VERSION
+    return isinstance(index, dict) and "format" not in index and index.get("version") == layout.ORIGINAL_INDEX_VERSION
 
 
 def larql_refusal(where: str, source: str) -> str:
     """What opening a LARQL vindex says: larql converts it (once, into a new directory) instead."""
-    return (f"{where}: a LARQL vindex (index.json version {layout.LARQL_INDEX_VERSION}), which larql does not open "
+    return (f"{where}: a LARQL vindex (index.json version {layout.ORIGINAL_INDEX_VERSION}), which larql does not open "
             f"as it is; convert it once into a larql vindex (browse level): larql convert {source} OUT.vindex")
 
 

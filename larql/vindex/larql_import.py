@@ -1,6 +1,6 @@
 """LARQL's vindexes (the Rust original's: index.json version 2 and its files, as
 larql-reference.md §3 and vindex_spec/CONVERT.md describe them) read at the browse level and written
-as a larql vindex: `larql convert LARQL_VINDEX OUT.vindex`.
+as a larql vindex: `larql convert SRC OUT.vindex`.
 
 Read: `gate_vectors.bin` (f16 or f32, each layer's block at index.json's `layers[].offset/length`),
 `embeddings.bin`, `down_meta.bin` (a `DMET` header, then per layer a u32 count and fixed records
@@ -130,7 +130,7 @@ def read_index(src: Path) -> dict[str, Any]:
     if not is_larql_index(index):
         got = index.get("version") if isinstance(index, dict) else None
         raise VindexError(f"{where}: not LARQL's index.json (version {got!r}, expected version "
-                          f"{layout.LARQL_INDEX_VERSION} without a `format` field)")
+                          f"{layout.ORIGINAL_INDEX_VERSION} without a `format` field)")
     n = _int(index, "num_layers", where, 1, 4096)
     hidden = _int(index, "hidden_size", where, 1, 1 << 20)
     ffn = _int(index, "intermediate_size", where, 1, 1 << 22)
