@@ -208,3 +208,53 @@ def test_unconvertible_files_are_refused_by_name(larqls: Path, tmp_path: Path) -
     (src / "knn_store.bin").write_bytes(b"LKNN")
     with pytest.raises(VindexError, match="knn_store.bin: LARQL's stored INSERT edits"):
         convert_larql(src, tmp_path / "c.vindex", level="browse")
+
+
+def test_verify_and_repair_convert_again(larqls: Path, base: Path, tmp_path: Path) -> None:
+    from larql.vindex.verify import repair, verify_vindex
+
+    src = copy_of(larqls, tmp_path)
+    out = convert_larql(src, tmp_path / "c.vindex")
+    report = verify_vindex(out)
+    assert report.ok and "converted from the LARQL vindex" in report.source_note
+    data = bytearray((out / "gate_vectors.bin").read_bytes())
+    data[100] ^= 1
+    (out / "gate_vectors.bin").write_bytes(bytes(data))
+    with pytest.raises(VindexError, match=f"convert it again: larql convert {src.resolve()} {out} --level browse"):
+        open_vindex(out)
+    assert verify_vindex(out).bad_files == ["gate_vectors.bin"]
+    repair(out)
+    assert_same_arrays(out, base)
+
+
+def test_relation_clusters_come_along_and_are_checked(base: Path, tmp_path: Path) -> None:
+    hidden = open_vindex(base).hidden
+    clusters = {"k": 2, "centres": [[0.5] * hidden, [-0.5] * hidden], "labels": ["capital", "language"],
+                "counts": [2, 1], "top_tokens": [["Paris"], ["French"]]}
+    members = "".join(json.dumps(m) + "\n" for m in [{"l": 2, "f": 5, "c": 0}, {"l": 3, "f": 9, "c": 1}])
+    src = write_larql_vindex(tmp_path / "r.vindex", open_vindex(base),
+                             extra={"relation_clusters.json": json.dumps(clusters).encode(),
+                                    "feature_clusters.jsonl": members.encode()})
+    v = open_vindex(convert_larql(src, tmp_path / "c.vindex"))
+    assert v.feature_label(2, 5) == "capital" and v.feature_label(3, 9) == "language" and v.feature_label(1, 1) is None
+    (src / "feature_clusters.jsonl").write_text(members + json.dumps({"l": 1, "f": 2, "c": 7}) + "\n")
+    with pytest.raises(VindexError, match=r"feature_clusters.jsonl:3: c is '7'; expected an integer in 0..1"):
+        convert_larql(src, tmp_path / "d.vindex")
+    (src / "relation_clusters.json").write_text(json.dumps({**clusters, "centres": [[0.5] * 3] * 2}))
+    with pytest.raises(VindexError, match=f"centres must be 2 x {hidden}"):
+        convert_larql(src, tmp_path / "d.vindex")
+
+
+def test_experts_convert_and_mixed_layouts_are_refused(larqls: Path, tmp_path: Path) -> None:
+    src = copy_of(larqls, tmp_path)
+    _edit_index(src, lambda i: [e.update(num_experts=2, num_features_per_expert=48) for e in i["layers"]])
+    v = open_vindex(convert_larql(src, tmp_path / "c.vindex"))
+    assert v.index["intermediate_size"] == 48 and v.index["model_config"]["n_experts"] == 2
+    assert v.num_experts(1) == 2 and v.feature_name(1, 50) == "L1 E1 F2"
+    _edit_index(src, lambda i: [e.pop("num_experts") for e in i["layers"][1:]])
+    with pytest.raises(VindexError, match=r"different numbers of experts or features \(1 x 96, 2 x 48\)"):
+        convert_larql(src, tmp_path / "d.vindex")
+    _edit_index(src, lambda i: [e.update(num_experts=4 if e["layer"] == 0 else 2,
+                                         num_features_per_expert=24 if e["layer"] == 0 else 48) for e in i["layers"]])
+    with pytest.raises(VindexError, match=r"layers with different numbers of experts or features \(2 x 48, 4 x 24\)"):
+        convert_larql(src, tmp_path / "d.vindex")
