@@ -130,6 +130,10 @@ def _set(data: bytearray, offset: int, value: bytes) -> bytearray:
     ("down_meta.bin", lambda d: d[:10], "shorter than its 16-byte header"),
     ("down_meta.bin", lambda d: d + b"\0" * 4, "4 bytes after the last layer's records"),
     ("down_meta.bin", lambda d: _set(d, 16, np.array([-3], "<i4").tobytes()), "layer 0 feature count -3 is negative"),
+    ("down_meta.bin", lambda d: _set(d, 16, np.array([95], "<u4").tobytes()),
+     "layer 0 has 95 records, index.json says 96 features"),
+    ("down_meta.bin", lambda d: _set(d, 4, np.array([2], "<u4").tobytes()), "down_meta version 2; LARQL's is 1"),
+    ("down_meta.bin", lambda d: _set(d, 12, np.array([0], "<u4").tobytes()), "header top_k is 0"),
     ("down_meta.bin", lambda d: _set(d, 20 + RECORD + 8, np.array([999_999], "<u4").tobytes()),
      r"layer 0 has a token id 999999 outside the vocabulary \(0..256\)"),
     ("down_meta.bin", lambda d: _set(d, 20, np.array([5000], "<u4").tobytes()),
@@ -240,6 +244,9 @@ def test_relation_clusters_come_along_and_are_checked(base: Path, tmp_path: Path
     (src / "feature_clusters.jsonl").write_text(members + json.dumps({"l": 1, "f": 2, "c": 7}) + "\n")
     with pytest.raises(VindexError, match=r"feature_clusters.jsonl:3: c is '7'; expected an integer in 0..1"):
         convert_larql(src, tmp_path / "d.vindex")
+    (src / "relation_clusters.json").write_text(json.dumps(clusters).replace("0.5", "1e400", 1))  # JSON's infinity
+    with pytest.raises(VindexError, match="relation_clusters.json: centres holds NaN or infinite"):
+        convert_larql(src, tmp_path / "d.vindex")
     (src / "relation_clusters.json").write_text(json.dumps({**clusters, "centres": [[0.5] * 3] * 2}))
     with pytest.raises(VindexError, match=f"centres must be 2 x {hidden}"):
         convert_larql(src, tmp_path / "d.vindex")
@@ -258,3 +265,16 @@ def test_experts_convert_and_mixed_layouts_are_refused(larqls: Path, tmp_path: P
                                          num_features_per_expert=24 if e["layer"] == 0 else 48) for e in i["layers"]])
     with pytest.raises(VindexError, match=r"layers with different numbers of experts or features \(2 x 48, 4 x 24\)"):
         convert_larql(src, tmp_path / "d.vindex")
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused(larqls: Path, tmp_path: Path) -> None:
+    src = copy_of(larqls, tmp_path)
+    tok = json.loads((src / "tokenizer.json").read_text())
+    tok["added_tokens"].append({"id": 257, "content": "<extra>", "single_word": False, "lstrip": False,
+                                "rstrip": False, "normalized": False, "special": True})
+    (src / "tokenizer.json").write_text(json.dumps(tok))
+    with pytest.raises(VindexError, match="tokenizer.json: 258 tokens, more than vocab_size 257"):
+        convert_larql(src, tmp_path / "c.vindex")
+    (src / "tokenizer.json").write_text("{not json")
+    with pytest.raises(VindexError, match="tokenizer.json: not a tokenizers JSON"):
+        convert_larql(src, tmp_path / "c.vindex")
