@@ -3,6 +3,7 @@
     larql extract SRC -o OUT [--level L] [--dtype D] [--quant Q] [--top-k K] [--force]
     larql verify VINDEX [--repair]
     larql convert SRC OUT [--to vindex|gguf|safetensors] [--dtype D] [--patch P.vlp]... [--force]
+                                (SRC a LARQL vindex: into a larql vindex, browse level)
     larql slice VINDEX OUT (--preset browse|inference|client|server | --parts a,b,c) [--dry-run] [--force]
 
 LARQL's spellings run the same commands: `larql extract-index SRC -o OUT` is extract,
@@ -166,9 +167,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     from larql.edit.bake.convert import TARGETS
     from larql.vindex.slice import PARTS, PRESETS
 
-    cv = sub.add_parser("convert", help="model -> vindex or HF directory; vindex -> GGUF or HF directory")
-    cv.add_argument("src", help="alias, .gguf file, HF directory, or a vindex (or LARQL's gguf-to-vindex / "
-                                "safetensors-to-vindex, then the source and -o OUT)")
+    cv = sub.add_parser("convert", help="model -> vindex or HF directory; vindex -> GGUF or HF directory; "
+                                        "LARQL's vindex -> vindex (browse level)")
+    cv.add_argument("src", help="alias, .gguf file, HF directory, a vindex, or a vindex LARQL wrote (or LARQL's "
+                                "gguf-to-vindex / safetensors-to-vindex, then the source and -o OUT)")
     cv.add_argument("output", nargs="?", help="the file or directory to write")
     cv.add_argument("-o", dest="output_flag", metavar="OUT", help="the output, LARQL's way (instead of OUT)")
     cv.add_argument("--to", choices=TARGETS, default=None,
@@ -176,8 +178,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                          "else safetensors)")
     cv.add_argument("--dtype", choices=["f32", "f16", "bf16"], default=None,
                     help="safetensors: bf16 (default), f16, f32; vindex: f16 (default) or f32")
-    cv.add_argument("--level", choices=["browse", "inference", "all"], default="inference",
-                    help="vindex output level (default inference: the vindex runs the model)")
+    cv.add_argument("--level", choices=["browse", "inference", "all"], default=None,
+                    help="vindex output level (default inference: the vindex runs the model; from a LARQL vindex "
+                         "browse only, and --level browse leaves its model weights behind)")
     cv.add_argument("--quant", choices=["source", "q4k"], default="source", help="vindex output, as in extract")
     cv.add_argument("--patch", action="append", metavar="P.vlp", help="apply to a vindex source first (repeatable)")
     cv.add_argument("--force", action="store_true", help="replace an existing output")

@@ -10,6 +10,7 @@
                      NEAREST, SELECT
     runtime.py       the model a vindex carries; weights.py: its weights
     slice.py         `larql slice`; sharing.py: `larql pull` and `larql publish`
+    larql_import.py  LARQL's own vindexes (index.json version 2) converted into ours, browse level
 
 Names resolve on first use (PEP 562): opening a store does not load extraction's numba kernels.
 Extraction is `larql.vindex.extract.extract` (a package attribute of that name would be shadowed by

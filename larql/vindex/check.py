@@ -37,6 +37,17 @@ def validate_index(index: Any, where: str) -> None:
         raise VindexError(f"{where}: index.json fails its schema at {at}: {e.message}")
 
 
+def is_larql_index(index: Any) -> bool:
+    """Whether an index.json document is LARQL's own (VindexConfig version 2, no `format`)."""
+    return isinstance(index, dict) and "format" not in index and index.get("version") == layout.ORIGINAL_INDEX_VERSION
+
+
+def larql_refusal(where: str, source: str) -> str:
+    """What opening a LARQL vindex says: larql converts it (once, into a new directory) instead."""
+    return (f"{where}: a LARQL vindex (index.json version {layout.ORIGINAL_INDEX_VERSION}), which larql does not open "
+            f"as it is; convert it once into a larql vindex (browse level): larql convert {source} OUT.vindex")
+
+
 def load_index(path: Path) -> dict[str, Any]:
     """index.json, checked by schema, against itself, the files' sizes and its seal (not the files'
     contents: see `check_vindex`)."""
@@ -46,6 +57,8 @@ def load_index(path: Path) -> dict[str, Any]:
     if not index_path.is_file():
         raise VindexError(f"{path}: not a vindex (no {layout.INDEX_FILE})")
     index = read_json(index_path, MAX_INDEX_BYTES, MAX_JSON_DEPTH, "vindex index")
+    if is_larql_index(index):  # never converted behind the user's back: a base vindex is read-only
+        raise VindexError(larql_refusal(str(path), str(path)))
     validate_index(index, str(index_path))  # from here on index is the object the schema describes
     check_files(path, index)
     check_layers(path, index)

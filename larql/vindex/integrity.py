@@ -49,6 +49,8 @@ def repair_hint(index: dict[str, Any], path: Path) -> str:
         return f"compile it again from {compiled['path']} (COMPILE ... INTO VINDEX)"
     source = index.get("source", {}).get("path", "<model>") if isinstance(index.get("source"), dict) else "<model>"
     level = index.get("extract_level", "browse")
+    if (Path(source) / layout.INDEX_FILE).is_file():  # a vindex is the source only of a converted LARQL vindex
+        return f"convert it again: larql convert {source} {path} --level browse --force"
     return f"re-extract it: larql extract {source} -o {path} --level {level} --force"
 
 

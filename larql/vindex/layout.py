@@ -25,6 +25,9 @@ DOWN_META_VERSION = 1
 DOWN_META_HEADER = 64  # bytes: magic, u32 version, u32 num_layers, u32 top_k, zero padding
 
 LEVELS = ("browse", "inference", "all")
+# LARQL's (the Rust original's) index.json says `version` 2 and has no `format`: larql converts such a
+# vindex (`larql convert`, larql/vindex/larql_import.py) and never opens it as it is
+ORIGINAL_INDEX_VERSION = 2
 # numpy dtype names (strings, so that the CLI and the planner read these constants without numpy)
 DTYPES: dict[str, str] = {"f16": "float16", "f32": "float32"}
 # the defaults of `larql extract` and of EXTRACT MODEL ... INTO: one set, read by both

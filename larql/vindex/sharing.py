@@ -30,7 +30,7 @@ from larql.io.jsonfile import read_json
 from larql.io.tempfiles import clean_stale, swap_dir, temp_path
 from larql.model.hub import PREFIX, hub_errors, is_hub_id, parse
 from larql.vindex import layout
-from larql.vindex.check import MAX_INDEX_BYTES, MAX_JSON_DEPTH, validate_index
+from larql.vindex.check import MAX_INDEX_BYTES, MAX_JSON_DEPTH, is_larql_index, larql_refusal, validate_index
 from larql.vindex.slice import FILE_PARTS, PRESETS, PULL_SLICES, file_parts, slice_files
 
 CARD_FILE = "README.md"
@@ -94,10 +94,12 @@ def pull(text: str, preset: str | None = None, revision: str | None = None, out:
     index = read_json(index_path, MAX_INDEX_BYTES, MAX_JSON_DEPTH, "vindex index")
     if not isinstance(index, dict) or (index.get("format"), index.get("version")) != (layout.FORMAT_NAME,
                                                                                       layout.FORMAT_VERSION):
+        if is_larql_index(index):  # LARQL's own: converted, never pulled as it is
+            raise VindexError(larql_refusal(text, "DIR") + f" (download it first: huggingface-cli download {repo} "
+                              f"--local-dir DIR)")
         got = (index.get("format"), index.get("version")) if isinstance(index, dict) else (None, None)
-        larqls = " (LARQL's own index.json is version 2, a format larql does not read)" if got == (None, 2) else ""
         raise VindexError(f"{text}: holds no larql vindex: its index.json has format {got[0]!r}, version {got[1]!r}, "
-                          f"not {layout.FORMAT_NAME!r} version {layout.FORMAT_VERSION}{larqls}")
+                          f"not {layout.FORMAT_NAME!r} version {layout.FORMAT_VERSION}")
     validate_index(index, text)
     parts = None if preset in (None, "all") else PRESETS[preset]
     held = held_parts(index)

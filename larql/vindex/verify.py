@@ -1,6 +1,7 @@
 """`larql verify`: the checks opening makes, with every file read again (no cache), every damaged
 file listed rather than the first, and model_config compared with the source model's own metadata
-when that model is still where it was extracted from. `repair` re-extracts from that source."""
+when that model is still where it was extracted from. `repair` re-extracts from that source (or
+converts again the LARQL vindex a converted one came from)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,11 @@ def _config_diffs(index: dict[str, Any], src: Path) -> list[str]:
             if ours.get(k) != v]
 
 
+def converted(src: Path) -> bool:
+    """Whether a vindex's source is a vindex: only a LARQL vindex converted by `larql convert` is."""
+    return (src / "index.json").is_file()
+
+
 def verify_vindex(path: str | Path) -> VerifyReport:
     """Check a vindex thoroughly. Raises VindexError when index.json itself is unusable (it is the
     root of every other check); reports damaged files and config differences otherwise."""
@@ -63,7 +69,9 @@ def verify_vindex(path: str | Path) -> VerifyReport:
         report.source_note = "a compiled vindex: its model_config is its base's, not compared with a source"
         return report
     src, report.source_note = _source(index)
-    if src is not None:
+    if src is not None and converted(src):
+        report.source_note = f"converted from the LARQL vindex {src} (unchanged); model_config not compared"
+    elif src is not None:
         try:
             report.config_diffs = _config_diffs(index, src)
         except LarqlError as e:
@@ -87,6 +95,10 @@ def repair(path: str | Path) -> Path:
     src, why = _source(index)
     if src is None:
         raise VindexError(f"{path}: cannot repair: {why.split(';')[0]}; extract it again from the model")
+    if converted(src):
+        from larql.vindex.larql_import import convert_larql
+
+        return convert_larql(src, path, dtype=index["dtype"], level="browse", overwrite=True)
     return extract(src, path, level=index["extract_level"], dtype=index["dtype"],
                    quant="source" if index["quant"] == "none" else index["quant"], top_k=index["down_top_k"],
                    overwrite=True)

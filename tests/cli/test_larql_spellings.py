@@ -76,3 +76,26 @@ def test_wrong_uses_are_refused_in_one_line(tiny_gguf: Path, tmp_path: Path, arg
     r = run(*[a.format(g=tiny_gguf, t=tmp_path) for a in args])
     assert r.returncode == 1 and message in r.stderr, r.stderr
     assert len(r.stderr.splitlines()) == 1 and list(tmp_path.iterdir()) == []
+
+
+def test_convert_reads_a_vindex_larql_wrote(tiny_vindex: Path, tmp_path: Path) -> None:
+    """`larql convert SRC OUT` writes a browse-level larql vindex (tests/larql_format.py
+    writes LARQL's layout); USE of LARQL's own names the converter; its weights only with --level browse."""
+    from larql.vindex.store import open_vindex
+    from tests.larql_format import write_larql_vindex
+
+    src = write_larql_vindex(tmp_path / "rust.vindex", open_vindex(tiny_vindex))
+    r = run("lql", f'USE "{src}"; STATS')
+    assert r.returncode == 1 and "a LARQL vindex" in r.stderr.splitlines()[0], r.stderr  # then where in the query
+    assert f"larql convert {src} OUT.vindex" in r.stderr
+    r = run("convert", str(src), str(tmp_path / "out.gguf"))
+    assert r.returncode == 1 and "is a LARQL vindex: convert it to a larql vindex first" in r.stderr, r.stderr
+    r = run("convert", str(src), str(tmp_path / "c.vindex"), "--quiet")
+    assert r.returncode == 0, r.stderr
+    r = run("lql", f'USE "{tmp_path / "c.vindex"}"; STATS')
+    assert r.returncode == 0 and "browse" in r.stdout, r.stderr
+    (src / "attn_weights.bin").write_bytes(b"\0" * 64)
+    r = run("convert", str(src), str(tmp_path / "d.vindex"))
+    assert r.returncode == 1 and "attn_weights.bin: browse level only" in r.stderr, r.stderr
+    assert not (tmp_path / "d.vindex").exists()
+    assert run("convert", str(src), str(tmp_path / "d.vindex"), "--level", "browse", "--quiet").returncode == 0

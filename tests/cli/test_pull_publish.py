@@ -148,8 +148,10 @@ def test_a_published_slice_is_pulled_as_it_is(home: Path, tmp_path: Path) -> Non
                              "model with larql extract tiny-org/tiny-GGUF -o NAME.vindex"),
     (["tiny-org/damaged", "--slice", "browse"], "embeddings.bin: contents differ from the sha256 in index.json"),
     (["tiny-org/damaged"], "embeddings.bin: contents differ from the sha256 in index.json"),
-    (["rust-org/gemma-vindex"], "rust-org/gemma-vindex: holds no larql vindex: its index.json has format None, "
-                                "version 2, not 'larql-vindex' version 1 (LARQL's own index.json is version 2"),
+    (["rust-org/gemma-vindex"], "rust-org/gemma-vindex: a LARQL vindex (index.json version 2), which larql does "
+                                "not open as it is; convert it once into a larql vindex (browse level): larql convert "
+                                "DIR OUT.vindex (download it first: huggingface-cli download rust-org/gemma-vindex "
+                                "--local-dir DIR)"),
 ])
 def test_pull_refuses_in_one_line(home: Path, tmp_path: Path, args: list[str], message: str) -> None:
     r = larql_offline(home, "pull", *args, cwd=tmp_path)

@@ -1,7 +1,8 @@
 """`larql convert`: between the forms a model takes. A model (alias, GGUF file, HF directory) becomes
 a vindex or an HF directory; a vindex (with any patches applied) becomes a GGUF file or an HF
-directory. Each direction is one existing writer, all atomic: extract, compile_gguf,
-compile_safetensors, export_model."""
+directory; a vindex LARQL wrote (index.json version 2) becomes a larql vindex at the browse level.
+Each direction is one existing writer, all atomic: extract, compile_gguf, compile_safetensors,
+export_model, convert_larql."""
 
 from __future__ import annotations
 
@@ -39,8 +40,28 @@ def target_format(src: str | Path, out: str | Path, to: str | None) -> str:
     return fmt
 
 
+def convert_from_larql(src: str | Path, out: str | Path, to: str | None, dtype: str | None, level: str | None,
+                       quant: str, patches: Sequence[str | Path], overwrite: bool,
+                       progress: Progress | None) -> tuple[str, Path]:
+    """A LARQL vindex into a larql vindex (browse level); any other output is refused by name."""
+    from larql.vindex.larql_import import convert_larql
+
+    to = to or ("gguf" if Path(out).suffix.lower() == ".gguf" else "vindex")
+    if to != "vindex":
+        raise LarqlError(f"{src} is a LARQL vindex: convert it to a larql vindex first (larql convert {src} "
+                         f"OUT.vindex); at the browse level it holds no model to write as {to}")
+    if patches:
+        raise LarqlError(f"{src} is a LARQL vindex: convert it first (larql convert {src} OUT.vindex), then apply "
+                         f"patches to OUT.vindex")
+    if quant != "source":
+        raise LarqlError(f"--quant {quant}: a LARQL vindex converts at the browse level, which holds no weights")
+    if dtype not in (None, *layout.DTYPES):
+        raise LarqlError(f"--dtype {dtype}: a vindex's embeddings and gates are f16 or f32")
+    return "vindex", convert_larql(src, out, dtype=dtype, level=level, overwrite=overwrite, progress=progress)
+
+
 def convert(src: str | Path, out: str | Path, to: str | None = None, dtype: str | None = None,
-            level: str = "inference", quant: str = "source", patches: Sequence[str | Path] = (),
+            level: str | None = None, quant: str = "source", patches: Sequence[str | Path] = (),
             overwrite: bool = False, progress: Progress | None = None) -> tuple[str, Path]:
     """Convert `src` into `out`; returns (the format written, its path).
 
@@ -48,12 +69,21 @@ def convert(src: str | Path, out: str | Path, to: str | None = None, dtype: str 
         to: "vindex", "gguf" or "safetensors" (default: see `target_format`).
         dtype: vindex: f16 (default) or f32 for embeddings and gates; safetensors: bf16 (default),
             f16 or f32; GGUF keeps every tensor's stored encoding, so no dtype applies.
-        level, quant: for a vindex target, as `larql extract`.
+        level, quant: for a vindex target, as `larql extract` (level inference by default).
         patches: .vlp files applied to a vindex source before it is written.
+
+    A LARQL vindex source (its index.json version 2) becomes a larql vindex at the browse level
+    (larql/vindex/larql_import.py); one holding the model's weights only with level "browse",
+    which says they are left behind.
 
     Example:
         >>> convert("gemma3-270m", "g.vindex"); convert("g.vindex", "g-hf", patches=["facts.vlp"])
     """
+    from larql.vindex.larql_import import is_larql_vindex
+
+    if is_larql_vindex(src):
+        return convert_from_larql(src, out, to, dtype, level, quant, patches, overwrite, progress)
+    level = level or "inference"
     fmt = target_format(src, out, to)
     reads = [(Path(x), w) for x, w in ((src, "the source converted"), *((q, "a patch it applies") for q in patches))
              if Path(x).exists()]
