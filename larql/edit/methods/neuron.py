@@ -11,11 +11,8 @@ MLP's normalised input, z = 1 at the subject) and c a bias direction (c·x ≈ 1
     act(x) = f(a (z - θ c·x)) z        (f: the model's GELU / SiLU; a (1 - θ) = PRE_ACTIVATION)
 
 is f(a(1 - θ)) at the subject and ~0 wherever z < θ: the gate is shut (at z = 0, f(-a θ) = f(-12)). Without a bias
-direction it is f(a z) z, quadratic, ~(g·x)² off the subject. Measured, 100 fictional subjects at
-gemma3-270m's layer 3 in one INSERT: quadratic neurons wrote 10.7 on average at the prompts' other
-tokens (the MLP's own output is ~6: 13 neurons fired at " capital"), ES 14 / PS 4; thresholded
-(θ = 0.5) ES 55 / PS 21.5, and with fewer holds (below) ES 98 / PS 65, 22 of 24 unrelated
-top-1s kept (KL 0.13).
+direction it is f(a z) z, quadratic, ~(g·x)² off the subject. docs/design/neuron-edits.md has the
+measurements behind each choice here.
 
 The install, per subject (facts about one subject share a neuron):
 - value u: the optimised change of the MLP output at the subject's last token (value.py, as ROME);
@@ -28,11 +25,8 @@ The install, per subject (facts about one subject share a neuron):
   > 0.05 without; `neuron_directions`: ROME's constrained solve, in the input space, each neuron
   with its own constraints);
 - an added feature: the neuron is appended to the layer (ids from the layer's base width up), so
-  no feature of the model is given up. Taking over the layer's cheapest existing feature instead, as
-  this method did before, cost most of the locality: that feature is gone from every token, and across
-  layers it adds up (the 167 cheapest of each of layers 3-8 deleted alone keep 17 of 24 unrelated
-  top-1s, benchmarks/bench_slot_cost.py); 300 fictional facts over layers 3-8 went from ES 89.7 /
-  PS 55.3 / 18 of 24 unrelated top-1s kept with recycled slots to 95.0 / 81.1 / 24 of 24 added;
+  no feature of the model is given up (taking over the layer's cheapest feature cost most of the
+  locality at hundreds of edits);
 - down = u / f(a): the subject's MLP output changes by exactly u at its mean input.
 Once a layer's neurons are recorded they are settled (neuron_settle.py): re-read on every subject's
 texts through the edited model, a neuron that opens on another subject's is held there.
