@@ -1,0 +1,234 @@
+"""Sparse autoencoders in SAELens' format: loading and refusals, encode/decode against a float64
+reference of the equations, and SAEs inside the forward pass (the cache, the splice, the error
+term, generation through the KV cache, steering by a feature). Every SAE is written by the test."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+import larql
+from larql.errors import ModelError, ModelFormatError, UnsupportedError
+from larql.model.hooks import Add, Replace
+
+IDS = [5, 71, 72, 3, 200, 9, 9, 44]
+HOOK = "blocks.0.hook_resid_post"
+F32 = np.float32
+
+
+@pytest.fixture(scope="module")
+def m(tiny: dict) -> larql.Model:
+    return larql.load(tiny["root"] / "f32.gguf")
+
+
+def write_sae(path: Path, tensors: dict[str, np.ndarray], cfg: dict[str, Any]) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path / "sae_weights.safetensors"))
+    (path / "cfg.json").write_text(json.dumps(cfg))
+    return path
+
+
+def random_tensors(d_in: int, d_sae: int, seed: int, arch: str = "standard") -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    t = {"W_enc": (rng.standard_normal((d_in, d_sae)) / np.sqrt(d_in)).astype(F32),
+         "W_dec": (rng.standard_normal((d_sae, d_in)) / np.sqrt(d_sae)).astype(F32),
+         "b_enc": (0.1 * rng.standard_normal(d_sae)).astype(F32),
+         "b_dec": (0.1 * rng.standard_normal(d_in)).astype(F32)}
+    if arch == "jumprelu":  # mostly positive thresholds, a few negative (SAELens uses relu(threshold))
+        t["threshold"] = (0.3 + 0.3 * rng.standard_normal(d_sae)).astype(F32)
+    return t
+
+
+def v6_cfg(d_in: int, d_sae: int, arch: str = "standard", hook: str = HOOK, **extra: Any) -> dict[str, Any]:
+    """A config as SAELens 6 saves it: hook_name under metadata."""
+    return {"d_in": d_in, "d_sae": d_sae, "dtype": "float32", "device": "cpu", "apply_b_dec_to_input": True,
+            "normalize_activations": "none", "reshape_activations": "none", "architecture": arch,
+            "metadata": {"hook_name": hook, "model_name": "tiny", "sae_lens_version": "6.5.0"}, **extra}
+
+
+def reference(t: dict[str, np.ndarray], x: np.ndarray, arch: str, k: int = 0, apply_b_dec: bool = True,
+              rescale: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(acts, x_hat) in float64, written from SAELens' equations."""
+    w = {n: v.astype(np.float64) for n, v in t.items()}
+    x = x.astype(np.float64)
+    pre = (x - w["b_dec"] * apply_b_dec) @ w["W_enc"] + w["b_enc"]
+    norms = np.sqrt((w["W_dec"] ** 2).sum(1))
+    if rescale:
+        pre = pre * norms
+    acts = np.maximum(pre, 0.0)
+    if arch == "jumprelu":
+        acts = acts * (pre > np.maximum(w["threshold"], 0.0))
+    if arch == "topk":
+        keep = np.zeros_like(acts, dtype=bool)
+        for row, order in enumerate(np.argsort(-pre, axis=1)):
+            keep[row, order[:k]] = True
+        acts = acts * keep
+    dec_in = acts / norms if rescale else acts
+    return acts, dec_in @ w["W_dec"] + w["b_dec"]
+
+
+@pytest.mark.parametrize(("arch", "k", "rescale"), [("standard", 0, False), ("jumprelu", 0, False),
+                                                   ("topk", 5, False), ("topk", 5, True)])
+def test_encode_decode_match_a_float64_reference(tmp_path: Path, arch: str, k: int, rescale: bool) -> None:
+    t = random_tensors(16, 40, seed=3, arch=arch)
+    extra = {"k": k, "rescale_acts_by_decoder_norm": rescale} if arch == "topk" else {}
+    sae = larql.load_sae(write_sae(tmp_path / arch, t, v6_cfg(16, 40, arch, **extra)))
+    assert (sae.hook_name, sae.d_in, sae.d_sae, sae.architecture, sae.k) == (HOOK, 16, 40, arch, k)
+    x = np.random.default_rng(4).standard_normal((12, 16)).astype(F32)
+    acts, x_hat = reference(t, x, arch, k, rescale=rescale)
+    got = sae.encode(x)
+    assert got.dtype == np.float32 and got.shape == (12, 40)
+    assert np.array_equal(got > 0, acts > 0)  # the same features fire
+    assert np.allclose(got, acts, atol=1e-5) and np.allclose(sae.decode(got), x_hat, atol=1e-5)
+    assert np.allclose(sae(x), x_hat, atol=1e-5)
+    fired = (acts > 0).sum(1)
+    if arch == "topk":
+        assert np.all(fired <= k) and np.any(fired == k)
+    else:  # not all nor none: the nonlinearity is exercised
+        assert 0 < fired.mean() < 40
+    if arch == "jumprelu":  # some features are gated off by a threshold above 0
+        pre = (x - t["b_dec"]) @ t["W_enc"] + t["b_enc"]
+        assert np.any((pre > 0) & (acts == 0))
+
+
+def test_older_configs_and_other_float_types(tmp_path: Path) -> None:
+    """SAELens before 6: hook_name at the top level, top-k as a standard SAE's activation_fn_str;
+    F16 weights read as float32; apply_b_dec_to_input false."""
+    t = random_tensors(16, 40, seed=5)
+    cfg = {"d_in": 16, "d_sae": 40, "hook_name": "blocks.1.hook_mlp_out", "architecture": "standard",
+           "activation_fn_str": "topk", "activation_fn_kwargs": {"k": 3}, "apply_b_dec_to_input": False,
+           "normalize_activations": False}
+    sae = larql.load_sae(write_sae(tmp_path / "old", {n: v.astype(np.float16) for n, v in t.items()}, cfg))
+    assert (sae.hook_name, sae.architecture, sae.k, sae.W_enc.dtype) == ("blocks.1.hook_mlp_out", "topk", 3, np.float32)
+    x = np.random.default_rng(6).standard_normal((5, 16)).astype(F32)
+    half = {n: v.astype(np.float16).astype(F32) for n, v in t.items()}
+    acts, x_hat = reference(half, x, "topk", 3, apply_b_dec=False)
+    assert np.allclose(sae.encode(x), acts, atol=1e-4) and np.allclose(sae(x), x_hat, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def sae_dir(m: larql.Model, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.ndarray]]:
+    h = m.config.hidden
+    t = random_tensors(h, 96, seed=11)
+    return write_sae(tmp_path_factory.mktemp("sae") / "relu", t, v6_cfg(h, 96)), t
+
+
+def test_the_cache_holds_the_features_and_the_splice_is_a_replace(m: larql.Model, sae_dir: tuple) -> None:
+    path, t = sae_dir
+    sae = larql.load_sae(path)
+    base, plain = m.run_with_cache(IDS, names=[HOOK])
+    x = plain[HOOK]
+    acts, x_hat = reference(t, x, "standard")
+    logits, cache = m.run_with_cache(IDS, saes=[sae])
+    got = cache[f"{HOOK}.hook_sae_acts_post"]
+    assert got.shape == (len(IDS), 96) and np.allclose(got, acts, atol=1e-5)
+    assert np.allclose(cache[f"{HOOK}.hook_sae_recons"], x_hat, atol=1e-5)
+    assert np.allclose(cache[f"{HOOK}.hook_sae_error"], x - x_hat, atol=1e-5)
+    assert np.allclose(cache[HOOK], x_hat, atol=1e-5)  # the model goes on with the reconstruction
+    assert set(cache) == set(m.hook_names()) | {f"{HOOK}.hook_sae_{p}" for p in ("acts_pre", "acts_post", "recons", "error")}
+    manual = m.forward(IDS, hooks={HOOK: Replace(x_hat.astype(F32))})
+    assert np.allclose(logits, manual, atol=1e-4) and not np.allclose(logits, base, atol=1e-2)
+    assert np.array_equal(m.forward(IDS, saes=[sae]), logits)
+    _, only = m.run_with_cache(IDS, names=[f"{HOOK}.hook_sae_acts_post", "blocks.1.hook_resid_post"], saes=[sae])
+    assert set(only) == {f"{HOOK}.hook_sae_acts_post", "blocks.1.hook_resid_post"}
+
+
+def test_the_error_term_gives_the_models_logits_exactly(m: larql.Model, sae_dir: tuple) -> None:
+    sae = larql.load_sae(sae_dir[0])
+    base = m.forward(IDS)
+    assert np.array_equal(m.forward(IDS, saes=[sae], use_error_term=True), base)
+    logits, cache = m.run_with_cache(IDS, saes=[sae], use_error_term=True)
+    assert np.array_equal(logits, base) and np.any(cache[f"{HOOK}.hook_sae_acts_post"] > 0)
+    plain = m.generate(IDS, 6, stop_at_eos=False).ids
+    assert m.generate(IDS, 6, stop_at_eos=False, saes=[sae], use_error_term=True).ids == plain
+
+
+def test_generation_runs_through_the_sae_at_every_step(m: larql.Model, sae_dir: tuple) -> None:
+    sae = larql.load_sae(sae_dir[0])
+    gen = m.generate(IDS[:4], 6, stop_at_eos=False, saes=[sae]).ids
+    ids = list(IDS[:4])
+    for _ in range(6):  # recomputed from scratch each step, no KV cache
+        ids.append(int(np.argmax(m.forward(ids, saes=[sae])[-1])))
+    assert gen == ids[4:]
+    assert gen != m.generate(IDS[:4], 6, stop_at_eos=False).ids
+
+
+def test_steering_by_a_feature_is_an_add_of_its_decoder_row(m: larql.Model, sae_dir: tuple) -> None:
+    path, t = sae_dir
+    sae = larql.load_sae(path)
+    spec = sae.steer(7, 12.0, positions=[5, 6, 7])
+    manual = {HOOK: Add((12.0 * t["W_dec"][7].astype(np.float64)).astype(F32), positions=[5, 6, 7])}
+    assert np.array_equal(m.forward(IDS, hooks=spec), m.forward(IDS, hooks=manual))
+    # the tiny models mostly repeat the last token; a direction several times the residual's norm moves them
+    steered = m.generate(IDS, 6, stop_at_eos=False, hooks=sae.steer(7, 200.0)).ids
+    assert steered == m.generate(IDS, 6, stop_at_eos=False, hooks={HOOK: Add(200.0 * t["W_dec"][7])}).ids
+    assert steered != m.generate(IDS, 6, stop_at_eos=False).ids
+    with pytest.raises(ModelError, match=r"feature 96 is out of range \(0-95\)"):
+        sae.steer(96, 1.0)
+
+
+def test_an_sae_on_the_mlp_hidden_layer(m: larql.Model, tmp_path: Path) -> None:
+    ffn = m.config.ffn
+    t = random_tensors(ffn, 32, seed=2)
+    sae = larql.load_sae(write_sae(tmp_path / "mlp", t, v6_cfg(ffn, 32, hook="blocks.1.mlp.hook_post")))
+    _, plain = m.run_with_cache(IDS, names=["blocks.1.mlp.hook_post"])
+    _, cache = m.run_with_cache(IDS, saes=[sae], use_error_term=True)
+    acts, _ = reference(t, plain["blocks.1.mlp.hook_post"], "standard")
+    assert np.allclose(cache["blocks.1.mlp.hook_post.hook_sae_acts_post"], acts, atol=1e-5)
+
+
+def test_what_does_not_fit_is_refused_by_name(m: larql.Model, tmp_path: Path) -> None:
+    h = m.config.hidden
+
+    def attach(name: str, d_in: int, hook: str) -> None:
+        m.forward(IDS, saes=[larql.load_sae(write_sae(tmp_path / name, random_tensors(d_in, 8, 0), v6_cfg(d_in, 8, hook=hook)))])
+
+    with pytest.raises(ModelError, match=rf"d_in = 32, but {HOOK} of this model has width {h}"):
+        attach("narrow", 32, HOOK)
+    with pytest.raises(ModelError, match="unknown hook point 'blocks.0.hook_resid_pots'; did you mean"):
+        attach("typo", h, "blocks.0.hook_resid_pots")
+    with pytest.raises(ModelError, match="layer 7 is out of range"):
+        attach("deep", h, "blocks.7.hook_resid_post")
+    with pytest.raises(UnsupportedError, match=r"\(T, width\) hook point: .* not blocks.0.attn.hook_q"):
+        attach("heads", h, "blocks.0.attn.hook_q")
+    with pytest.raises(ModelError, match="saes= takes SAE values"):
+        m.forward(IDS, saes=["dir"])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize(("change", "error", "message"), [
+    (lambda t, c: t["W_enc"].__setitem__((0, 0), np.nan), ModelFormatError, "W_enc holds NaN or infinite values"),
+    (lambda t, c: c.update(normalize_activations="expected_average_only_in"), UnsupportedError,
+     "normalize_activations 'expected_average_only_in' is not supported; fold"),
+    (lambda t, c: c.update(architecture="gated"), UnsupportedError, "architecture 'gated' is not supported"),
+    (lambda t, c: c.update(architecture="topk"), ModelFormatError, "a topk SAE needs k"),
+    (lambda t, c: c.update(architecture="jumprelu"), ModelFormatError, "no tensor threshold"),
+    (lambda t, c: t.__setitem__("b_dec", np.zeros(7, F32)), ModelFormatError,
+     r"b_dec has shape \[7\], but cfg.json's d_in = 16 and d_sae = 8 make it \[16\]"),
+    (lambda t, c: t.__setitem__("W_skip", np.zeros((16, 16), F32)), UnsupportedError, "skip transcoder"),
+    (lambda t, c: c["metadata"].pop("hook_name"), ModelFormatError, "no hook_name"),
+    (lambda t, c: c.update(d_sae="8"), ModelFormatError, "d_sae must be a positive integer"),
+    (lambda t, c: t.__setitem__("W_dec", np.zeros((8, 16), np.int32)), ModelFormatError, "dtype I32"),
+])
+def test_bad_sae_files_are_refused_by_name(tmp_path: Path, change: Any, error: type, message: str) -> None:
+    t, c = random_tensors(16, 8, 1), v6_cfg(16, 8)
+    change(t, c)
+    with pytest.raises(error, match=message):
+        larql.load_sae(write_sae(tmp_path / "bad", t, c))
+
+
+def test_missing_files_are_named(tmp_path: Path) -> None:
+    with pytest.raises(ModelFormatError, match="no SAE directory here"):
+        larql.load_sae(tmp_path / "nowhere")
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "cfg.json").write_text("{}")
+    with pytest.raises(ModelFormatError, match="no sae_weights.safetensors"):
+        larql.load_sae(tmp_path / "half")
+    (tmp_path / "half" / "sae_weights.safetensors").write_bytes(b"\0" * 4)
+    (tmp_path / "half" / "cfg.json").write_text("[1]")
+    with pytest.raises(ModelFormatError, match="not a JSON object"):
+        larql.load_sae(tmp_path / "half" / "cfg.json")
