@@ -232,3 +232,61 @@ def test_missing_files_are_named(tmp_path: Path) -> None:
     (tmp_path / "half" / "cfg.json").write_text("[1]")
     with pytest.raises(ModelFormatError, match="not a JSON object"):
         larql.load_sae(tmp_path / "half" / "cfg.json")
+
+
+def fit_topk(x: np.ndarray, d_sae: int, k: int, steps: int, lr: float = 1e-2) -> tuple[dict, dict]:
+    """(initial, fitted) parameters of a top-k SAE: Adam on the mean squared reconstruction error
+    of activations x (N, d_in), the gradient written out by hand (the top-k mask held fixed)."""
+    n, d = x.shape
+    w_dec = np.random.default_rng(0).standard_normal((d_sae, d)).astype(F32)
+    w_dec /= np.linalg.norm(w_dec, axis=1, keepdims=True)
+    p = {"W_enc": w_dec.T.copy(), "W_dec": w_dec, "b_enc": np.zeros(d_sae, F32), "b_dec": x.mean(0)}
+    init = {name: v.copy() for name, v in p.items()}
+    m1 = {name: np.zeros_like(v) for name, v in p.items()}
+    m2 = {name: np.zeros_like(v) for name, v in p.items()}
+    for step in range(1, steps + 1):
+        sae_in = x - p["b_dec"]
+        pre = sae_in @ p["W_enc"] + p["b_enc"]  # (N, d_sae)
+        keep = np.zeros_like(pre, dtype=bool)
+        np.put_along_axis(keep, np.argpartition(-pre, k - 1, axis=1)[:, :k], True, axis=1)
+        acts = np.where(keep & (pre > 0), pre, 0.0).astype(F32)
+        g_out = 2 * (acts @ p["W_dec"] + p["b_dec"] - x) / n  # d loss / d x_hat, (N, d_in)
+        g_pre = (g_out @ p["W_dec"].T) * (acts > 0)
+        g = {"W_dec": acts.T @ g_out, "W_enc": sae_in.T @ g_pre, "b_enc": g_pre.sum(0),
+             "b_dec": g_out.sum(0) - (g_pre @ p["W_enc"].T).sum(0)}
+        for name in p:
+            m1[name] = 0.9 * m1[name] + 0.1 * g[name]
+            m2[name] = 0.999 * m2[name] + 0.001 * g[name] ** 2
+            p[name] -= lr * (m1[name] / (1 - 0.9 ** step)) / (np.sqrt(m2[name] / (1 - 0.999 ** step)) + 1e-8)
+    return init, p
+
+
+def test_a_fitted_topk_sae_finds_real_features(m: larql.Model, tmp_path: Path) -> None:
+    """A top-k SAE fitted on the tiny model's own layer-0 residuals reconstructs held-out prompts
+    (and the model run through it predicts nearly as without it) far better than before fitting."""
+    rng = np.random.default_rng(0)
+    prompts = [list(map(int, rng.integers(0, 256, 32))) for _ in range(64)]
+    x = np.concatenate([c[HOOK] for c in m.capture_batch(prompts[:60], [HOOK])])  # (1920, hidden)
+    h = m.config.hidden
+    init, fitted = fit_topk(x, 128, 8, steps=60)
+    before = larql.load_sae(write_sae(tmp_path / "init", init, v6_cfg(h, 128, "topk", k=8)))
+    after = larql.load_sae(write_sae(tmp_path / "fitted", fitted, v6_cfg(h, 128, "topk", k=8)))
+
+    def fvu(sae: larql.SAE, acts: np.ndarray) -> float:
+        return float(((sae(acts) - acts) ** 2).sum() / ((acts - acts.mean(0)) ** 2).sum())
+
+    def log_softmax(z: np.ndarray) -> np.ndarray:
+        z = z.astype(np.float64) - z.max(-1, keepdims=True)
+        return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+    def kl(sae: larql.SAE, ids: list[int]) -> float:  # KL(model || model through the SAE), mean over positions
+        lp, lq = log_softmax(m.forward(ids)), log_softmax(m.forward(ids, saes=[sae]))
+        return float((np.exp(lp) * (lp - lq)).sum(-1).mean())
+
+    held = np.concatenate([c[HOOK] for c in m.capture_batch(prompts[60:], [HOOK])])  # prompts not fitted on
+    assert fvu(after, held) < 0.5 and fvu(after, held) < 0.65 * fvu(before, held)
+    # (the random llama-like model's logits are steep: KL 3.0 after against 4.8 before; gemma3's 0.008 against 0.68)
+    assert kl(after, prompts[61]) < 0.75 * kl(before, prompts[61])
+    _, cache = m.run_with_cache(prompts[62], saes=[after])
+    fired = cache[f"{HOOK}.hook_sae_acts_post"] > 0
+    assert np.all(fired.sum(1) <= 8) and len(np.flatnonzero(fired.any(0))) > 16  # sparse, and many features in use
