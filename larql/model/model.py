@@ -21,9 +21,10 @@ from larql.model.hooks import (
     capture_into,
     compile_spec,
     hook_name,
+    intervention_fn,
 )
 from larql.model.prefix import PrefixCache
-from larql.model.sae import SAE, SAE_POINTS, attach_saes, check_saes
+from larql.model.sae import SAE, SAE_POINTS, attach_saes, check_saes, feature_hook_names
 from larql.model.tokenizer import TextTokenizer
 from larql.model.weights import Weights
 
@@ -142,17 +143,22 @@ class Model:
                   sae_cache: dict[str, list[NDArray[np.float32]]] | None = None) -> dict[str, Any] | None:
         """`hooks` compiled for the forward pass, then each SAE at its hook point (sae.py)."""
         c = self.config
-        fns = compile_spec(hooks, c.n_layers, c.n_experts)
         if not saes:
-            return fns
+            return compile_spec(hooks, c.n_layers, c.n_experts)
         check_saes(saes, c, self.hook_names())
-        return attach_saes(saes, fns, use_error_term, sae_cache)
+        on_features = feature_hook_names(saes)  # `{hook}.hook_sae_acts_post`: edits of the features
+        spec = {str(k): v for k, v in (hooks or {}).items()}
+        feature_fns = {k: intervention_fn(v) for k, v in spec.items() if k in on_features}
+        fns = compile_spec({k: v for k, v in spec.items() if k not in on_features}, c.n_layers, c.n_experts)
+        return attach_saes(saes, fns, use_error_term, sae_cache, feature_fns)
 
     def forward(self, ids: list[int] | NDArray[np.int64], hooks: HookSpec | None = None,
                 saes: Sequence[SAE] = (), use_error_term: bool = False) -> NDArray[np.float32]:
         """Logits `[seq, vocab]` float32 for every position of `ids` (a fresh cache each call).
         `saes`: each SAE's reconstruction replaces the activation at its hook point (after any hook
-        there); `use_error_term` adds the SAE's error back, so the model runs as without it."""
+        there); `use_error_term` adds the SAE's error back, so the model runs as without it. A hook
+        named `{sae.hook_name}.hook_sae_acts_post` edits that SAE's feature activations `(T, d_sae)`
+        before they are decoded (e.g. `Zero()` at one position, or a callback zeroing a feature)."""
         arr = self._check_ids(ids)
         fns = self._hook_fns(hooks, saes, use_error_term)
         return self._forward(arr, self.new_cache(len(arr)), fns, all_logits=True)

@@ -18,7 +18,7 @@ SAELens' HookedSAETransformer does.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from larql.model.config import ModelConfig
 from larql.model.hooks import Add, Positions, hook_name
 from larql.model.weights import read_safetensors_index
 
-__all__ = ["SAE", "SAE_POINTS", "attach_saes", "check_saes", "load_sae"]
+__all__ = ["SAE", "SAE_POINTS", "attach_saes", "check_saes", "feature_hook_names", "load_sae"]
 
 F32 = NDArray[np.float32]
 CFG_FILE, WEIGHTS_FILE = "cfg.json", "sae_weights.safetensors"
@@ -293,28 +293,47 @@ def check_saes(saes: Sequence[SAE], cfg: ModelConfig, reached: Sequence[str]) ->
 HookFn = Callable[[F32, str, int], "F32 | None"]
 
 
+def feature_hook_names(saes: Sequence[SAE]) -> set[str]:
+    """The names under which a hook spec may edit each SAE's feature activations."""
+    return {f"{sae.hook_name}.hook_sae_acts_post" for sae in saes}
+
+
 def attach_saes(saes: Sequence[SAE], fns: dict[str, HookFn] | None, use_error_term: bool,
-                cache: dict[str, list[F32]] | None = None) -> dict[str, HookFn] | None:
+                cache: dict[str, list[F32]] | None = None,
+                feature_fns: Mapping[str, HookFn] | None = None) -> dict[str, HookFn] | None:
     """Hook fns running each SAE at its hook point, after any hook already there: the model goes on
-    with the reconstruction (or, with the error term, with x itself), and `cache`, when given,
-    collects every SAE_POINTS value under `{hook_name}.{point}`."""
+    with the reconstruction (with the error term: plus x minus the unedited reconstruction, which is
+    x itself when no feature is edited). `feature_fns` edit the feature activations (keys
+    `{hook_name}.hook_sae_acts_post`) before they are decoded; `cache`, when given, collects every
+    SAE_POINTS value under `{hook_name}.{point}` (the activations and reconstruction as edited)."""
     if not saes:
         return fns
     out = dict(fns or {})
     for sae in saes:
         inner = out.get(sae.hook_name)
+        acts_name = f"{sae.hook_name}.hook_sae_acts_post"
+        edit = (feature_fns or {}).get(acts_name)
 
-        def fn(x: F32, hook: str, start: int, sae: SAE = sae, inner: HookFn | None = inner) -> F32:
+        def fn(x: F32, hook: str, start: int, sae: SAE = sae, inner: HookFn | None = inner,
+               edit: HookFn | None = edit, acts_name: str = acts_name) -> F32:
             if inner is not None:
                 got = inner(x, hook, start)
                 x = x if got is None else got
             pre = sae.hidden_pre(x)  # (T, d_sae)
             acts = sae.activate(pre)  # (T, d_sae)
             recons = sae.decode(acts)  # (T, d_in)
+            error = x - recons  # (T, d_in)
+            edit_made = False
+            if edit is not None:
+                got = edit(acts, acts_name, start)
+                if got is not None and got is not acts:
+                    acts, recons, edit_made = got, sae.decode(got), True
             if cache is not None:
-                for point, value in zip(SAE_POINTS, (pre, acts, recons, x - recons)):
+                for point, value in zip(SAE_POINTS, (pre, acts, recons, error)):
                     cache.setdefault(f"{sae.hook_name}.{point}", []).append(value)
-            return x if use_error_term else recons  # recons + (x - recons) is x: exact, not rounded
+            if not use_error_term:
+                return recons
+            return recons + error if edit_made else x  # recons + (x - recons) is x: exact, not rounded
 
         out[sae.hook_name] = fn
     return out

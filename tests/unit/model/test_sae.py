@@ -14,7 +14,7 @@ from safetensors.numpy import save_file
 
 import larql
 from larql.errors import ModelError, ModelFormatError, UnsupportedError
-from larql.model.hooks import Add, Replace
+from larql.model.hooks import Add, Replace, Zero
 
 IDS = [5, 71, 72, 3, 200, 9, 9, 44]
 HOOK = "blocks.0.hook_resid_post"
@@ -156,6 +156,32 @@ def test_generation_runs_through_the_sae_at_every_step(m: larql.Model, sae_dir: 
         ids.append(int(np.argmax(m.forward(ids, saes=[sae])[-1])))
     assert gen == ids[4:]
     assert gen != m.generate(IDS[:4], 6, stop_at_eos=False).ids
+
+
+def test_a_hook_on_the_features_edits_them_before_decoding(m: larql.Model, sae_dir: tuple) -> None:
+    """Ablating one feature: with the error term, the model runs on x - acts[:, f] * W_dec[f]."""
+    path, t = sae_dir
+    sae = larql.load_sae(path)
+    _, plain = m.run_with_cache(IDS, names=[HOOK])
+    x = plain[HOOK].astype(np.float64)
+    acts, x_hat = reference(t, plain[HOOK], "standard")
+    f = int(np.argmax(acts[-1]))  # a feature that fires at the last position
+
+    def ablate(a: np.ndarray, name: str) -> np.ndarray:
+        out = a.copy()
+        out[:, f] = 0.0
+        return out
+
+    edited = {f"{HOOK}.hook_sae_acts_post": ablate}
+    want = x - acts[:, f:f + 1] * t["W_dec"][f].astype(np.float64)
+    got = m.forward(IDS, hooks=edited, saes=[sae], use_error_term=True)
+    assert np.allclose(got, m.forward(IDS, hooks={HOOK: Replace(want.astype(F32))}), atol=1e-4)
+    assert not np.allclose(got, m.forward(IDS), atol=1e-3)
+    _, cache = m.run_with_cache(IDS, hooks=edited, saes=[sae])  # no error term: the edited reconstruction
+    assert np.all(cache[f"{HOOK}.hook_sae_acts_post"][:, f] == 0)
+    assert np.allclose(cache[HOOK], x_hat - acts[:, f:f + 1] * t["W_dec"][f], atol=1e-5)
+    _, zeroed = m.run_with_cache(IDS, names=[HOOK], hooks={f"{HOOK}.hook_sae_acts_post": Zero(positions=[2])}, saes=[sae])
+    assert np.allclose(zeroed[HOOK][2], t["b_dec"]) and np.allclose(zeroed[HOOK][3], x_hat[3], atol=1e-5)
 
 
 def test_steering_by_a_feature_is_an_add_of_its_decoder_row(m: larql.Model, sae_dir: tuple) -> None:
