@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.errors import ModelError, ModelFormatError, UnsupportedError
+from larql.errors import ModelError, ModelFormatError, UnknownModelError, UnsupportedError
+from larql.model import hub
 from larql.model.config import ModelConfig
 from larql.model.hooks import Add, Positions, hook_name
 from larql.model.weights import read_safetensors_index
@@ -136,18 +137,19 @@ class SAE:
 # ---- loading ------------------------------------------------------------------------------------
 
 def load_sae(path: str | Path) -> SAE:
-    """An SAE from a directory in SAELens' format (cfg.json + sae_weights.safetensors); every
-    shape, dtype and value checked, and what larql does not run refused by name.
+    """An SAE from a directory in SAELens' format (cfg.json + sae_weights.safetensors), or from a
+    Hugging Face Hub repository holding one (`org/name`, or a folder of it: `hf://org/name[@rev]/folder`);
+    every shape, dtype and value checked, and what larql does not run refused by name.
 
     Example:
         >>> sae = larql.load_sae("saes/blocks.6.hook_resid_post")
     """
-    d = Path(path).expanduser()
+    d = _local_or_hub(path)
     if d.is_file() and d.name in (CFG_FILE, WEIGHTS_FILE):
         d = d.parent
     if not d.is_dir():
         raise ModelFormatError(f"{path}: no SAE directory here (give a directory holding {CFG_FILE} and "
-                               f"{WEIGHTS_FILE}, as SAELens' save_model writes; Hub ids are not read yet)")
+                               f"{WEIGHTS_FILE}, as SAELens' save_model writes, or a Hub id)")
     for name in (CFG_FILE, WEIGHTS_FILE):
         if not (d / name).is_file():
             raise ModelFormatError(f"{d}: no {name} (an SAELens SAE directory holds {CFG_FILE} and {WEIGHTS_FILE})")
@@ -182,6 +184,28 @@ def load_sae(path: str | Path) -> SAE:
                apply_b_dec_to_input=_flag(cfg, "apply_b_dec_to_input", True, where),
                rescale_acts_by_decoder_norm=_flag(cfg, "rescale_acts_by_decoder_norm", False, where),
                source=d, cfg=cfg)
+
+
+def _local_or_hub(src: str | Path) -> Path:
+    """The directory `src` names: itself when it exists or is not a Hub id, else the folder of the
+    Hub repository holding the SAE's two files (downloaded into the Hugging Face cache)."""
+    path = Path(src).expanduser()
+    parsed = None if isinstance(src, Path) or path.exists() else hub.parse(str(src))
+    if parsed is None:
+        return path
+    repo, rev, folder = parsed
+    if folder is not None and folder.rsplit("/", 1)[-1] in (CFG_FILE, WEIGHTS_FILE):
+        folder = folder.rsplit("/", 1)[0] if "/" in folder else None
+    try:
+        import huggingface_hub as hf
+    except ImportError as e:
+        raise UnknownModelError(f"{src}: Hub ids need huggingface_hub: pip install huggingface_hub") from e
+    got = []
+    for name in (CFG_FILE, WEIGHTS_FILE):
+        file = f"{folder}/{name}" if folder else name
+        with hub.hub_errors(str(src), repo, rev, file):
+            got.append(Path(hf.hf_hub_download(repo, file, revision=rev)))
+    return got[0].parent  # (both files' links are in one snapshot folder)
 
 
 def _read_cfg(path: Path) -> dict[str, Any]:

@@ -316,3 +316,24 @@ def test_a_fitted_topk_sae_finds_real_features(m: larql.Model, tmp_path: Path) -
     _, cache = m.run_with_cache(prompts[62], saes=[after])
     fired = cache[f"{HOOK}.hook_sae_acts_post"] > 0
     assert np.all(fired.sum(1) <= 8) and len(np.flatnonzero(fired.any(0))) > 16  # sparse, and many features in use
+
+
+def test_an_sae_from_the_hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder of a Hub repository (as SAELens' releases are laid out), resolved offline through
+    `huggingface_hub`'s own cache lookup from a cache seeded by hand (tests/hubcache.py)."""
+    import huggingface_hub.constants
+
+    from tests.hubcache import add_repo
+
+    src = write_sae(tmp_path / "src", random_tensors(16, 8, 9), v6_cfg(16, 8))
+    home = tmp_path / "hf-home"
+    add_repo(home, "sae-org/tiny-saes", {f"layer_0/{f.name}": f for f in src.iterdir()})
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    sae = larql.load_sae("hf://sae-org/tiny-saes/layer_0")
+    assert sae.d_sae == 8 and np.array_equal(sae.W_dec, larql.load_sae(src).W_dec)
+    assert larql.load_sae("hf://sae-org/tiny-saes/layer_0/cfg.json").hook_name == HOOK
+    with pytest.raises(larql.UnknownModelError, match=r"sae-org/tiny-saes \(file layer_9/cfg.json\) is not in the Hugging Face cache"):
+        larql.load_sae("hf://sae-org/tiny-saes/layer_9")
