@@ -29,6 +29,7 @@ from numpy.typing import NDArray
 from larql.errors import ModelError, ModelFormatError, UnknownModelError, UnsupportedError
 from larql.model import hub
 from larql.model.config import ModelConfig
+from larql.model.hf_names import SANDWICH_ARCHS
 from larql.model.hooks import Add, Positions, hook_name
 from larql.model.weights import read_safetensors_index
 
@@ -309,6 +310,10 @@ def check_saes(saes: Sequence[SAE], cfg: ModelConfig, reached: Sequence[str]) ->
         else:
             raise UnsupportedError(f"{sae}: an SAE attaches to a (T, width) hook point: the residual stream, "
                                    f"attn/mlp out or mlp.hook_pre/post, not {h}")
+        if cfg.arch in SANDWICH_ARCHS and h.kind in ("hook_attn_out", "hook_mlp_out"):
+            raise UnsupportedError(f"{sae}: on {cfg.arch}, larql's {h} is before the sublayer's post-norm, and "
+                                   f"TransformerLens's (where SAELens SAEs are trained) after it; use an SAE on "
+                                   f"the residual stream (hook_resid_mid / hook_resid_post) or on mlp.hook_post")
         if width != sae.d_in:
             raise ModelError(f"{sae}: d_in = {sae.d_in}, but {h} of this model has width {width} "
                              f"(an SAE trained for another model, or for another hook point)")

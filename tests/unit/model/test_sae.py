@@ -222,6 +222,11 @@ def test_what_does_not_fit_is_refused_by_name(m: larql.Model, tmp_path: Path) ->
         attach("deep", h, "blocks.7.hook_resid_post")
     with pytest.raises(UnsupportedError, match=r"\(T, width\) hook point: .* not blocks.0.attn.hook_q"):
         attach("heads", h, "blocks.0.attn.hook_q")
+    if m.config.arch == "gemma3":  # TransformerLens's hook_mlp_out is after Gemma's post-FFN norm, larql's before
+        with pytest.raises(UnsupportedError, match="on gemma3, larql's blocks.1.hook_mlp_out is before"):
+            attach("post-norm", h, "blocks.1.hook_mlp_out")
+    else:
+        attach("mlp-out", h, "blocks.1.hook_mlp_out")
     with pytest.raises(ModelError, match="saes= takes SAE values"):
         m.forward(IDS, saes=["dir"])  # type: ignore[list-item]
 
