@@ -342,3 +342,31 @@ def test_an_sae_from_the_hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert larql.load_sae("hf://sae-org/tiny-saes/layer_0/cfg.json").hook_name == HOOK
     with pytest.raises(larql.UnknownModelError, match=r"sae-org/tiny-saes \(file layer_9/cfg.json\) is not in the Hugging Face cache"):
         larql.load_sae("hf://sae-org/tiny-saes/layer_9")
+
+
+@pytest.mark.slow
+def test_a_topk_sae_fitted_on_gemma_at_one_layer(gemma: larql.Model, tmp_path: Path) -> None:
+    """Gemma 3 270M, layer 6's residual: a top-k SAE fitted in seconds reconstructs held-out prompts,
+    runs inside the forward pass and through the KV cache, and with the error term changes nothing."""
+    hook = "blocks.6.hook_resid_post"
+    rng = np.random.default_rng(0)
+    prompts = [[2, *map(int, rng.integers(1000, 20000, 31))] for _ in range(40)]  # BOS, then random tokens
+    acts = [c[hook][1:] for c in gemma.capture_batch(prompts, [hook])]  # (the BOS row is far larger: left out)
+    init, fitted = fit_topk(np.concatenate(acts[:36]), 512, 16, steps=40)  # (1116, 640) rows
+    h = gemma.config.hidden
+    before = larql.load_sae(write_sae(tmp_path / "init", init, v6_cfg(h, 512, "topk", hook=hook, k=16)))
+    sae = larql.load_sae(write_sae(tmp_path / "fitted", fitted, v6_cfg(h, 512, "topk", hook=hook, k=16)))
+    held = np.concatenate(acts[36:])
+    fvu = {s: float(((s(held) - held) ** 2).sum() / ((held - held.mean(0)) ** 2).sum()) for s in (before, sae)}
+    assert fvu[sae] < 0.5 and fvu[sae] < 0.6 * fvu[before]
+    ids = gemma.tokenize("The capital of France is")
+    base = gemma.forward(ids)
+    logits, cache = gemma.run_with_cache(ids, names=[f"{hook}.hook_sae_acts_post"], saes=[sae], use_error_term=True)
+    assert np.array_equal(logits, base)
+    assert cache[f"{hook}.hook_sae_acts_post"].shape == (len(ids), 512)
+    assert np.all((cache[f"{hook}.hook_sae_acts_post"] > 0).sum(1) <= 16)
+    gen = gemma.generate(ids, 3, stop_at_eos=False, saes=[sae]).ids
+    full = list(ids)
+    for _ in range(3):  # no KV cache: each step recomputed through the SAE
+        full.append(int(np.argmax(gemma.forward(full, saes=[sae])[-1])))
+    assert gen == full[len(ids):]
