@@ -11,8 +11,9 @@ The equations (SAELens' StandardSAE, JumpReLUSAE and TopKSAE):
     x_hat = acts @ W_dec + b_dec                                                  (T, d_in)
 Attached to a forward pass (`Model.forward(ids, saes=[sae])`), the model runs on x_hat at the hook
 point (or on x_hat + (x - x_hat) = x with the error term); the cache names its values
-`{hook_name}.hook_sae_acts_pre / hook_sae_acts_post / hook_sae_recons / hook_sae_error`, as
-SAELens' HookedSAETransformer does.
+`{hook_name}.hook_sae_acts_pre / hook_sae_acts_post / hook_sae_recons / hook_sae_error`, and a hook
+named `{hook_name}.hook_sae_acts_post` edits the features before decoding, as with SAELens'
+HookedSAETransformer. A directory may also be a folder of a Hugging Face Hub repository.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ F32 = NDArray[np.float32]
 CFG_FILE, WEIGHTS_FILE = "cfg.json", "sae_weights.safetensors"
 SAE_POINTS = ("hook_sae_acts_pre", "hook_sae_acts_post", "hook_sae_recons", "hook_sae_error")
 ARCHITECTURES = ("standard", "jumprelu", "topk")
-# hook points whose activation is (T, width): the residual stream and the sublayers' outputs, and the MLP's hidden
+# the hook points an SAE attaches to, (T, width) each: hidden-wide ones, and the MLP's hidden layer (ffn-wide)
 _HIDDEN_KINDS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out")
 _FFN_KINDS = ("mlp.hook_pre", "mlp.hook_post")
 _FLOATS = {"F32": np.float32, "F16": np.float16, "F64": np.float64}
