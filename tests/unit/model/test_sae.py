@@ -158,6 +158,21 @@ def test_generation_runs_through_the_sae_at_every_step(m: larql.Model, sae_dir: 
     assert gen != m.generate(IDS[:4], 6, stop_at_eos=False).ids
 
 
+def test_two_saes_at_two_layers(m: larql.Model, sae_dir: tuple, tmp_path: Path) -> None:
+    """The second SAE reads what the model computes after the first one's splice."""
+    h, later = m.config.hidden, "blocks.1.hook_resid_mid"
+    first = larql.load_sae(sae_dir[0])
+    t = random_tensors(h, 48, seed=12, arch="jumprelu")
+    second = larql.load_sae(write_sae(tmp_path / "second", t, v6_cfg(h, 48, "jumprelu", hook=later)))
+    _, after_first = m.run_with_cache(IDS, names=[later], saes=[first])
+    acts, x_hat = reference(t, after_first[later], "jumprelu")
+    _, cache = m.run_with_cache(IDS, saes=[first, second])
+    assert np.allclose(cache[f"{later}.hook_sae_acts_post"], acts, atol=1e-5)
+    assert np.allclose(cache[later], x_hat, atol=1e-5)
+    assert f"{HOOK}.hook_sae_acts_post" in cache
+    assert np.array_equal(m.forward(IDS, saes=[first, second], use_error_term=True), m.forward(IDS))
+
+
 def test_a_hook_on_the_features_edits_them_before_decoding(m: larql.Model, sae_dir: tuple) -> None:
     """Ablating one feature: with the error term, the model runs on x - acts[:, f] * W_dec[f]."""
     path, t = sae_dir
