@@ -109,7 +109,8 @@ def load(src: str | Path) -> Model:
 
 def load_sae(path: str | Path) -> SAE:
     """A sparse autoencoder from a directory in SAELens' format (cfg.json and
-    sae_weights.safetensors: ReLU, JumpReLU or top-k), to run at its hook point with
+    sae_weights.safetensors: ReLU, JumpReLU or top-k), or from a Hub repository's folder of one
+    (`hf://org/name[@rev]/folder`), to run at its hook point with
     `m.forward(ids, saes=[sae])`, `m.run_with_cache(ids, saes=[sae])` or `m.generate(..., saes=[sae])`.
 
     Example:
