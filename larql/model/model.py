@@ -168,8 +168,9 @@ class Model:
                        use_error_term: bool = False) -> tuple[NDArray[np.float32], dict[str, NDArray[np.float32]]]:
         """Logits `[seq, vocab]` and the activations at `names` (default: every hook point),
         each `[seq, ...]`, captured after any intervention in `hooks` (and SAE) at the same point.
-        With `saes` (run as in `forward`), also each SAE's `{hook_name}.hook_sae_acts_pre`,
-        `.hook_sae_acts_post` `[seq, d_sae]`, `.hook_sae_recons` and `.hook_sae_error` `[seq, d_in]`."""
+        With `saes` (run as in `forward`), also each SAE's `{hook_name}.hook_sae_acts_pre` and
+        `.hook_sae_acts_post` `[seq, d_sae]`, `.hook_sae_input`, `.hook_sae_recons`, `.hook_sae_error`
+        and `.hook_sae_output` (what the model goes on with) `[seq, d_in]`."""
         arr = self._check_ids(ids)
         n_layers, n_experts = self.config.n_layers, self.config.n_experts
         sae_names = {f"{s.hook_name}.{p}" for s in saes if isinstance(s, SAE) for p in SAE_POINTS}

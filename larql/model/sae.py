@@ -11,7 +11,7 @@ The equations (SAELens' StandardSAE, JumpReLUSAE and TopKSAE):
     x_hat = acts @ W_dec + b_dec                                                  (T, d_in)
 Attached to a forward pass (`Model.forward(ids, saes=[sae])`), the model runs on x_hat at the hook
 point (or on x_hat + (x - x_hat) = x with the error term); the cache names its values
-`{hook_name}.hook_sae_acts_pre / hook_sae_acts_post / hook_sae_recons / hook_sae_error`, and a hook
+`{hook_name}.hook_sae_input / acts_pre / acts_post / recons / error / output`, and a hook
 named `{hook_name}.hook_sae_acts_post` edits the features before decoding, as with SAELens'
 HookedSAETransformer. A directory may also be a folder of a Hugging Face Hub repository.
 """
@@ -38,7 +38,8 @@ __all__ = ["SAE", "SAE_POINTS", "attach_saes", "check_saes", "feature_hook_names
 
 F32 = NDArray[np.float32]
 CFG_FILE, WEIGHTS_FILE = "cfg.json", "sae_weights.safetensors"
-SAE_POINTS = ("hook_sae_acts_pre", "hook_sae_acts_post", "hook_sae_recons", "hook_sae_error")
+SAE_POINTS = ("hook_sae_input", "hook_sae_acts_pre", "hook_sae_acts_post", "hook_sae_recons", "hook_sae_error",
+              "hook_sae_output")
 ARCHITECTURES = ("standard", "jumprelu", "topk")
 # the hook points an SAE attaches to, (T, width) each: hidden-wide ones, and the MLP's hidden layer (ffn-wide)
 _HIDDEN_KINDS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out")
@@ -358,12 +359,14 @@ def attach_saes(saes: Sequence[SAE], fns: dict[str, HookFn] | None, use_error_te
                 got = edit(acts, acts_name, start)
                 if got is not None and got is not acts:
                     acts, recons, edit_made = got, sae.decode(got), True
-            if cache is not None:
-                for point, value in zip(SAE_POINTS, (pre, acts, recons, error)):
-                    cache.setdefault(f"{sae.hook_name}.{point}", []).append(value)
             if not use_error_term:
-                return recons
-            return recons + error if edit_made else x  # recons + (x - recons) is x: exact, not rounded
+                y = recons
+            else:  # recons + (x - recons) is x: exact, not rounded
+                y = recons + error if edit_made else x
+            if cache is not None:
+                for point, value in zip(SAE_POINTS, (x, pre, acts, recons, error, y)):
+                    cache.setdefault(f"{sae.hook_name}.{point}", []).append(value)
+            return y
 
         out[sae.hook_name] = fn
     return out

@@ -130,7 +130,9 @@ def test_the_cache_holds_the_features_and_the_splice_is_a_replace(m: larql.Model
     assert np.allclose(cache[f"{HOOK}.hook_sae_recons"], x_hat, atol=1e-5)
     assert np.allclose(cache[f"{HOOK}.hook_sae_error"], x - x_hat, atol=1e-5)
     assert np.allclose(cache[HOOK], x_hat, atol=1e-5)  # the model goes on with the reconstruction
-    assert set(cache) == set(m.hook_names()) | {f"{HOOK}.hook_sae_{p}" for p in ("acts_pre", "acts_post", "recons", "error")}
+    assert set(cache) == set(m.hook_names()) | {f"{HOOK}.hook_sae_{p}" for p in (
+        "input", "acts_pre", "acts_post", "recons", "error", "output")}
+    assert np.array_equal(cache[f"{HOOK}.hook_sae_input"], x) and np.array_equal(cache[f"{HOOK}.hook_sae_output"], cache[HOOK])
     manual = m.forward(IDS, hooks={HOOK: Replace(x_hat.astype(F32))})
     assert np.allclose(logits, manual, atol=1e-4) and not np.allclose(logits, base, atol=1e-2)
     assert np.array_equal(m.forward(IDS, saes=[sae]), logits)
