@@ -215,6 +215,17 @@ def test_steering_by_a_feature_is_an_add_of_its_decoder_row(m: larql.Model, sae_
         sae.steer(96, 1.0)
 
 
+def test_a_features_top_tokens_are_its_decoder_row_through_the_unembedding(m: larql.Model, tiny: dict,
+                                                                          sae_dir: tuple) -> None:
+    path, t = sae_dir
+    sae = larql.load_sae(path)
+    unembed = tiny["weights"].get("lm_head.weight", tiny["weights"]["model.embed_tokens.weight"])  # (tied)
+    want = t["W_dec"][7].astype(np.float64) @ unembed.astype(np.float64).T  # (vocab,)
+    got = larql.interp.feature_top_tokens(m, sae, 7, k=5)
+    assert [tok for tok, _ in got] == list(np.argsort(-want)[:5])
+    assert np.allclose([v for _, v in got], np.sort(want)[::-1][:5], atol=1e-4)
+
+
 def test_an_sae_on_the_mlp_hidden_layer(m: larql.Model, tmp_path: Path) -> None:
     ffn = m.config.ffn
     t = random_tensors(ffn, 32, seed=2)
@@ -223,6 +234,8 @@ def test_an_sae_on_the_mlp_hidden_layer(m: larql.Model, tmp_path: Path) -> None:
     _, cache = m.run_with_cache(IDS, saes=[sae], use_error_term=True)
     acts, _ = reference(t, plain["blocks.1.mlp.hook_post"], "standard")
     assert np.allclose(cache["blocks.1.mlp.hook_post.hook_sae_acts_post"], acts, atol=1e-5)
+    with pytest.raises(ModelError, match="top tokens need an SAE on a residual-width hook point"):
+        larql.interp.feature_top_tokens(m, sae, 0)
 
 
 def test_what_does_not_fit_is_refused_by_name(m: larql.Model, tmp_path: Path) -> None:
