@@ -6,10 +6,11 @@ The public Python API; everything a user needs is a name here (each resolves on 
     larql.load(src)             a Model: alias / .gguf / HF directory, or a vindex (its walk FFN over an
                                 editable view, so edits to the view show in the model)
     larql.open_vindex(path)     a Vindex, read-only: .describe / .walk / .nearest, gate KNN, metadata
+    larql.load_sae(path)        an SAE (SAELens' format) to run inside a Model's forward pass (saes=[...])
     larql.edit_vindex(path)     an EditableVindex (store + overlay + patches): .insert(facts) and the same reads
     larql.execute(text)         run LQL statements: a list of Result (a Session carries USE and edits)
     larql.parse(text)           LQL text to statements (nothing runs)
-    Model, Vindex, EditableVindex, Result, Session, Fact, InsertReport, CrownReport
+    Model, Vindex, EditableVindex, Result, Session, Fact, InsertReport, CrownReport, SAE
     larql.hooks                 hook names and interventions (Replace, Add, Scale, Zero, Knockout, TopK)
     larql.interp                logit lens, attribution, patching, steering, attention patterns
     larql.plot                  pictures of results (the extra `larql[plot]`)
@@ -69,22 +70,24 @@ if TYPE_CHECKING:
     from larql.lql.session import Session
     from larql.model.crown import CrownReport
     from larql.model.model import Model
+    from larql.model.sae import SAE
     from larql.vindex.store import Vindex
 
 _threads.configure()
 
 _CLASSES = {"Model": "larql.model.model", "Vindex": "larql.vindex.store", "EditableVindex": "larql.edit.state.view",
             "Result": "larql.lql.result", "Session": "larql.lql.session", "Fact": "larql.edit.methods.facts",
-            "InsertReport": "larql.edit.insert", "CrownReport": "larql.model.crown"}
+            "InsertReport": "larql.edit.insert", "CrownReport": "larql.model.crown",
+            "SAE": "larql.model.sae"}
 # modules the facade names: `larql.hooks.Zero(...)`, `from larql import plot` (presentation code)
 _MODULES = {"hooks": "larql.model.hooks", "interp": "larql.model.interp", "plot": "larql.shell.plot"}
 
 __all__ = [
-    "AccessError", "BuildError", "ContextLengthError", "CrownReport", "EditError", "EditableVindex",
+    "SAE", "AccessError", "BuildError", "ContextLengthError", "CrownReport", "EditError", "EditableVindex",
     "EmptyTargetError", "Fact", "InsertReport", "LarqlError", "LimitError", "LqlError", "LqlSemanticError",
-    "LqlSyntaxError", "Model", "ModelError", "ModelFormatError", "QuantError", "RemoteError", "Result", "ServeError",
-    "Session", "TokenizerError", "UnknownModelError", "UnsupportedError", "Vindex", "VindexError", "__version__",
-    "edit_vindex", "execute", "hooks", "interp", "load", "open_vindex", "parse", "plot",
+    "LqlSyntaxError", "Model", "ModelError", "ModelFormatError", "QuantError", "RemoteError", "Result",
+    "ServeError", "Session", "TokenizerError", "UnknownModelError", "UnsupportedError", "Vindex", "VindexError", "__version__",
+    "edit_vindex", "execute", "hooks", "interp", "load", "load_sae", "open_vindex", "parse", "plot",
 ]
 
 
@@ -102,6 +105,21 @@ def load(src: str | Path) -> Model:
     from larql.edit.state.load_any import load_any
 
     return load_any(src)
+
+
+def load_sae(path: str | Path) -> SAE:
+    """A sparse autoencoder from a directory in SAELens' format (cfg.json and
+    sae_weights.safetensors: ReLU, JumpReLU or top-k), or from a Hub repository's folder of one
+    (`hf://org/name[@rev]/folder`), to run at its hook point with
+    `m.forward(ids, saes=[sae])`, `m.run_with_cache(ids, saes=[sae])` or `m.generate(..., saes=[sae])`.
+
+    Example:
+        >>> sae = larql.load_sae("saes/blocks.6.hook_resid_post")
+        >>> _, cache = m.run_with_cache(ids, saes=[sae]); cache[f"{sae.hook_name}.hook_sae_acts_post"]
+    """
+    from larql.model.sae import load_sae as load_dir
+
+    return load_dir(path)
 
 
 def open_vindex(path: str | Path) -> Vindex:

@@ -39,7 +39,7 @@ from numpy.typing import NDArray
 
 from larql.errors import ModelError
 
-__all__ = ["Add", "HookName", "HookSpec", "Intervention", "Knockout", "LayerHookNames", "Replace", "Scale", "TopK", "Zero", "all_hook_names", "expert_hook_names", "hook_name", "layer_hook_names", "sparse_ffn"]
+__all__ = ["Add", "HookName", "HookSpec", "Intervention", "Knockout", "LayerHookNames", "Replace", "Scale", "TopK", "Zero", "all_hook_names", "expert_hook_names", "hook_name", "intervention_fn", "layer_hook_names", "sparse_ffn"]
 
 F32 = NDArray[np.float32]
 
@@ -261,23 +261,25 @@ def compile_spec(spec: HookSpec | None, n_layers: int,
     """A user HookSpec (names -> interventions, lists of them, or callbacks) -> forward-pass hook fns."""
     if not spec:
         return None
-    fns: dict[str, Callable[[F32, str, int], F32 | None]] = {}
-    for key, value in spec.items():
-        name = str(hook_name(key, n_layers, n_experts))
-        chain = list(value) if isinstance(value, list) else [value]
+    return {str(hook_name(key, n_layers, n_experts)): intervention_fn(value) for key, value in spec.items()}
 
-        def fn(x: F32, hook: str, start: int, chain: list[Any] = chain) -> F32:
-            for iv in chain:
-                out = _apply(iv, x, hook, start)
-                if out is not None:
-                    if out.shape != x.shape:
-                        raise ModelError(f"hook {hook}: a callback returned shape {list(out.shape)}, "
-                                         f"expected {list(x.shape)}")
-                    x = out
-            return x
 
-        fns[name] = fn
-    return fns
+def intervention_fn(value: Intervention | list) -> Callable[[F32, str, int], F32]:
+    """One spec entry (an intervention, a callback, or a list of them applied in order) as a
+    forward-pass hook fn(x, name, start)."""
+    chain = list(value) if isinstance(value, list) else [value]
+
+    def fn(x: F32, hook: str, start: int) -> F32:
+        for iv in chain:
+            out = _apply(iv, x, hook, start)
+            if out is not None:
+                if out.shape != x.shape:
+                    raise ModelError(f"hook {hook}: a callback returned shape {list(out.shape)}, "
+                                     f"expected {list(x.shape)}")
+                x = out
+        return x
+
+    return fn
 
 
 def capture_into(cache: dict[str, list[F32]], names: list[str], fns: dict[str, Any] | None) -> dict[str, Any]:

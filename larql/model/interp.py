@@ -18,9 +18,10 @@ from larql.model.attention import KVCache
 from larql.model.forward import norm
 from larql.model.generate import log_softmax
 from larql.model.hooks import Replace, hook_name
+from larql.model.sae import SAE
 from larql.model.targets import first_target_token, target_token_ids
 
-__all__ = ["AttentionPatterns", "attention_patterns", "attribution", "copy_kv", "direct_logit_attribution", "embedding_neighbours", "first_target_token", "kl", "layer_attribution", "layer_deltas", "log_softmax", "logit_attribution", "logit_lens", "patch_activation", "patching_sweep", "rank_of", "residual_hook_names", "steering_vector", "target_token_ids", "token_trajectory", "top_tokens"]
+__all__ = ["AttentionPatterns", "attention_patterns", "attribution", "copy_kv", "direct_logit_attribution", "embedding_neighbours", "feature_top_tokens", "first_target_token", "kl", "layer_attribution", "layer_deltas", "log_softmax", "logit_attribution", "logit_lens", "patch_activation", "patching_sweep", "rank_of", "residual_hook_names", "steering_vector", "target_token_ids", "token_trajectory", "top_tokens"]
 
 if TYPE_CHECKING:
     from larql.model.model import Model
@@ -128,6 +129,22 @@ def logit_attribution(m: Model, cache: Mapping[str, F32], token: int, position: 
     parts = np.array([[float(np.asarray(a, np.float64) @ read), float(np.asarray(f, np.float64) @ read)]
                       for a, f in deltas])
     return float(np.asarray(cache["hook_embed"][position], np.float64) @ read), parts
+
+
+def feature_top_tokens(m: Model, sae: SAE, feature: int, k: int = 10) -> list[tuple[int, float]]:
+    """The k tokens SAE feature `feature` writes most: its decoder row through the raw unembedding
+    (no final norm, as direct_logit_attribution), [(token id, logit)] largest first.
+
+    Example:
+        >>> [m.detokenize([t]) for t, _ in interp.feature_top_tokens(m, sae, 123, 5)]
+    """
+    if sae.d_in != m.config.hidden:
+        raise ModelError(f"{sae}: its decoder writes {sae.d_in}-wide vectors, not the residual stream "
+                         f"({m.config.hidden}); top tokens need an SAE on a residual-width hook point")
+    if not 0 <= feature < sae.d_sae:
+        raise ModelError(f"{sae}: feature {feature} is out of range (0-{sae.d_sae - 1})")
+    logits = m.weights.output.matmul(np.ascontiguousarray(sae.W_dec[feature]))  # (vocab,)
+    return [(int(t), float(logits[t])) for t in top_tokens(logits, k)]
 
 
 def embedding_neighbours(m: Model, vector: F32, k: int = 10) -> list[tuple[int, float]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -21,8 +21,10 @@ from larql.model.hooks import (
     capture_into,
     compile_spec,
     hook_name,
+    intervention_fn,
 )
 from larql.model.prefix import PrefixCache
+from larql.model.sae import SAE, SAE_POINTS, attach_saes, check_saes, feature_hook_names
 from larql.model.tokenizer import TextTokenizer
 from larql.model.weights import Weights
 
@@ -137,37 +139,67 @@ class Model:
         """Raise ContextLengthError (or ModelError for bad ids) unless ids + new tokens fit."""
         self._check_ids(ids, max_new_tokens)
 
-    def forward(self, ids: list[int] | NDArray[np.int64], hooks: HookSpec | None = None) -> NDArray[np.float32]:
-        """Logits `[seq, vocab]` float32 for every position of `ids` (a fresh cache each call)."""
+    def _hook_fns(self, hooks: HookSpec | None, saes: Sequence[SAE], use_error_term: bool,
+                  sae_cache: dict[str, list[NDArray[np.float32]]] | None = None) -> dict[str, Any] | None:
+        """`hooks` compiled for the forward pass, then each SAE at its hook point (sae.py)."""
+        c = self.config
+        if not saes:
+            return compile_spec(hooks, c.n_layers, c.n_experts)
+        check_saes(saes, c, self.hook_names())
+        on_features = feature_hook_names(saes)  # `{hook}.hook_sae_acts_post`: edits of the features
+        spec = {str(k): v for k, v in (hooks or {}).items()}
+        feature_fns = {k: intervention_fn(v) for k, v in spec.items() if k in on_features}
+        fns = compile_spec({k: v for k, v in spec.items() if k not in on_features}, c.n_layers, c.n_experts)
+        return attach_saes(saes, fns, use_error_term, sae_cache, feature_fns)
+
+    def forward(self, ids: list[int] | NDArray[np.int64], hooks: HookSpec | None = None,
+                saes: Sequence[SAE] = (), use_error_term: bool = False) -> NDArray[np.float32]:
+        """Logits `[seq, vocab]` float32 for every position of `ids` (a fresh cache each call).
+        `saes`: each SAE's reconstruction replaces the activation at its hook point (after any hook
+        there); `use_error_term` adds the SAE's error back, so the model runs as without it. A hook
+        named `{sae.hook_name}.hook_sae_acts_post` edits that SAE's feature activations `(T, d_sae)`
+        before they are decoded (e.g. `Zero()` at one position, or a callback zeroing a feature)."""
         arr = self._check_ids(ids)
-        fns = compile_spec(hooks, self.config.n_layers, self.config.n_experts)
+        fns = self._hook_fns(hooks, saes, use_error_term)
         return self._forward(arr, self.new_cache(len(arr)), fns, all_logits=True)
 
     def run_with_cache(self, ids: list[int] | NDArray[np.int64], names: list[str] | None = None,
-                       hooks: HookSpec | None = None) -> tuple[NDArray[np.float32], dict[str, NDArray[np.float32]]]:
+                       hooks: HookSpec | None = None, saes: Sequence[SAE] = (),
+                       use_error_term: bool = False) -> tuple[NDArray[np.float32], dict[str, NDArray[np.float32]]]:
         """Logits `[seq, vocab]` and the activations at `names` (default: every hook point),
-        each `[seq, ...]`, captured after any intervention in `hooks` at the same point."""
+        each `[seq, ...]`, captured after any intervention in `hooks` (and SAE) at the same point.
+        With `saes` (run as in `forward`), also each SAE's `{hook_name}.hook_sae_acts_pre` and
+        `.hook_sae_acts_post` `[seq, d_sae]`, `.hook_sae_input`, `.hook_sae_recons`, `.hook_sae_error`
+        and `.hook_sae_output` (what the model goes on with) `[seq, d_in]`."""
         arr = self._check_ids(ids)
         n_layers, n_experts = self.config.n_layers, self.config.n_experts
-        wanted = self.hook_names() if names is None else [str(hook_name(n, n_layers, n_experts)) for n in names]
+        sae_names = {f"{s.hook_name}.{p}" for s in saes if isinstance(s, SAE) for p in SAE_POINTS}
+        if names is None:
+            wanted, wanted_sae = self.hook_names(), sae_names
+        else:
+            wanted = [str(hook_name(n, n_layers, n_experts)) for n in names if n not in sae_names]
+            wanted_sae = {n for n in names if n in sae_names}
         pieces: dict[str, list[NDArray[np.float32]]] = {}
-        fns = capture_into(pieces, wanted, compile_spec(hooks, n_layers, n_experts))
+        sae_pieces: dict[str, list[NDArray[np.float32]]] = {}
+        fns = capture_into(pieces, wanted, self._hook_fns(hooks, saes, use_error_term, sae_pieces))
         logits = self._forward(arr, self.new_cache(len(arr)), fns, all_logits=True)
+        pieces |= {n: parts for n, parts in sae_pieces.items() if n in wanted_sae}
         return logits, {name: np.concatenate(parts, axis=0) for name, parts in pieces.items()}
 
     def next_logits(self, ids: list[int] | NDArray[np.int64], cache: KVCache | None = None,
-                    hooks: HookSpec | None = None) -> NDArray[np.float32]:
+                    hooks: HookSpec | None = None, saes: Sequence[SAE] = (),
+                    use_error_term: bool = False) -> NDArray[np.float32]:
         """Logits `[vocab]` after `ids`, appending them to `cache` (a fresh one if None)."""
         arr = self._check_ids(ids, 0 if cache is None else cache.length)
-        fns = compile_spec(hooks, self.config.n_layers, self.config.n_experts)
+        fns = self._hook_fns(hooks, saes, use_error_term)
         return self._forward(arr, cache if cache is not None else self.new_cache(len(arr)), fns)
 
     def next_token(self, ids: list[int] | NDArray[np.int64], cache: KVCache | None = None,
-                   hooks: HookSpec | None = None) -> int:
-        """The greedy next token after `ids`: `int(np.argmax(next_logits(ids, cache, hooks)))`, the same
+                   hooks: HookSpec | None = None, saes: Sequence[SAE] = (), use_error_term: bool = False) -> int:
+        """The greedy next token after `ids`: `int(np.argmax(next_logits(ids, cache, hooks, saes)))`, the same
         id always, faster where the lm_head lets it skip most logits (QuantMatrix.argmax_matvec)."""
         arr = self._check_ids(ids, 0 if cache is None else cache.length)
-        fns = compile_spec(hooks, self.config.n_layers, self.config.n_experts)
+        fns = self._hook_fns(hooks, saes, use_error_term)
         return self._forward.next_token(arr, cache if cache is not None else self.new_cache(len(arr)), fns)
 
     def _check_batch(self, batch: Sequence[list[int] | NDArray[np.int64]],
@@ -266,14 +298,16 @@ class Model:
 
     def stream(self, prompt: str | list[int], max_new_tokens: int = 32, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop_at_eos: bool = True,
-               hooks: HookSpec | None = None) -> Iterator[tuple[int, str]]:
-        """Yield (token id, newly decodable text) as each token is generated."""
+               hooks: HookSpec | None = None, saes: Sequence[SAE] = (),
+               use_error_term: bool = False) -> Iterator[tuple[int, str]]:
+        """Yield (token id, newly decodable text) as each token is generated (`saes` as in `forward`,
+        at every step)."""
         prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         arr = self._check_ids(prompt_ids, max_new_tokens)
         params = SamplingParams(temperature, top_k, top_p, seed)
         rng = np.random.default_rng(seed)
         cache = self.new_cache(len(arr) + max_new_tokens)
-        fns = compile_spec(hooks, self.config.n_layers, self.config.n_experts)  # active at every step, through the KV cache
+        fns = self._hook_fns(hooks, saes, use_error_term)  # active at every step, through the KV cache
         greedy = params.temperature <= 0.0
         logits = None if greedy else self._forward(arr, cache, fns)
         tok = self._forward.next_token(arr, cache, fns) if greedy else -1
@@ -301,11 +335,12 @@ class Model:
 
     def generate(self, prompt: str | list[int], max_new_tokens: int = 32, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop_at_eos: bool = True,
-                 hooks: HookSpec | None = None) -> Generation:
-        """Generate up to `max_new_tokens` tokens; greedy unless temperature > 0."""
+                 hooks: HookSpec | None = None, saes: Sequence[SAE] = (), use_error_term: bool = False) -> Generation:
+        """Generate up to `max_new_tokens` tokens; greedy unless temperature > 0 (`saes` as in `forward`)."""
         prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         gen = Generation(prompt_ids=prompt_ids)
-        for tok, _ in self.stream(prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos, hooks):
+        for tok, _ in self.stream(prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos, hooks,
+                                  saes, use_error_term):
             gen.ids.append(tok)
         if gen.ids and stop_at_eos and gen.ids[-1] in self.tokenizer.eos_ids:
             gen.finish_reason = "stop"

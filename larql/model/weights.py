@@ -218,6 +218,34 @@ def _header_entry(path: Path, name: str, entry: object, data_len: int, base: int
         raise ModelFormatError(f"{where}: data_offsets span {end - start:,} bytes, not the {shape} {dtype} declared")
     return dtype, shape, base + start, base + end
 
+
+SafetensorsEntry = tuple[np.memmap, str, list[int], int, int]  # (file map, dtype, shape, start, end)
+
+
+def read_safetensors_index(path: Path) -> dict[str, SafetensorsEntry]:
+    """Every tensor of one safetensors file, memory-mapped: name -> (map, dtype, shape, start, end),
+    the header checked (size, UTF-8 JSON, each entry's dtype, shape and offsets)."""
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    if len(data) < 8:
+        raise ModelFormatError(f"{path}: truncated safetensors file")
+    header_len = int(data[:8].view(np.uint64)[0])
+    if header_len > MAX_SAFETENSORS_HEADER:
+        raise ModelFormatError(f"{path}: a safetensors header of {header_len:,} bytes (more than the format's "
+                               f"{MAX_SAFETENSORS_HEADER:,}): not a safetensors file, or a damaged one")
+    if header_len > len(data) - 8:
+        raise ModelFormatError(f"{path}: truncated safetensors header")
+    try:
+        text = data[8:8 + header_len].tobytes().decode()
+    except UnicodeDecodeError as e:
+        raise ModelFormatError(f"{path}: corrupt safetensors header (not UTF-8: {e.reason})") from None
+    header = parse_json(text, f"{path}: safetensors header", 8, "safetensors header", ModelFormatError)
+    if not isinstance(header, dict):
+        raise ModelFormatError(f"{path}: corrupt safetensors header (not a JSON object)")
+    base = 8 + header_len
+    return {name: (data, *_header_entry(path, name, entry, len(data) - base, base))
+            for name, entry in header.items() if name != "__metadata__"}
+
+
 # checkpoint entries that are not weights: GPT-2's causal-mask buffers, stale rotary tables
 _NOT_WEIGHTS = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")
 
@@ -230,35 +258,12 @@ class SafetensorsSource:
         self.norm_offset = norm_offset  # Gemma stores w for (1 + w); we keep w + 1
         self.cfg = cfg
         self.used: set[str] = set()
-        self._entries: dict[str, tuple[np.memmap, str, list[int], int, int]] = {}
+        self._entries: dict[str, SafetensorsEntry] = {}
         files = sorted(directory.glob("*.safetensors"))
         if not files:
             raise ModelFormatError(f"{directory}: no *.safetensors files")
         for f in files:
-            self._index(f)
-
-    def _index(self, path: Path) -> None:
-        data = np.memmap(path, dtype=np.uint8, mode="r")
-        if len(data) < 8:
-            raise ModelFormatError(f"{path}: truncated safetensors file")
-        header_len = int(data[:8].view(np.uint64)[0])
-        if header_len > MAX_SAFETENSORS_HEADER:
-            raise ModelFormatError(f"{path}: a safetensors header of {header_len:,} bytes (more than the format's "
-                                   f"{MAX_SAFETENSORS_HEADER:,}): not a safetensors file, or a damaged one")
-        if header_len > len(data) - 8:
-            raise ModelFormatError(f"{path}: truncated safetensors header")
-        try:
-            text = data[8:8 + header_len].tobytes().decode()
-        except UnicodeDecodeError as e:
-            raise ModelFormatError(f"{path}: corrupt safetensors header (not UTF-8: {e.reason})") from None
-        header = parse_json(text, f"{path}: safetensors header", 8, "safetensors header", ModelFormatError)
-        if not isinstance(header, dict):
-            raise ModelFormatError(f"{path}: corrupt safetensors header (not a JSON object)")
-        base = 8 + header_len
-        for name, entry in header.items():
-            if name == "__metadata__":
-                continue
-            self._entries[name] = (data, *_header_entry(path, name, entry, len(data) - base, base))
+            self._entries.update(read_safetensors_index(f))
 
     def _find(self, name: str) -> HFSlice | None:
         """The stored slice of GGUF-named `name`, None if the checkpoint lacks it (GPT-2
