@@ -41,7 +41,7 @@ class Tokens:
     norm: NDArray[np.float32]  # ||u_t|| rounded up
     norm_max: float
     err_max: float  # max ||u_t - u^_t|| (int8 side)
-    packed: NDArray[np.uint8] | None  # (tiles, 1024 nb), topk_kernels.pack_tokens
+    packed: NDArray[np.uint8] | None  # (tiles, 1024 nb), topk_kernels.pack_tokens (avx2: as int8)
     tsc: NDArray[np.float32] | None  # (tiles, 32 nb)
     tnorm: NDArray[np.float32] | None  # (tiles, 64): ||u|| of the tile's 32 tokens, then ||u - u^||
     safe: bool  # finite and small enough for the bounded passes
@@ -79,6 +79,8 @@ def prepare(u: NDArray[np.float32], tier: str | None = None) -> Tokens:
         tnorm[t0:t1, tk.TILE:] = np.pad(_up(err), (0, pad)).reshape(-1, tk.TILE)
         err_max = max(err_max, float(err.max(initial=0.0)))
     norm_max = float(norm64.max(initial=0.0))
+    if tier == "avx2":
+        packed ^= np.uint8(0x80)  # the codes signed: the AVX2 kernel's operand (topk_avx2)
     return Tokens(u, tier, _up(norm64), norm_max, err_max, packed, tsc, tnorm, norm_max < _HUGE)
 
 

@@ -3,12 +3,17 @@ and float32 steps as the VNNI micro-kernel, so the same scores A, bit for bit; o
 dots are formed otherwise.
 
 AVX2 has no vpdpbusd. vpmaddubsw multiplies unsigned by signed bytes and adds adjacent pairs into
-saturating int16, and vpmaddwd by ones adds those pairs into int32 (llama.cpp's AVX2 int8 dot). The
-token codes u arrive as u + 128 (VNNI's unsigned operand); u + 128 times a code up to 127, two of
-them, would reach 64,770 and saturate. So, as llama.cpp does, the codes are taken signed (u =
-byte ^ 0x80) and the sign moves across: vpmaddubsw(|w|, vpsignb(u, w)) multiplies |w| <= 127 by
-sign(w) u, |u| <= 127 (codes are never -128), and a pair sums to at most 2 x 127 x 127 = 32,258
-< 2^15: exact. Four products then sit in each int32 lane, as with vpdpbusd, no +128 to take back.
+saturating int16, and vpmaddwd by ones adds those pairs into int32 (llama.cpp's AVX2 int8 dot).
+VNNI's unsigned operand, a token code u as u + 128, would saturate here: (u + 128) w, two of them,
+reach 64,770. So the tokens are packed signed (topk.prepare: the VNNI packing ^ 0x80) and, as
+llama.cpp does, the feature's sign moves across: vpmaddubsw(|w|, vpsignb(u, w)) multiplies |w| <=
+127 by sign(w) u, |u| <= 127 (codes are never -128), and a pair sums to at most 2 x 127 x 127 =
+32,258 < 2^15: exact. Four products then sit in each int32 lane, as with vpdpbusd, and no +128 is
+to be taken back.
+
+Measured on a Zen 4 compiled for haswell, this form is ~1.1x the float32 sgemm pass, not VNNI's
+~2.5x: each 32 products cost vpsignb, vpmaddubsw, vpmaddwd and vpaddd where VNNI spends one
+instruction on 64 (benchmarks/bench_topk_tiers.py).
 """
 
 from __future__ import annotations
@@ -40,11 +45,11 @@ def _micro(typingctx, packed, tsc, tnorm, tile, wcodes, wsc, wterm, f0, vals, ma
     """topk_kernels._micro in AVX2, without the +128 correction: features f0..f0+MR-1 against tile
     `tile`'s 32 tokens, vals[i, j] = A, masks[i] bit j for Y >= T, returns the masks OR-ed.
 
-    The tile in two halves of 16 tokens (2 vectors of 8), so MR x 2 int32 and MR x 2 float32
-    accumulators fit AVX2's 16 registers. Per 32-column block b and step q (4 columns), a 32-byte
-    load holds 8 tokens' 4 codes (pack_tokens' order) and the feature's 4 codes are broadcast:
+    The tile in four steps of 8 tokens (v), so the accumulators fit AVX2's 16 registers. Per
+    32-column block b and step q (4 columns), a 32-byte load holds the 8 tokens' 4 codes (signed;
+    pack_tokens' order) and the feature's 4 codes are broadcast:
 
-        packed[tile, 1024 b + 128 q + 32 v ..+32] = (token 8v + i, code 4q + m) for i < 8, m < 4
+        packed[tile, 1024 b + 128 q + 32 v + 4 i + m] = code 4q + m of token 8v + i   (i < 8, m < 4)
     """
     sig = types.uint32(packed, tsc, tnorm, tile, wcodes, wsc, wterm, f0, vals, masks)
 
@@ -65,43 +70,35 @@ def _micro(typingctx, packed, tsc, tnorm, tile, wcodes, wsc, wterm, f0, vals, ma
         absb = cgutils.get_or_insert_function(mod, ir.FunctionType(_V32I8, [_V32I8, _I1]), "llvm.abs.v32i8")
         fma = cgutils.get_or_insert_function(mod, ir.FunctionType(_V8F32, [_V8F32] * 3), "llvm.fma.v8f32")
         ones = ir.Constant(_V16I16, [1] * 16)
-        flip = ir.Constant(_V32I8, [-128] * 32)
         mk = context.make_array(a[9])(context, builder, args[9])
         row_bits = [ir.Constant(_I32, 0)] * MR
-        for h in range(2):
-            acc = [[cgutils.alloca_once_value(builder, ir.Constant(_V8F32, None)) for _ in range(2)] for _ in range(MR)]
+        for v in range(TILE // 8):  # 8 tokens at a time: MR int32 + MR float32 accumulators, no spills
+            acc = [cgutils.alloca_once_value(builder, ir.Constant(_V8F32, None)) for _ in range(MR)]
             with cgutils.for_range(builder, nb) as loop:
                 b = loop.index
-                t = [[ir.Constant(_V8I32, None)] * 2 for _ in range(MR)]
+                t = [ir.Constant(_V8I32, None)] * MR
                 for q in range(8):
-                    base = builder.add(builder.mul(b, ir.Constant(_I64, 1024)), ir.Constant(_I64, 128 * q + 64 * h))
-                    tok = [builder.xor(_at(builder, p_row, builder.add(base, ir.Constant(_I64, 32 * j)), _V32I8, 1), flip)
-                           for j in range(2)]
+                    at = builder.add(builder.mul(b, ir.Constant(_I64, 1024)), ir.Constant(_I64, 128 * q + 32 * v))
+                    tok = _at(builder, p_row, at, _V32I8, 1)
                     col = builder.add(builder.mul(b, ir.Constant(_I64, 32)), ir.Constant(_I64, 4 * q))
                     for i in range(MR):
                         w = builder.bitcast(splat(builder, _at(builder, wc[i], col, _I32, 1), _V8I32), _V32I8)
-                        aw = builder.call(absb, [w, ir.Constant(_I1, 0)])
-                        for j in range(2):
-                            pairs = builder.call(ubsw, [aw, builder.call(sign, [tok[j], w])])
-                            t[i][j] = builder.add(t[i][j], builder.call(wd, [pairs, ones]))
-                du = [_at(builder, s_row, builder.add(builder.mul(b, ir.Constant(_I64, 128)),
-                                                      ir.Constant(_I64, 64 * h + 32 * j)), _V8F32) for j in range(2)]
+                        pairs = builder.call(ubsw, [builder.call(absb, [w, ir.Constant(_I1, 0)]), builder.call(sign, [tok, w])])
+                        t[i] = builder.add(t[i], builder.call(wd, [pairs, ones]))
+                du = _at(builder, s_row, builder.add(builder.mul(b, ir.Constant(_I64, 128)), ir.Constant(_I64, 32 * v)), _V8F32)
                 for i in range(MR):
                     dw = splat(builder, _at(builder, ws[i], builder.mul(b, ir.Constant(_I64, 4)), _F32), _V8F32)
-                    for j in range(2):
-                        sc = builder.fmul(du[j], dw)
-                        builder.store(builder.call(fma, [builder.sitofp(t[i][j], _V8F32), sc, builder.load(acc[i][j])]),
-                                      acc[i][j])
-            norms = [[_at(builder, n_row, 128 * m + 64 * h + 32 * j, _V8F32) for j in range(2)] for m in range(2)]
+                    builder.store(builder.call(fma, [builder.sitofp(t[i], _V8F32), builder.fmul(du, dw), builder.load(acc[i])]),
+                                  acc[i])
+            nu, ne = (_at(builder, n_row, 128 * m + 32 * v, _V8F32) for m in range(2))
             for i in range(MR):
                 bv, cv, tv = (splat(builder, _at(builder, wt[i], 4 * m, _F32), _V8F32) for m in range(3))
-                for j in range(2):
-                    av = builder.load(acc[i][j])
-                    builder.store(av, builder.bitcast(builder.gep(vrow[i], [ir.Constant(_I64, 64 * h + 32 * j)],
-                                                                  source_etype=_I8), _V8F32.as_pointer()), align=4)
-                    y = builder.call(fma, [norms[0][j], bv, builder.call(fma, [norms[1][j], cv, av])])
-                    m8 = builder.zext(builder.bitcast(builder.fcmp_ordered(">=", y, tv), _I8), _I32)
-                    row_bits[i] = builder.or_(row_bits[i], builder.shl(m8, ir.Constant(_I32, 16 * h + 8 * j)))
+                av = builder.load(acc[i])
+                builder.store(av, builder.bitcast(builder.gep(vrow[i], [ir.Constant(_I64, 32 * v)], source_etype=_I8),
+                                                  _V8F32.as_pointer()), align=4)
+                y = builder.call(fma, [nu, bv, builder.call(fma, [ne, cv, av])])
+                m8 = builder.zext(builder.bitcast(builder.fcmp_ordered(">=", y, tv), _I8), _I32)
+                row_bits[i] = builder.or_(row_bits[i], builder.shl(m8, ir.Constant(_I32, 8 * v)))
         bits = ir.Constant(_I32, 0)
         for i in range(MR):
             builder.store(row_bits[i], builder.gep(mk.data, [ir.Constant(_I64, i)], source_etype=_I32))
