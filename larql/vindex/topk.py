@@ -114,8 +114,8 @@ def _int8_pass(tok: Tokens, wt: NDArray[np.float32], k: int, cap: int) -> State:
     kf = 2.0 ** -20 * (tok.norm_max + tok.err_max) * (2 * nwh + wterm[:, 0] + wterm[:, 1]) + 2 * tau
     state = _state(fp, k, cap)
     if tok.tier == "avx2":  # numba compiles a kernel on its first call: the VNNI one never on this tier
-        topk_avx2.scan_avx2(tok.packed, tok.tsc, tok.tnorm, tok.u.shape[0], codes, scales, wterm, tau, state[0], kf,
-                            *state[1:], PANEL)
+        topk_avx2.scan_avx2(tok.packed, tok.tsc, tok.tnorm, tok.u.shape[0], codes, np.abs(codes), scales, wterm, tau,
+                            state[0], kf, *state[1:], PANEL)
     else:
         corr = (-128 * codes.reshape(fp, nb, 32).sum(axis=2, dtype=np.int32)).astype(np.int32)  # the +128 back
         tk.scan_int8(tok.packed, tok.tsc, tok.tnorm, tok.u.shape[0], codes, scales, corr, wterm, tau, state[0], kf,

@@ -24,8 +24,9 @@ kernel's own test is float32 and only a screen: it flags A + E >= T, T = L - kf 
 (~2^-20 of the largest |A| + E) above its float32 rounding, so it passes every token that the
 float64 test in _offer, which decides, would keep.
 
-Without VNNI (or LARQL_NO_VNNI set) A is a float32 sgemm per vocabulary chunk, E = ||u|| ||w||
-(1.01 h 2^-24 + 2^-23) + tau, and the same candidate logic applies: both paths give the same bits.
+On the avx2 tier (larql.quant.isa) topk_avx2's kernel forms the same A, bit for bit, from the same
+codes. On the float32 tier A is a float32 sgemm per vocabulary chunk, E = ||u|| ||w|| (1.01 h
+2^-24 + 2^-23) + tau, and the same candidate logic applies: every path gives the same bits.
 A feature whose candidates outgrow their buffer (many tokens within E of its k-th score) goes
 again with a wider one, then through the float32 pass, then is scored exactly over the whole
 vocabulary (topk.top_tokens).
