@@ -11,8 +11,9 @@ Each tier runs in its own process with its own numba cache directory:
 The kernel figure is topk.top_tokens on a quarter of a Gemma 3 layer (2,048 features x 65,536
 random tokens x 640), the median of --rounds after a compiling call, wall and CPU seconds (CPU
 seconds mean more on a busy machine). Extraction: stage seconds from its progress reports, with
-topk.prepare and topk.top_tokens timed apart; the first run compiles and is reported apart. The
-load average is recorded with every figure. Writes benchmarks/results/tiers-DATE.json.
+topk.prepare and topk.top_tokens timed apart; the first run compiles and is reported apart; the
+sha256 of each tier's down_meta.bin (all must be equal). The load average is recorded with every
+figure. Writes benchmarks/results/tiers-DATE.json.
 """
 
 from __future__ import annotations
@@ -92,6 +93,13 @@ def child(code: str, args: list[str], env: dict[str, str], cache: Path) -> dict[
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def down_meta_hash(vindex: Path) -> str:
+    """down_meta.bin's sha256: every tier must write the same bytes."""
+    import hashlib
+
+    return hashlib.sha256((vindex / "down_meta.bin").read_bytes()).hexdigest()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="timed kernel calls per tier")
@@ -112,6 +120,7 @@ def main() -> None:
             runs.append(child(EXTRACT, [str(tmp / f"{name}.vindex")], env, cache))
             print(name, "extract", "(compiles)" if run == 0 else "", runs[-1], flush=True)
         row["extract_first_run"], row["extract"] = runs[0], runs[1:]
+        row["down_meta_sha256"] = down_meta_hash(tmp / f"{name}.vindex")
         out["tiers"][name] = row  # type: ignore[index]
     path = save_results(f"tiers-{datetime.date.today().isoformat()}", out)
     print(f"wrote {path}")

@@ -11,9 +11,11 @@ llama.cpp does, the feature's sign moves across: vpmaddubsw(|w|, vpsignb(u, w)) 
 32,258 < 2^15: exact. Four products then sit in each int32 lane, as with vpdpbusd, and no +128 is
 to be taken back.
 
-Measured on a Zen 4 compiled for haswell, this form is ~1.1x the float32 sgemm pass, not VNNI's
-~2.5x: each 32 products cost vpsignb, vpmaddubsw, vpmaddwd and vpaddd where VNNI spends one
-instruction on 64 (benchmarks/bench_topk_tiers.py).
+Measured on an AVX-512 Zen 4 EPYC with numba built for haswell, this form only ties the float32
+sgemm pass (OpenBLAS's Haswell kernel), where the VNNI kernel is ~2.4x faster: each 32 products
+cost a broadcast, vpsignb, vpmaddubsw, vpmaddwd and vpaddd where VNNI spends one instruction on 64;
+summing two or four vpmaddubsw results in int16 first (narrower feature codes) gained under 10%.
+benchmarks/results/tiers-2026-11-28.json has the figures.
 """
 
 from __future__ import annotations
