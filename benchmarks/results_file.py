@@ -11,10 +11,11 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def cpu_tier() -> str:
-    """The kernels' tier on this machine: AVX-512 VNNI int8 passes, or their float32 form."""
-    from larql.quant.argmax import host_has_vnni
+    """The kernels' tier on this machine (larql.quant.isa): AVX-512 VNNI int8 passes, AVX2 int8
+    (down_meta's pass; the others float32), or their float32 forms."""
+    from larql.quant import isa
 
-    return "avx512-vnni int8" if host_has_vnni() else "float32"
+    return {"avx512vnni": "avx512-vnni int8", "avx2": "avx2 int8"}.get(isa.TIER, "float32")
 
 
 def with_tier(data: Any) -> Any:

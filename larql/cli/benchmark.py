@@ -59,7 +59,11 @@ def machine() -> dict[str, Any]:
         pass
     import numba
 
-    return {"platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(),
+    from larql.quant import isa
+
+    # the int8 kernels' tier, and the CPU numba compiled for when not this one (NUMBA_CPU_NAME)
+    target = {"numba_cpu": os.environ["NUMBA_CPU_NAME"]} if os.environ.get("NUMBA_CPU_NAME") else {}
+    return {"platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(), "isa": isa.TIER, **target,
             "threads": numba.get_num_threads(), "python": sys.version.split()[0], "numba": numba.__version__,
             "load_average": [round(x, 2) for x in os.getloadavg()]}
 

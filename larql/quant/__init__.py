@@ -9,6 +9,7 @@
     argmax.py        the exact argmax of the lm_head matvec; argmax_tiles.py, topk_tiles.py: its tiled
                      int8 candidate passes; q8_bounds.py: the bounds that make them exact
     ir_parts.py      LLVM IR pieces the hand-written row kernels share
+    isa.py           the CPU tier the int8 kernels run (AVX-512 VNNI, AVX2, float32), LARQL_ISA to lower it
 """
 
 from __future__ import annotations

@@ -25,17 +25,16 @@ compiling for another CPU than this one) `argmax_q8_0` is np.argmax of the full 
 
 from __future__ import annotations
 
-import os
 from typing import Protocol
 
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.core import cgutils, config
+from numba.core import cgutils
 from numba.extending import intrinsic
 from numpy.typing import NDArray
 
-from larql.quant import dot_kernels, kernels
+from larql.quant import dot_kernels, isa, kernels
 from larql.quant.ir_parts import ir_row
 from larql.quant.q8_bounds import bound_slack, quantize_q8, rounding
 
@@ -44,13 +43,8 @@ _V32I8, _V8I32, _V8F32 = ir.VectorType(_I8, 32), ir.VectorType(_I32, 8), ir.Vect
 
 
 def host_has_vnni() -> bool:
-    """Whether numba compiles for this CPU and it has AVX-512 VNNI (256-bit forms: AVX-512 VL)."""
-    if getattr(config, "CPU_NAME", None) or os.environ.get("LARQL_NO_VNNI"):
-        return False
-    import llvmlite.binding as ll
-
-    features = ll.get_host_cpu_features()
-    return bool(features.get("avx512vnni") and features.get("avx512vl"))
+    """Whether the int8 passes run their AVX-512 VNNI form (larql.quant.isa's tier)."""
+    return isa.TIER == "avx512vnni"
 
 
 HAVE_VNNI = host_has_vnni()

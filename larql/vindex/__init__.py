@@ -3,8 +3,8 @@
     store.py         the read-only Vindex; reader.py: the protocols a store and an editable view share;
                      queries.py: describe / walk / nearest as methods
     layout.py        the format's constants; check.py, integrity.py, verify.py: what opening checks
-    extract.py       model -> vindex, a layer at a time; writer.py: atomic writing; topk.py, topk_kernels.py:
-                     each feature's top tokens; clusters.py: relation clusters
+    extract.py       model -> vindex, a layer at a time; writer.py: atomic writing; topk.py, topk_kernels.py
+                     (topk_avx2.py: its AVX2 int8 kernel): each feature's top tokens; clusters.py: relation clusters
     knn.py           gate KNN, exact; knn_kernels.py: its int8 passes
     describe.py      DESCRIBE; probes.py: probe edges; tokens.py: what edges are made of; browse.py: WALK,
                      NEAREST, SELECT

@@ -40,7 +40,7 @@ def down_top_tokens(down: QuantMatrix, unembed: np.ndarray, top_k: int,
     ids and the exact scores rounded to float32, by score descending, an equal score never displacing
     a lower id. `tokens`: `topk.prepare(unembed)`, made once for every layer (made here without it).
 
-    A bounded approximate pass (int8 with AVX-512 VNNI, float32 otherwise) and exact rescoring of
+    A bounded approximate pass (int8 on the avx512vnni and avx2 tiers, float32 otherwise) and exact rescoring of
     the few tokens it cannot rule out (larql/vindex/topk_kernels.py), so the `[ffn, vocab]` score
     matrix never exists whole.
     """

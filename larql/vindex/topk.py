@@ -1,9 +1,10 @@
 """Exact top-k tokens per feature for down_meta: the unembedding prepared once, then per layer an
 approximate pass with a proven bound and exact rescoring (topk_kernels has the derivation).
 
-Two approximate passes give the same result: the int8 one with AVX-512 VNNI (larql.quant.argmax's
-HAVE_VNNI; LARQL_NO_VNNI=1 turns it off), a float32 sgemm per vocabulary chunk otherwise. Inputs
-that are not finite, or so large that float32 could overflow, take today's plain float32 scan.
+Two approximate passes give the same result: the int8 one on the avx512vnni and avx2 tiers
+(larql.quant.isa; its kernels: topk_kernels.scan_int8, topk_avx2.scan_avx2, the same scores bit for
+bit), a float32 sgemm per vocabulary chunk on the float32 tier. Inputs that are not finite, or so
+large that float32 could overflow, take today's plain float32 scan.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import numba
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.quant.argmax import HAVE_VNNI, topk_update
+from larql.quant import isa
+from larql.quant.argmax import topk_update
+from larql.vindex import topk_avx2
 from larql.vindex import topk_kernels as tk
 
 VOCAB_CHUNK = 16384  # rows per GEMM / per quantization step
@@ -34,25 +37,28 @@ class Tokens:
     of the int8 side only when the int8 pass runs."""
 
     u: NDArray[np.float32]
+    tier: str  # larql.quant.isa's: which int8 kernel runs (float32: none)
     norm: NDArray[np.float32]  # ||u_t|| rounded up
     norm_max: float
     err_max: float  # max ||u_t - u^_t|| (int8 side)
-    packed: NDArray[np.uint8] | None  # (tiles, 1024 nb), topk_kernels.pack_tokens
+    packed: NDArray[np.uint8] | None  # (tiles, 1024 nb), topk_kernels.pack_tokens (avx2: as int8)
     tsc: NDArray[np.float32] | None  # (tiles, 32 nb)
     tnorm: NDArray[np.float32] | None  # (tiles, 64): ||u|| of the tile's 32 tokens, then ||u - u^||
     safe: bool  # finite and small enough for the bounded passes
 
 
-def prepare(u: NDArray[np.float32], vnni: bool | None = None) -> Tokens:
-    """The unembedding's norms and, with VNNI (default: the CPU's), its int8 tiles (~hidden bytes a
-    token: 168 MB for Gemma 3's 262,144 x 640), built in vocabulary chunks."""
+def prepare(u: NDArray[np.float32], tier: str | None = None) -> Tokens:
+    """The unembedding's norms and, on an int8 tier (default: isa.TIER), its int8 tiles (~hidden
+    bytes a token: 168 MB for Gemma 3's 262,144 x 640), built in vocabulary chunks."""
     n, h = u.shape
-    if not (HAVE_VNNI if vnni is None else vnni) or not np.isfinite(u).all():
+    tier = isa.TIER if tier is None else tier
+    if tier == "float32" or not np.isfinite(u).all():
         norm64 = np.empty(n)
         for a in range(0, n, VOCAB_CHUNK):
             norm64[a:a + VOCAB_CHUNK] = np.linalg.norm(u[a:a + VOCAB_CHUNK].astype(np.float64), axis=1) * (1 + 1e-12)
         norm_max = float(norm64.max(initial=0.0))
-        return Tokens(u, _up(norm64), norm_max, 0.0, None, None, None, bool(np.isfinite(norm_max) and norm_max < _HUGE))
+        return Tokens(u, "float32", _up(norm64), norm_max, 0.0, None, None, None,
+                      bool(np.isfinite(norm_max) and norm_max < _HUGE))
     norm64 = np.empty(n)
     nb, tiles = -(-h // 32), -(-n // tk.TILE)
     packed = np.empty((tiles, 1024 * nb), np.uint8)
@@ -73,7 +79,9 @@ def prepare(u: NDArray[np.float32], vnni: bool | None = None) -> Tokens:
         tnorm[t0:t1, tk.TILE:] = np.pad(_up(err), (0, pad)).reshape(-1, tk.TILE)
         err_max = max(err_max, float(err.max(initial=0.0)))
     norm_max = float(norm64.max(initial=0.0))
-    return Tokens(u, _up(norm64), norm_max, err_max, packed, tsc, tnorm, norm_max < _HUGE)
+    if tier == "avx2":
+        packed ^= np.uint8(0x80)  # the codes signed: the AVX2 kernel's operand (topk_avx2)
+    return Tokens(u, tier, _up(norm64), norm_max, err_max, packed, tsc, tnorm, norm_max < _HUGE)
 
 
 State = tuple[NDArray[np.float64], NDArray[np.int32], NDArray[np.float64], NDArray[np.int32], NDArray[np.bool_]]
@@ -87,7 +95,7 @@ def _state(n_feat: int, k: int, cap: int) -> State:
 
 
 def _int8_pass(tok: Tokens, wt: NDArray[np.float32], k: int, cap: int) -> State:
-    """The VNNI pass: W^T's rows quantized per 32 columns, padded to MR rows, then scan_int8."""
+    """The int8 pass: W^T's rows quantized per 32 columns, padded to MR rows, then the tier's scan."""
     assert tok.packed is not None and tok.tsc is not None and tok.tnorm is not None
     f, h = wt.shape
     nb = tok.tsc.shape[1] // 32
@@ -97,7 +105,6 @@ def _int8_pass(tok: Tokens, wt: NDArray[np.float32], k: int, cap: int) -> State:
     codes, scales = np.empty((fp, 32 * nb), np.int8), np.empty((fp, nb), np.float32)
     nw, ew, nwh = np.empty(fp), np.empty(fp), np.empty(fp)
     tk.quantize_blocks(x, codes, scales, nw, ew, nwh)
-    corr = (-128 * codes.reshape(fp, nb, 32).sum(axis=2, dtype=np.int32)).astype(np.int32)
     g = 1.01 * (nb + 1) * 2.0 ** -24
     wterm = np.zeros((fp, 4), np.float32)
     wterm[:, 0] = _up(ew + g * nwh + 2.0 ** -23 * nw)
@@ -106,8 +113,13 @@ def _int8_pass(tok: Tokens, wt: NDArray[np.float32], k: int, cap: int) -> State:
     tau = tk.tau(32 * nb)
     kf = 2.0 ** -20 * (tok.norm_max + tok.err_max) * (2 * nwh + wterm[:, 0] + wterm[:, 1]) + 2 * tau
     state = _state(fp, k, cap)
-    tk.scan_int8(tok.packed, tok.tsc, tok.tnorm, tok.u.shape[0], codes, scales, corr, wterm, tau, state[0], kf,
-                 *state[1:], PANEL)
+    if tok.tier == "avx2":  # numba compiles a kernel on its first call: the VNNI one never on this tier
+        topk_avx2.scan_avx2(tok.packed, tok.tsc, tok.tnorm, tok.u.shape[0], codes, np.abs(codes), scales, wterm, tau,
+                            state[0], kf, *state[1:], PANEL)
+    else:
+        corr = (-128 * codes.reshape(fp, nb, 32).sum(axis=2, dtype=np.int32)).astype(np.int32)  # the +128 back
+        tk.scan_int8(tok.packed, tok.tsc, tok.tnorm, tok.u.shape[0], codes, scales, corr, wterm, tau, state[0], kf,
+                     *state[1:], PANEL)
     return state
 
 

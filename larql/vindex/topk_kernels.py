@@ -24,8 +24,9 @@ kernel's own test is float32 and only a screen: it flags A + E >= T, T = L - kf 
 (~2^-20 of the largest |A| + E) above its float32 rounding, so it passes every token that the
 float64 test in _offer, which decides, would keep.
 
-Without VNNI (or LARQL_NO_VNNI set) A is a float32 sgemm per vocabulary chunk, E = ||u|| ||w||
-(1.01 h 2^-24 + 2^-23) + tau, and the same candidate logic applies: both paths give the same bits.
+On the avx2 tier (larql.quant.isa) topk_avx2's kernel forms the same A, bit for bit, from the same
+codes. On the float32 tier A is a float32 sgemm per vocabulary chunk, E = ||u|| ||w|| (1.01 h
+2^-24 + 2^-23) + tau, and the same candidate logic applies: every path gives the same bits.
 A feature whose candidates outgrow their buffer (many tokens within E of its k-th score) goes
 again with a wider one, then through the float32 pass, then is scored exactly over the whole
 vocabulary (topk.top_tokens).
@@ -240,7 +241,7 @@ def scan_int8(packed: NDArray[np.uint8], tsc: NDArray[np.float32], tnorm: NDArra
               over: NDArray[np.bool_], panel: int) -> None:  # pragma: no cover - numba
     """The int8 pass over every token tile for every feature. A thread takes a panel of `panel`
     features (their codes stay in L2) and walks the tiles; each tile (20 KB at 640 columns, in L1)
-    meets the panel's features MR at a time. Pairs the micro-kernel flags go to _offer."""
+    meets the panel's features MR at a time. Pairs the micro-kernel flags go to offer_flagged."""
     groups = wcodes.shape[0] // MR
     per = panel // MR
     for p in prange((groups + per - 1) // per):
@@ -248,17 +249,28 @@ def scan_int8(packed: NDArray[np.uint8], tsc: NDArray[np.float32], tnorm: NDArra
         masks = np.empty(MR, np.uint32)
         for tile in range(packed.shape[0]):
             for g in range(p * per, min(groups, (p + 1) * per)):
-                if _micro(packed, tsc, tnorm, tile, wcodes, wsc, wcorr, wterm, g * MR, vals, masks) == 0:  # type: ignore[call-arg]
-                    continue
-                for i in range(MR):
-                    f = g * MR + i
-                    for j in range(TILE):
-                        t = tile * TILE + j
-                        if (masks[i] >> np.uint32(j)) & np.uint32(1) and t < n_tok:
-                            a = np.float64(vals[i, j])
-                            e = ((np.float64(tnorm[tile, j]) * wterm[f, 0] + np.float64(tnorm[tile, TILE + j]) * wterm[f, 1])
-                                 * (1 + 1e-9) + abs(a) * 2.0 ** -50 + tau_)
-                            _offer(f, t, a, e, lotop, wterm, kf, cand_t, cand_hi, cand_n, over)
+                if _micro(packed, tsc, tnorm, tile, wcodes, wsc, wcorr, wterm, g * MR, vals, masks) != 0:  # type: ignore[call-arg]
+                    offer_flagged(tile, g, vals, masks, n_tok, tnorm, wterm, tau_, lotop, kf, cand_t, cand_hi,
+                                  cand_n, over)
+
+
+@njit(cache=True)
+def offer_flagged(tile: int, g: int, vals: NDArray[np.float32], masks: NDArray[np.uint32], n_tok: int,
+                  tnorm: NDArray[np.float32], wterm: NDArray[np.float32], tau_: float,
+                  lotop: NDArray[np.float64], kf: NDArray[np.float64], cand_t: NDArray[np.int32],
+                  cand_hi: NDArray[np.float64], cand_n: NDArray[np.int32],
+                  over: NDArray[np.bool_]) -> None:  # pragma: no cover - numba
+    """The pairs of features g*MR.. and tile `tile`'s tokens that a micro-kernel flagged (masks,
+    with their scores A in vals), each with its bound E, to _offer."""
+    for i in range(MR):
+        f = g * MR + i
+        for j in range(TILE):
+            t = tile * TILE + j
+            if (masks[i] >> np.uint32(j)) & np.uint32(1) and t < n_tok:
+                a = np.float64(vals[i, j])
+                e = ((np.float64(tnorm[tile, j]) * wterm[f, 0] + np.float64(tnorm[tile, TILE + j]) * wterm[f, 1])
+                     * (1 + 1e-9) + abs(a) * 2.0 ** -50 + tau_)
+                _offer(f, t, a, e, lotop, wterm, kf, cand_t, cand_hi, cand_n, over)
 
 
 @njit(cache=True, parallel=True)

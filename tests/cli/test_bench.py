@@ -19,7 +19,7 @@ def test_bench_prints_the_speed_table(tiny_gguf: Path, tmp_path: Path) -> None:
     assert lines[1] == "| model | engine | prefill tok/s | decode tok/s | decode vs llama.cpp |"
     assert lines[3].startswith(f"| {tiny_gguf} | larql | ")
     saved = json.loads(out.read_text())
-    assert {"platform", "cpu", "cpus", "threads", "load_average"} <= set(saved["machine"])
+    assert {"platform", "cpu", "cpus", "isa", "threads", "load_average"} <= set(saved["machine"])
     assert saved["engines"][0]["decode_tok_s"] > 0 and saved["engines"][0]["prefill_tok_s"] > 0
     if llama_cpp_version() is None:
         assert r.stderr.strip().endswith(f"llama-cpp-python is not installed ({LLAMA_CPP_INSTALL})")

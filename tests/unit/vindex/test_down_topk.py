@@ -1,16 +1,19 @@
-"""down_meta's top-k tokens per feature (larql/vindex/topk.py): the bounded int8 pass (AVX-512 VNNI)
-and the float32 one must both give the exact top-k: the ids and float32 values of a float64
-brute force (scores rounded to float32, ranked by value descending then id ascending)."""
+"""down_meta's top-k tokens per feature (larql/vindex/topk.py): the bounded int8 pass (its AVX-512
+VNNI and its AVX2 kernel) and the float32 one must each give the exact top-k: the ids and float32
+values of a float64 brute force (scores rounded to float32, ranked by value descending then id
+ascending). A tier runs when this CPU and numba's target have it (LARQL_ISA caps it: CI runs the
+file once per tier)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from larql.quant.argmax import HAVE_VNNI
+from larql.quant import isa
 from larql.vindex import topk, topk_kernels
 
-PATHS = [pytest.param(True, marks=pytest.mark.skipif(not HAVE_VNNI, reason="no AVX-512 VNNI")), False]
+PATHS = [pytest.param(t, marks=pytest.mark.skipif(not isa.runs(t), reason=f"tier {isa.TIER}: no {t}"))
+         for t in isa.TIERS]
 
 
 def reference(u: np.ndarray, wt: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -23,8 +26,8 @@ def reference(u: np.ndarray, wt: np.ndarray, k: int) -> tuple[np.ndarray, np.nda
     return ids, vals
 
 
-def check(u: np.ndarray, wt: np.ndarray, k: int, vnni: bool) -> None:
-    ids, vals = topk.top_tokens(topk.prepare(u, vnni=vnni), wt, k)
+def check(u: np.ndarray, wt: np.ndarray, k: int, tier: str) -> None:
+    ids, vals = topk.top_tokens(topk.prepare(u, tier=tier), wt, k)
     rid, rval = reference(u, wt, k)
     assert ids.dtype == np.uint32 and vals.dtype == np.float32
     bad = np.flatnonzero((ids != rid).any(axis=1) | (vals != rval).any(axis=1))
@@ -38,17 +41,17 @@ def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(topk, "VOCAB_CHUNK", 256)
 
 
-@pytest.mark.parametrize("vnni", PATHS)
+@pytest.mark.parametrize("tier", PATHS)
 @pytest.mark.parametrize("hidden", [64, 70, 7])
-def test_random(vnni: bool, hidden: int, small_chunks: None) -> None:
+def test_random(tier: str, hidden: int, small_chunks: None) -> None:
     rng = np.random.default_rng(hidden)
     u = rng.standard_normal((3001, hidden)).astype(np.float32)  # not a multiple of 32 or of the chunk
     wt = rng.standard_normal((13, hidden)).astype(np.float32)  # not a multiple of the micro-tile's 4
-    check(u, wt, 10, vnni)
+    check(u, wt, 10, tier)
 
 
-@pytest.mark.parametrize("vnni", PATHS)
-def test_ties_keep_lower_ids(vnni: bool, small_chunks: None) -> None:
+@pytest.mark.parametrize("tier", PATHS)
+def test_ties_keep_lower_ids(tier: str, small_chunks: None) -> None:
     """Exact ties (small integers: every score exact): copies of the best rows scattered over the
     vocabulary, and a zero feature (every score 0: ids 0..k-1)."""
     rng = np.random.default_rng(1)
@@ -58,12 +61,12 @@ def test_ties_keep_lower_ids(vnni: bool, small_chunks: None) -> None:
     for f in range(4):
         best = int(np.argmax(u @ wt[f]))
         u[rng.choice(2000, 7, replace=False)] = u[best]
-    check(u, wt, 5, vnni)
+    check(u, wt, 5, tier)
 
 
-@pytest.mark.parametrize("vnni", PATHS)
+@pytest.mark.parametrize("tier", PATHS)
 @pytest.mark.parametrize(("copies", "eps"), [(30, 1e-5), (900, 1e-3), (900, 1e-5)])
-def test_near_ties_within_int8_rounding(vnni: bool, copies: int, eps: float, small_chunks: None,
+def test_near_ties_within_int8_rounding(tier: str, copies: int, eps: float, small_chunks: None,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Tokens whose scores differ by far less than the int8 bound: all become candidates. 900 of
     them outgrow the candidate buffer (and the wider one, made 64 here): the feature goes to the
@@ -76,11 +79,11 @@ def test_near_ties_within_int8_rounding(vnni: bool, copies: int, eps: float, sma
     best = int(np.argmax(u @ wt[0]))
     where = rng.choice(3000, copies, replace=False)
     u[where] = u[best] + eps * rng.standard_normal((copies, 96)).astype(np.float32)
-    check(u, wt, 10, vnni)
+    check(u, wt, 10, tier)
 
 
-@pytest.mark.parametrize("vnni", PATHS)
-def test_scales(vnni: bool, small_chunks: None) -> None:
+@pytest.mark.parametrize("tier", PATHS)
+def test_scales(tier: str, small_chunks: None) -> None:
     """Rows and features from 1e-18 to 1e15 (scores down to float32's subnormals), zero rows."""
     rng = np.random.default_rng(2)
     u = rng.standard_normal((1500, 50)).astype(np.float32)
@@ -88,28 +91,59 @@ def test_scales(vnni: bool, small_chunks: None) -> None:
     u[::97] = 0
     wt = rng.standard_normal((10, 50)).astype(np.float32)
     wt *= (10.0 ** np.array([-20, -10, -1, 0, 0, 1, 5, 10, 12, 0])).astype(np.float32)[:, None]
-    check(u, wt, 10, vnni)
+    check(u, wt, 10, tier)
 
 
-@pytest.mark.parametrize("vnni", PATHS)
-def test_compaction(vnni: bool, monkeypatch: pytest.MonkeyPatch, small_chunks: None) -> None:
+@pytest.mark.parametrize("tier", PATHS)
+def test_compaction(tier: str, monkeypatch: pytest.MonkeyPatch, small_chunks: None) -> None:
     """Candidate buffers of 16 slots, then 20: compaction and every later pass run on ordinary data."""
     monkeypatch.setattr(topk_kernels, "CAP", 16)
     monkeypatch.setattr(topk, "WIDE", 20)
     rng = np.random.default_rng(3)
     u = rng.standard_normal((4000, 33)).astype(np.float32)
     wt = rng.standard_normal((17, 33)).astype(np.float32)
-    check(u, wt, 8, vnni)
+    check(u, wt, 8, tier)
 
 
-@pytest.mark.parametrize("vnni", PATHS)
-def test_vocab_smaller_than_k(vnni: bool) -> None:
+@pytest.mark.parametrize("tier", PATHS)
+def test_vocab_smaller_than_k(tier: str) -> None:
     rng = np.random.default_rng(4)
     u = rng.standard_normal((5, 32)).astype(np.float32)
     wt = rng.standard_normal((3, 32)).astype(np.float32)
-    ids, vals = topk.top_tokens(topk.prepare(u, vnni=vnni), wt, 8)
+    ids, vals = topk.top_tokens(topk.prepare(u, tier=tier), wt, 8)
     rid, rval = reference(u, wt, 8)
     assert (ids[:, :5] == rid[:, :5]).all() and (vals == rval).all() and (ids[:, 5:] == 0).all()
+
+
+@pytest.mark.parametrize("tier", PATHS)
+def test_full_scale_codes(tier: str, small_chunks: None) -> None:
+    """Every code +-127 on both sides (rows of +-1): the largest int16 pair sums the AVX2 kernel
+    forms (2 x 127 x 127), which an unsigned u + 128 operand would have saturated; the scores,
+    whole numbers, tie often."""
+    rng = np.random.default_rng(5)
+    u = rng.choice(np.array([-1.0, 1.0], np.float32), (2500, 96))
+    wt = rng.choice(np.array([-1.0, 1.0], np.float32), (9, 96))
+    wt[3] = np.where(u[17] > 0, 1.0, -1.0).astype(np.float32)  # u[17] . w = 96, far above the rest
+    check(u, wt, 6, tier)
+
+
+@pytest.mark.skipif(not isa.runs("avx512vnni"), reason=f"tier {isa.TIER}: the VNNI kernel does not run here")
+@pytest.mark.parametrize("hidden", [64, 70, 640])
+def test_avx2_scores_are_vnnis(hidden: int) -> None:
+    """The AVX2 kernel forms the same scores A as the VNNI one, bit for bit: the same floors (lower
+    bounds), candidates, their upper bounds and overflow marks after the int8 pass."""
+    rng = np.random.default_rng(hidden)
+    u = rng.standard_normal((5000, hidden)).astype(np.float32)
+    u[::7] *= 1e-3
+    u[rng.random(u.shape) < 0.01] = 0
+    wt = rng.standard_normal((22, hidden)).astype(np.float32)
+    states = [topk._int8_pass(topk.prepare(u, tier=t), wt, 10, topk_kernels.CAP) for t in ("avx512vnni", "avx2")]
+    for name, a, b in zip(("lotop", "cand_t", "cand_hi", "cand_n", "over"), *states):
+        if name in ("cand_t", "cand_hi"):
+            n = states[0][3]
+            a = np.concatenate([row[:m] for row, m in zip(a, n)])
+            b = np.concatenate([row[:m] for row, m in zip(b, n)])
+        assert np.array_equal(a, b), name
 
 
 def test_not_finite_takes_the_plain_pass() -> None:
