@@ -121,7 +121,10 @@ def configure(n: int | None = None, env: MutableMapping[str, str] | None = None)
     _explicit[0] = _explicit[0] or n is not None
     cores = available_cores()
     count = max(1, explicit if explicit is not None else cores)
-    blas = count if explicit is not None or not machine_stays_busy(cores) else 1
+    # the machine is sampled only when a BLAS count is still to be set (`import larql` sets it; the CLI's
+    # own call after that, without --threads, changes nothing and need not wait for the samples)
+    unset = any(var not in env for var in _BLAS_VARS)
+    blas = count if explicit is not None or not unset or not machine_stays_busy(cores) else 1
     if "OMP_WAIT_POLICY" not in env:  # a policy the user chose stays (GOMP_SPINCOUNT would override it)
         env.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))
     for var in _COUNT_VARS:
