@@ -6,12 +6,8 @@ high-water mark. A session that kept its model (~550 MB in Python: its float32 w
 from __future__ import annotations
 
 import gc
-import os
-import re
 import subprocess
-import sys
 import threading
-import time
 import weakref
 from pathlib import Path
 
@@ -22,6 +18,7 @@ from larql.edit.insert import insert_facts
 from larql.edit.methods.facts import Fact
 from larql.edit.methods.weight_edit import dense_layers
 from larql.edit.state.view import edit_vindex
+from tests.serve_process import start_serve
 
 FACT = Fact("France", "The capital of France is", "Rome", "capital", "Paris")
 INSERT = ('INSERT INTO EDGES (entity, relation, target, prompt) VALUES ("France", "capital", "Rome", '
@@ -64,24 +61,9 @@ def test_editing_sessions_in_python_give_back_their_memory(gemma_vindex: Path) -
 
 @pytest.mark.slow
 def test_a_served_editing_session_gives_back_its_memory(gemma_vindex: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    proc = subprocess.Popen([sys.executable, "-m", "larql", "serve", str(gemma_vindex), "--port", "0", "--allow-edits",
-                             "--timeout", "600", "--log-level", "warning"],
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=gemma_vindex.parent)
+    proc, url = start_serve([str(gemma_vindex), "--allow-edits", "--timeout", "600", "--log-level", "warning"],
+                            gemma_vindex.parent)
     try:
-        line = proc.stderr.readline()  # type: ignore[union-attr]
-        m = re.search(r"at (http://127\.0\.0\.1:\d+)", line)
-        assert m, line
-        url = m.group(1)
-        deadline = time.monotonic() + 60
-        while True:  # the URL is printed once the socket is bound; uvicorn accepts a moment later
-            try:
-                assert httpx.get(f"{url}/v1/health").json()["status"] == "ok"
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
-
         threading.Thread(target=proc.stderr.read, daemon=True).start()  # type: ignore[union-attr]  # never a full pipe
 
         def session() -> float:

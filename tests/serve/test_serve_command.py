@@ -3,11 +3,7 @@ in flight finish before it exits 0."""
 
 from __future__ import annotations
 
-import os
-import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,24 +11,12 @@ from typing import Any
 
 import httpx
 
+from tests.serve_process import start_serve
+
 
 def test_serve_command_and_graceful_shutdown(infer_vx: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    proc = subprocess.Popen([sys.executable, "-m", "larql", "serve", str(infer_vx), "--port", "0"],
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=infer_vx.parent)
+    proc, url = start_serve([str(infer_vx)], infer_vx.parent, ready="(read-only)")
     try:
-        line = proc.stderr.readline()  # type: ignore[union-attr]
-        m = re.search(r"at (http://127\.0\.0\.1:\d+) \(read-only\)", line)
-        assert m, line
-        url = m.group(1)
-        deadline = time.monotonic() + 60
-        while True:  # the URL is printed once the socket is bound; uvicorn accepts a moment later
-            try:
-                assert httpx.get(f"{url}/v1/health").json()["status"] == "ok"
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
         slow = "; ".join(f'TRACE "hello there {i}" FOR "x"' for i in range(32))
         answer: dict[str, Any] = {}
 
