@@ -208,10 +208,19 @@ def _source(*names: str) -> str:
     return "Source: " + ", ".join(f"`benchmarks/results/{n}.json`" for n in names) + "."
 
 
+# `larql bench` records larql.quant.isa.TIER as `isa`; benchmarks/results_file.py writes its label as `tier`
+_ISA_LABELS = {"avx512vnni": "avx512-vnni int8", "avx2": "avx2 int8", "float32": "float32"}
+
+
+def _tier_label(machine: dict[str, Any], top: dict[str, Any] | None = None) -> str:
+    """The kernel tier a results file records ('' when it records none)."""
+    top = top or {}
+    return str(machine.get("tier") or top.get("tier") or _ISA_LABELS.get(machine.get("isa", ""), ""))
+
+
 def _tier(machine: dict[str, Any], top: dict[str, Any] | None = None) -> str:
     """The CPU and its kernel tier as the results file records them ('' when it records no tier)."""
-    top = top or {}
-    tier = machine.get("tier") or top.get("tier")
+    tier = _tier_label(machine, top)
     if not tier:
         return ""
     load = machine.get("load_average")
@@ -299,7 +308,78 @@ def render_stacked_capitals() -> str:
     return "\n".join(out) + "\n\n" + _source(*names)
 
 
+# The run the README's speed table shows: `larql bench --rounds N --out` on a quiet machine, both engines.
+README_RUNTIME = "runtime-prompt256-7rounds"
+# The runs the benchmarks page compares, one row each (the same code, the same machine, different days'
+# load and prompt lengths).
+RUNTIME_RUNS = ("runtime-prompt256-7rounds", "runtime-prompt256-idle", "runtime-prompt256-3rounds",
+                "runtime-prompt1280")
+
+
+def _spread(median: float, rounds: list[float], digits: int) -> str:
+    """A median with its lowest and highest round, as `larql bench` prints it."""
+    return f"{median:.{digits}f}" + (f" ({min(rounds):.{digits}f}-{max(rounds):.{digits}f})" if len(rounds) > 1 else "")
+
+
+def _ratio(engines: list[dict[str, Any]], model: str, key: str) -> str:
+    ours = next((e for e in engines if e["model"] == model and e["engine"] == "larql"), None)
+    peer = next((e for e in engines if e["model"] == model and e["engine"] == "llama.cpp"), None)
+    return f"{ours[key] / peer[key]:.2f}x" if ours and peer else "—"
+
+
+def _runtime_setting(d: dict[str, Any]) -> str:
+    """What a `larql bench` results file measured, on what: the words under its table."""
+    m = d["machine"]
+    rounds = d.get("rounds", 1)
+    tier = _tier_label(m, d)
+    load = f"load average {m['load_average'][0]:.2f} at the start"
+    if "load_average_end" in d:
+        load += f", {d['load_average_end'][0]:.2f} at the end"
+    return (f"{m['cpu']}, {m['cpus']} cpus, {m['threads']} threads, kernel tier "
+            f"{tier or 'not recorded in this file'}; prefill of a {d['prompt']}-token prompt, {d['decode']} greedy "
+            f"decode steps; " + (f"medians of {rounds} rounds, larql and llama.cpp in turn (lowest-highest round "
+                                 f"in brackets)" if rounds > 1 else "one round") + f"; {load}")
+
+
+def render_runtime() -> str:
+    """The README's speed table: larql beside llama.cpp (llama-cpp-python) on the same GGUF."""
+    d = _load(README_RUNTIME)
+    engines = d["engines"]
+    out = ["| model | engine | prefill tok/s | decode tok/s | prefill vs llama.cpp | decode vs llama.cpp |",
+           "|---|---|---:|---:|---:|---:|"]
+    for e in engines:
+        mine = e["engine"] == "larql"
+        out.append(f"| {e['model']} | {e['engine']} | {_spread(e['prefill_tok_s'], e.get('prefill_rounds', []), 0)} | "
+                   f"{_spread(e['decode_tok_s'], e.get('decode_rounds', []), 1)} | "
+                   f"{_ratio(engines, e['model'], 'prefill_tok_s') if mine else ''} | "
+                   f"{_ratio(engines, e['model'], 'decode_tok_s') if mine else ''} |")
+    peer = f"llama-cpp-python {d['llama_cpp']}" if d.get("llama_cpp") else "llama.cpp not installed"
+    return ("\n".join(out) + f"\n\n{_runtime_setting(d)}; {peer}. " + _source(README_RUNTIME))
+
+
+def render_runtime_runs() -> str:
+    """Every run the docs compare, one row each: how far the ratios move between runs."""
+    models = ("gemma3-270m", "smollm2-135m")
+    out = ["| run | prompt | rounds | load average (start, end) | tier | "
+           + " | ".join(f"{m} prefill | {m} decode" for m in models) + " |",
+           "|---|---:|---:|---|---|" + "---:|" * (2 * len(models))]
+    for name in RUNTIME_RUNS:
+        d = _load(name)
+        m, e = d["machine"], d["engines"]
+        load = f"{m['load_average'][0]:.2f}, {d['load_average_end'][0]:.2f}" if "load_average_end" in d else \
+            f"{m['load_average'][0]:.2f}"
+        ratios = " | ".join(f"{_ratio(e, k, 'prefill_tok_s')} | {_ratio(e, k, 'decode_tok_s')}" for k in models)
+        out.append(f"| `{name}` | {d['prompt']} | {d.get('rounds', 1)} | {load} | "
+                   f"{_tier_label(m, d) or 'not recorded'} | {ratios} |")
+    first = _load(RUNTIME_RUNS[0])["machine"]
+    return ("larql's speed over llama.cpp's (ratios of the medians), each run on "
+            f"{first['cpu']}, {first['cpus']} cpus, {first['threads']} threads:\n\n" + "\n".join(out) + "\n\n"
+            + _source(*RUNTIME_RUNS))
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
+    "runtime": render_runtime,
+    "runtime-runs": render_runtime_runs,
     "editing-methods": render_editing_methods,
     "editing-scale": render_editing_scale,
     "editing-relations": render_editing_relations,
