@@ -19,7 +19,7 @@ from pathlib import Path
 import larql.threads
 
 # the thread pools as the CLI sets them, before numpy loads: on a busy machine OpenBLAS's
-# busy-waiting threads made DESCRIBE 3-4 s instead of 0.4 s (threads.py)
+# busy-waiting threads slow DESCRIBE several times over (threads.py)
 larql.threads.configure()
 
 from results_file import save_results  # noqa: E402

@@ -5,12 +5,11 @@ thread pools read their environment once, when the library first starts a thread
 after that point is too late for BLAS (OpenBLAS sizes its pool when numpy is imported).
 
 Why a short spin: numba's OpenMP layer (GNU libgomp) lets a worker that has finished spin
-before it sleeps. libgomp's default spin (GOMP_SPINCOUNT 300,000, milliseconds) steals the cores a
-busy machine's other work needs and, measured on this 2-vCPU VM, slows decoding itself
-(SmolLM2-135M 76-82 tok/s); no spin at all (OMP_WAIT_POLICY=PASSIVE) makes every parallel region wake a sleeping worker: a decode step runs ~200 regions,
-and passive cost it half (SmolLM2-135M 44-55 tok/s against 88-110 with 3,000 spins, Gemma 3 49
-against 74-88). GOMP_SPINCOUNT=3000 keeps a worker awake across the few microseconds between one
-matvec and the next and asleep ~0.1 ms after the last. It is libgomp's setting, so a library in
+before it sleeps. libgomp's default spin (milliseconds) steals the cores a busy machine's other
+work needs and slows decoding itself; no spin at all (OMP_WAIT_POLICY=PASSIVE) makes every parallel
+region wake a sleeping worker, and a decode step runs ~200 regions. GOMP_SPINCOUNT=3000 keeps a
+worker awake across the few microseconds between one matvec and the next and asleep ~0.1 ms after
+the last (docs/design/cpu-paths.md has the measurements). It is libgomp's setting, so a library in
 the same process that uses OpenMP (llama.cpp's ggml) gets it too.
 """
 
@@ -27,9 +26,9 @@ SPIN_COUNT = 3000  # libgomp's spins before an idle worker sleeps (~0.1 ms here;
 _COUNT_VARS = ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 # BLAS serves prefill GEMMs and DESCRIBE's probes. Its pool (OpenBLAS's, in numpy's wheels)
-# busy-waits and has no wait-policy setting: on a busy machine one BLAS thread made DESCRIBE 2.5x
-# faster, but on a quiet one it cost prefill 30% (bench_load.py). So BLAS gets one thread only when
-# other processes are already running on our cores at start-up.
+# busy-waits and has no wait-policy setting: on a busy machine one thread is faster, on a quiet one
+# every core is (bench_load.py). So BLAS gets one thread only when other processes are already
+# running on our cores at start-up.
 _BLAS_VARS = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 
 

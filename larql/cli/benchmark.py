@@ -125,7 +125,7 @@ def bench_llamacpp(key: str, path: str, ids: list[int], n_decode: int, threads: 
     in a child process with the environment this one started with (threads.user_environ): llama.cpp's
     ggml and numba share GNU libgomp, which reads its wait policy once per process, so in this
     process llama.cpp would run under larql's thread settings, not its own (a passive OpenMP wait
-    there halved llama.cpp's decode speed: Gemma 3 74 -> 39 tok/s).
+    there halved llama.cpp's decode speed).
     Raises RuntimeError with the child's last line of error output if llama.cpp cannot load or run."""
     from larql.threads import user_environ
 

@@ -1,12 +1,11 @@
 """A gated MLP's act(g) * u with what its backward needs, act(g) and act'(g) * u, in one call over the
 gate and up scores, for the hand-written backward (grad.py).
 
-The transcendental goes to numpy's SIMD tanh / exp (0.6 ms over a value step's (768, 2048) gate
-scores), the polynomial parts to two numba passes that LLVM vectorises because they call nothing:
-~3 ms in all, where one numba pass calling a scalar exp per element took 10 ms (7% of a 1,000-fact
-INSERT) and numpy's dozen passes ~45 ms. One thread: numba's workers, spinning after a parallel
-loop, slowed the BLAS calls around it. A gate far below 0 (an inserted neuron's) gives exp
-overflow -> inf -> act 0, as it should.
+The transcendental goes to numpy's SIMD tanh / exp, the polynomial parts to two numba passes that
+LLVM vectorises because they call nothing: faster than one numba pass calling a scalar exp per
+element, and than numpy's dozen whole-array passes (docs/design/cpu-paths.md). One thread: numba's
+workers, spinning after a parallel loop, slowed the BLAS calls around it. A gate far below 0 (an
+inserted neuron's) gives exp overflow -> inf -> act 0, as it should.
 """
 
 from __future__ import annotations

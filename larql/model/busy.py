@@ -3,8 +3,7 @@
 A decode step is ~130-210 small parallel regions (one per matvec, numba's workers spinning ~0.1 ms
 before they sleep: threads.py). With the other core taken by another process, each
 region waits until its worker is scheduled, and two threads were slower than one for every
-Gemma 3 / SmolLM2 matrix (2 cores, another job running two threads: 256 x 640 23 against 14 us,
-2048 x 640 108 against 94 us; Gemma's lm_head candidate pass 12-15 against 8.5-9.4 ms). So a pass
+Gemma 3 / SmolLM2 matrix (docs/design/cpu-paths.md). So a pass
 over a few rows, and its lm_head, check the kernel's count of runnable tasks (threads.machine_busy,
 one read of /proc/loadavg) and run on one thread while others run, unless the thread count was
 asked for (--threads, $LARQL_THREADS). Prefill (BLAS) is unchanged.
@@ -23,7 +22,7 @@ from larql import threads
 _CORES = threads.available_cores()
 FEW_ROWS = 16  # passes over at most this many rows (decode steps, small batches) adapt
 # /proc/loadavg is read at most this often: a decode step asks twice (its layers, its lm_head), and
-# the open and read cost ~2.5 us each, ~1.5% of a Gemma 3 token
+# reading it every time would cost ~1.5% of a Gemma 3 token
 RECHECK_S = 0.05
 _seen = [-1.0, False]  # (when, busy): a race between threads only rereads the file
 

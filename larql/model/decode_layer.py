@@ -2,12 +2,11 @@
 
 One position through a layer is ~7 matvecs of 20-150 us and a dozen small steps. Forward.layer runs
 them through the general machinery (hook checks, norm dispatch, QuantMatrix.matmul's shape checks
-and kernel choice, reshapes, temporaries), ~60 us of Python a layer: 2 ms of SmolLM2-135M's 10 ms
+and kernel choice, reshapes, temporaries), ~60 us of Python a layer: a fifth of a small model's
 token. Here each layer's kernels are chosen once (`DecodeLayers`, made at the first decode step)
 and a step calls them directly: the same kernels on the same inputs as the general path, so the
-same bits (test), with ~15 calls a layer. SmolLM2-135M 105 -> 115 tok/s. Fusing each layer into
-two numba functions measured 5% faster still, but compiling them cost a first run 6.8 s more
-(numba compiles a caller of tuple-typed matrices afresh), against the cold-start target of 15 s.
+same bits (test), with ~15 calls a layer. Not fused into numba functions: numba compiles a caller
+of tuple-typed matrices afresh, which costs a first run more than it saves (docs/design/cpu-paths.md).
 
 A layer qualifies when its block is the plain one: RMS norms, rotary or no positions, a gated MLP
 (GELU-tanh or SiLU) with no biases after the q/k/v projections, and every matrix a repacked

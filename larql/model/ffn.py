@@ -62,9 +62,9 @@ def silu(x: F32) -> F32:
 
 def gated(activation: str, gate: F32, up: F32 | None) -> F32:
     """act(gate) * up for activation "gelu_tanh" or "silu", `(T, ffn)` in and out; act(gate) when
-    the MLP has no up projection (GPT-2). numpy's tanh/exp (vectorized; numba's call libm per element,
-    3.5x slower here) between two numba passes for the polynomial parts (prefill_ops.gated_mul: the
-    same bits, 0.3 against 0.6 ms on a (256, 2048) prefill); numpy's steps for other inputs."""
+    the MLP has no up projection (GPT-2). numpy's tanh/exp (vectorized; numba's call libm per element)
+    between two numba passes for the polynomial parts (prefill_ops.gated_mul: the same bits, half the
+    time of numpy's whole-array steps); numpy's steps for other inputs."""
     if (up is not None and activation in ("gelu_tanh", "silu") and gate.dtype == up.dtype == np.float32
             and gate.shape == up.shape and gate.flags.c_contiguous and up.flags.c_contiguous):
         return prefill_ops.gated_mul(activation, gate, up)  # (T, ffn)

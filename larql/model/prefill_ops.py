@@ -2,11 +2,11 @@
 attention's scale, mask and softmax; the transcendental (tanh, exp) stays numpy's.
 
 Why: numpy ran each step as a chain of whole-array passes, each reading and writing a (256, 2048)
-float32 array (2 MB) — gelu_tanh(gate) * up took 8 of them, 0.6-0.8 ms a Gemma layer; the softmax
-of one block of queries 6 (mask, max, subtract, exp, sum, divide) and a broadcast mask. Here the
-polynomial parts are numba loops that call nothing, so LLVM vectorises them, and tanh / exp go to
-numpy's SIMD versions (a numba loop calling a scalar tanh or exp per element was 3.5x slower,
-activation_grad.py). No fastmath: every product and sum is the numpy definition's, in its order, so
+float32 array (2 MB) — gelu_tanh(gate) * up took 8 of them; the softmax of one block of queries 6
+(mask, max, subtract, exp, sum, divide) and a broadcast mask. Here the polynomial parts are numba
+loops that call nothing, so LLVM vectorises them, and tanh / exp go to numpy's SIMD versions (a
+numba loop calls a scalar tanh or exp per element, several times slower; docs/design/cpu-paths.md).
+No fastmath: every product and sum is the numpy definition's, in its order, so
 the activations are the same bits (tests); the softmax's row sum is the one change of order.
 """
 

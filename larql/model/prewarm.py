@@ -1,14 +1,14 @@
 """The first run after install: compile the kernels a generation needs last in a second process.
 
-A fresh install has no compiled kernels, and `larql run gemma3-270m ...` spent ~15 of its ~19 s
-compiling them, one after another on one core (numba compiles on the calling thread, under a
+A fresh install has no compiled kernels, and a first `larql run gemma3-270m ...` spends most of its
+time compiling them, one after another on one core (numba compiles on the calling thread, under a
 process-wide lock, so threads cannot share the work). A second process can: it loads the same
 model (memory-mapped) and runs, on zeros, what the generating process reaches last — the lm_head's
-greedy argmax (its candidate pass, ~5 s to compile) and the last quantization type a forward pass
+greedy argmax (its candidate pass, the slowest to compile) and the last quantization type a forward pass
 meets — so that numba's cache holds them by the time the first process gets there (numba looks in
 its cache before compiling a signature, and writes entries atomically). No more than that: a second
-process that went on compiling from the back met the first in the middle and both compiled the same
-kernels (measured: wall 15 s, but 29 s of CPU against 19.5 s for one process alone).
+process that went on compiling from the back would meet the first in the middle, and both would
+compile the same kernels (docs/design/cpu-paths.md).
 
 Started only when numba's cache has no decode kernels (`kernels_cached`: no run has finished
 before), never waited for: if the first process ends first, the second still fills the cache for

@@ -49,10 +49,8 @@ class Repacked:
 
 
 # One kernel per family of block layouts, so that a model compiles only the families it holds, and
-# serial: the single parallel kernel with a type switch per block before took 1.75 s to compile
-# and 0.5-0.7 s of CPU to repack gemma3-270m's 117 matrices; these take 1.1 s for the three
-# families Gemma holds (3 parallel ones: 4.4 s) and 0.055 s to repack (numba's parallel setup
-# costs more than the work on matrices this size). The unpacking is `dequant_block`'s (bit diagrams in reference.py); here the integer and its
+# serial: numba's parallel setup costs more than the work on matrices this size, and parallel
+# kernels take several times longer to compile (docs/design/cpu-paths.md). The unpacking is `dequant_block`'s (bit diagrams in reference.py); here the integer and its
 # (scale, offset) are written apart instead of multiplied.
 
 

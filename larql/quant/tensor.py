@@ -88,8 +88,8 @@ def _release_budget(size: int) -> None:
 @contextmanager
 def _one_numba_thread() -> Iterator[None]:
     """Dequantize on this thread only around BLAS calls: numba's OpenMP workers spin after a
-    parallel region and would steal the cores BLAS is about to use (measured: prefill 165 -> 400+
-    tok/s)."""
+    parallel region and would steal the cores BLAS is about to use (prefill more than twice as fast;
+    docs/design/cpu-paths.md)."""
     threads = numba.get_num_threads()
     numba.set_num_threads(1)
     try:

@@ -70,16 +70,10 @@ from larql.model.targets import first_target_token, subject_position
 F32 = NDArray[np.float32]
 PRE_ACTIVATION = 12.0  # a: the gate's pre-activation at the subject, deep in GELU's / SiLU's linear part
 # With a bias direction the gate opens only where g·x passes THRESHOLD (1 at the subject). Higher is
-# more local and less forgiving: a paraphrase whose g·x is z gets (z - θ) z / (1 - θ) of the value
-# (z = 0.85: 0.43 at θ = 0.7, 0.60 at θ = 0.5; 0.72 for a quadratic neuron, z²). Measured: θ = 0.7,
-# 100 fictional facts at layer 3 ES 98 / PS 64.5 / 24 of 24 unrelated top-1s kept, single
-# CounterFact edits (first 20) PS 87.5; θ = 0.5, 98 / 65 / 22 and PS 98.8 (quadratic neurons: 98.1)
+# more local and less forgiving: a paraphrase whose g·x is z gets (z - θ) z / (1 - θ) of the value.
+# 0.5 reached far more paraphrases than 0.7 for a little locality; both bundled models use it
+# (docs/design/edit-defaults.md has the measurements)
 THRESHOLD = 0.5
-# Both bundled models. SmolLM2-135M had quadratic neurons while its thresholded ones missed their own
-# prompts (ES 71.4 against 80.0 on its 35 CounterFact edits, each alone): g·x there was 0.74-0.88, not
-# 1, until the neuron was also asked to fire on the prompts as given (`plan_neuron_edit`); then
-# thresholded 82.9 / PS 67.9 each alone, and 300 fictional facts in one INSERT ES 99.7 / PS 83.7 /
-# 24 of 24 unrelated top-1s kept, against quadratic neurons' 71.7 / 60.8 / 17 of 24.
 
 
 @dataclass(frozen=True)
@@ -94,11 +88,9 @@ class NeuronPlan:
 
 
 # Where else a neuron fires fully: the subject opening a text ("Peru's capital is": there its input
-# is another, and g·x was 0.4 when only the mean over the prompts was asked for). Not behind other
-# words: with "In {}", "of {}" and "about {}" too, 40 fictional subjects in one INSERT scored ES
-# 77.5 / PS 30.0 / 15 of 24 unrelated top-1s kept, against 92.5 / 52.5 / 20 without (made-up names
-# share their last tokens, "-stan", "-ia", and behind a common word that token's input is mostly
-# the token's own, shared with the other subjects)
+# is another than at the mean over the prompts). Not behind other words ("In {}", "of {}"): made-up
+# names share their last tokens ("-stan", "-ia"), and behind a common word that token's input is
+# mostly the token's own, shared with the other subjects, so neurons opened on each other's subjects
 FIRE_CONTEXTS = ("{}",)
 
 
@@ -280,9 +272,9 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metr
                       np.array([[1.0]], np.float32))[0, 0])  # act at the subject, where g·x = 1
     inputs = np.stack([v.inputs[layer] for v in values], axis=1)  # (hidden, n_groups)
     # fire fully at the subject's mean input over the optimised prompts, in FIRE_CONTEXTS and on the
-    # facts' own prompts as given (no prefix): there g·x was 0.74-0.88 on SmolLM2-135M's CounterFact
-    # edits ("The official language of Germany is"), a thresholded neuron's output (z-θ)z/(1-θ) of the
-    # value, and the edit missed its own prompt
+    # facts' own prompts as given (no prefix): without the last, g·x on a prompt can fall well short
+    # of 1 (SmolLM2-135M's "The official language of Germany is"), and a thresholded neuron's output,
+    # (z-θ)z/(1-θ) of the value, misses its own prompt
     more = subject_inputs(model, layer, [group[0].subject for group in groups],
                           keys={group[0].subject: group[0].keyed for group in groups},
                           texts={group[0].subject: list(dict.fromkeys(f.prompt for f in group)) for group in groups},

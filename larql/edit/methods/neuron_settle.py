@@ -3,15 +3,15 @@
 A neuron is planned to be 0 at the other subjects' inputs where it would open (`neuron_directions`),
 but on inputs taken one way (the mean over the optimised prompts, the subject opening a text) and
 within bounds (a few solves, a bounded rms), and a neuron that opens on another subject's prompt
-writes its own target there: on 1,000 fictional facts over layers 3-8, ES was 97% where no other
-neuron opened at the fact's prompt and 34% where four or more did. So once a layer's neurons are
+writes its own target there, and a fact's prompt with several other neurons open mostly loses
+its edit (docs/design/edit-defaults.md). So once a layer's neurons are
 recorded, every subject's texts (itself, its prompts, two of the batch's templates) are read through
 the edited model, and a neuron that opens on another subject's text (g·x > SETTLE_OPEN) has its
 direction moved as little as possible (in Σ's norm, Σ = E[x xᵀ]: the least change of g·x on
 ordinary text) to be 0 there and still 1 at its own subject's texts; the gate follows g. Layers go
 lowest first and each is settled before the next is planned, so that the next layer's values are
-optimised on what these neurons really do (settling all layers after the fact, against values that
-had learnt to live with the leaks, took those 1,000 facts from ES 82.1 to 53.9).
+optimised on what these neurons really do (settling all layers after the fact fails: the values
+have learnt to live with the leaks).
 """
 
 from __future__ import annotations

@@ -39,30 +39,25 @@ from larql.quant.tensor import QuantMatrix
 F32 = NDArray[np.float32]
 KL_WEIGHT = 0.0625  # ROME's, per prompt below
 # The subject's other relations (relations.relation_holds) are held harder than ROME's prompts, and a
-# value is not done while one has lost its top-1 (for up to HOLD_STEPS steps). gemma3-270m's development
-# edits (benchmarks/data/relations_gemma3_270m_dev.json): 0.5 kept the other relations with the edits
-# still winning; 2.0 held the value so still that its own target no longer won
+# value is not done while one has lost its top-1 (for up to HOLD_STEPS steps): the weight that kept them
+# on the development edits with the edits still winning (docs/design/edit-defaults.md)
 RELATION_KL_WEIGHT = 0.5
 # ROME keeps "{subject} is a" close to the unedited distribution; the other two guard the subject's
-# other facts, which share its key (measured: "People in France speak" lost French without them)
+# other facts, which share its key (without them "People in France speak" lost French)
 KL_PROMPTS = ("{} is a", "{} is known for", "In {}, people")
-# A subject the model says nothing about (DESCRIBE's probes answer nothing: 77 of 100 invented names)
-# has no other facts to guard, so it keeps ROME's prompt alone: ~15 tail rows a subject instead of ~22
-# (fictional facts, 3 prefixes); 300 of them in one INSERT scored the same ES / PS / kept either way
+# A subject the model says nothing about (DESCRIBE's probes answer nothing) has no other facts to
+# guard, so it keeps ROME's prompt alone: fewer tail rows a subject, and the same scores
 UNKNOWN_KL_PROMPTS = KL_PROMPTS[:1]
 # Weight decay on ||delta||^2 / ||mlp out||^2 and a hard clamp on ||delta|| / ||mlp out||; ROME's are 0.5 and 4.
-# But the edit disturbs every other token's MLP output in proportion to ||delta|| (20 stacked edits had
-# moved it by 80-100% of its norm on ordinary text), so larql asks for the smallest delta that still
-# wins: on the 40-fact gemma3-270m set (C from the generated corpus), 2 and 2 gave single edits NS
-# 85.0 -> 90.4 (PS 97.5 -> 97.8, unrelated top-1 kept 92.5 -> 93.8%) and
-# 20 stacked edits kept 50% of unrelated top-1s instead of 33% (KL 2.30 -> 1.61)
+# The edit disturbs every other token's MLP output in proportion to ||delta||, so larql asks for the
+# smallest delta that still wins: tighter bounds than ROME's keep more of the neighbours and of the
+# unrelated prompts' top-1s (docs/design/edit-defaults.md has the measurements)
 WEIGHT_DECAY = 2.0
 CLAMP = 2.0
 # A subject whose target does not win within those bounds is optimised again with ROME's.
 ROME_WEIGHT_DECAY, ROME_CLAMP = 0.5, 4.0
-# Models measured to need ROME's bounds from the start: SmolLM2-135M's layer-4 values reach the top-1 in
-# the tail within the small bounds but then fall short on the real prompts (single-edit ES 45.7 with
-# 2 and 2, 80.0 with ROME's, NS 99.5 both; benchmarks/data/counterfact_smollm2_135m.json)
+# Models that need ROME's bounds from the start: SmolLM2-135M's layer-4 values reach the top-1 in
+# the tail within the small bounds but then fall short on the real prompts
 VALUE_BOUNDS = {"smollm2-135m": (ROME_WEIGHT_DECAY, ROME_CLAMP)}
 
 

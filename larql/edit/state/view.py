@@ -200,8 +200,8 @@ class EditableVindex(VindexQueries):
     def float32_weights(self) -> list[F32]:
         """The model's float32 weights (`model.weights.float32_copies`; none for a model past its
         budget), kept for as long as this view lives: an editing session's INSERTs then dequantize no
-        weight in their batched passes (one INSERT with its report on gemma3-270m: 2.6-3.8 -> 1.9-2.5 s,
-        for 1.07 GB; the value step made most of them for each INSERT anyway). A caller holds the list
+        weight in their batched passes, a large part of an INSERT's time (the value step made
+        most of them for each INSERT anyway). A caller holds the list
         while it runs (a served session's view keeps nothing: see serve/sessions.py)."""
         if not self._float32_weights:
             from larql.model.weights import float32_copies
