@@ -1,7 +1,7 @@
 """Batched forward passes where many short prompts are scored, each beside the one-by-one way in the
 same run: DESCRIBE's 8 probe prompts, the edit evaluation's teacher-forced scoring, the unrelated
 prompts, greedy continuations; and the gate KNN on Gemma-3-4B shapes beside faiss's fp16 index
-(what knn.py used before). gemma3-270m.
+(the index a process that only browses uses). gemma3-270m.
 
     python benchmarks/bench_batch.py [--vindex g.vindex] [--records 10]
 

@@ -1,4 +1,4 @@
-"""The issue's headline case: ten capitals rewritten by ten INSERTs one after another, then what else
+"""Edits that pile up: ten capitals rewritten by ten INSERTs one after another, then what else
 moved — the 24 unrelated prompts INSERT and the edit evaluation use, and prompts about other capitals
 and cities ("Berlin is a city in", "Paris is the capital of": the reverse relation) — and whether each
 edit reaches a paraphrase it never saw ("X's capital city is").
@@ -22,7 +22,7 @@ import larql.threads
 
 larql.threads.configure()
 
-# (country, new capital): every new capital is another country's real one, as in the issue's report
+# (country, new capital): every new capital is another country's real one
 EDITS = (("Japan", "Warsaw"), ("France", "Rome"), ("Spain", "Cairo"), ("Canada", "Madrid"), ("Egypt", "Ottawa"),
          ("Brazil", "Oslo"), ("Australia", "Lima"), ("Poland", "Canberra"), ("Peru", "Tokyo"),
          ("Norway", "Islamabad"))

@@ -6,8 +6,8 @@ Each tier runs in its own process with its own numba cache directory:
     avx512vnni     this CPU as it is (when it has AVX-512 VNNI)
     avx2           numba built for haswell (NUMBA_CPU_NAME plus NUMBA_CPU_FEATURES: the name alone keeps
                    this CPU's features) and OpenBLAS's Haswell kernels (OPENBLAS_CORETYPE)
-    float32-avx2   the same build with LARQL_ISA=float32: the sgemm pass an AVX2 CPU ran before the
-                   AVX2 int8 kernel
+    float32-avx2   the same build with LARQL_ISA=float32: the float32 sgemm pass, the AVX2 int8
+                   kernel's peer
 The kernel figure is topk.top_tokens on a quarter of a Gemma 3 layer (2,048 features x 65,536
 random tokens x 640), the median of --rounds after a compiling call, wall and CPU seconds (CPU
 seconds mean more on a busy machine). Extraction: stage seconds from its progress reports, with

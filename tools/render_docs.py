@@ -377,7 +377,34 @@ def render_runtime_runs() -> str:
             + _source(*RUNTIME_RUNS))
 
 
+TIERS_RUN = "tiers-2026-11-28"
+
+
+def render_tiers() -> str:
+    """down_meta's pass and browse extraction of gemma3-270m on each CPU tier, on one machine."""
+    d = _load(TIERS_RUN)
+    m = d["machine"]
+    labels = {"avx512vnni": "AVX-512 VNNI int8", "avx2": "AVX2 int8", "float32-avx2": "float32 (an AVX2 build)"}
+    sums = {t["down_meta_sha256"] for t in d["tiers"].values()}
+    out = ["| tier | down_meta pass, wall s | its CPU s | extraction s | first extraction s (compiling) |",
+           "|---|---:|---:|---:|---:|"]
+    for name in ("avx512vnni", "avx2", "float32-avx2"):
+        t = d["tiers"].get(name)
+        if t is None:
+            continue
+        extract = sorted(e["total_s"] for e in t["extract"])
+        out.append(f"| {labels[name]} | {_f(t['kernel']['median_wall_s'], 2)} | {_f(t['kernel']['median_cpu_s'], 2)} | "
+                   f"{_f(extract[len(extract) // 2], 0)} | {_f(t['extract_first_run']['total_s'], 0)} |")
+    loads = [x for t in d["tiers"].values() for x in (t["kernel"]["load_before"][0],)]
+    return ("\n".join(out) + f"\n\n{m['cpu']}, {m['cpus']} cpus, {m['threads']} threads, each tier in its own process "
+            f"(the lower tiers built for haswell); the pass is the median of its rounds over a quarter of a Gemma 3 "
+            f"layer; load average {min(loads):.1f}-{max(loads):.1f} before the passes (a busy machine: compare CPU "
+            f"seconds). Every tier wrote the same down_meta.bin: "
+            f"{'yes' if len(sums) == 1 else 'no'}. " + _source(TIERS_RUN))
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
+    "tiers": render_tiers,
     "runtime": render_runtime,
     "runtime-runs": render_runtime_runs,
     "editing-methods": render_editing_methods,
@@ -447,7 +474,7 @@ def missing_paths() -> list[str]:
     return bad
 
 
-_ROUND = re.compile(r"\b(session|issue|round) [0-9]+", re.I)
+_ROUND = re.compile(r"\b(session|issue|round) #?[0-9]+", re.I)
 
 
 _RESULT_NAME = re.compile(r"-(s[0-9]+|before|final[0-9]*)(-|$)")

@@ -2,7 +2,7 @@
 arithmetic either read or refused.
 
 A field larql does not understand must never be ignored silently (a tiny Llama 3 with `rope_type:
-llama3` used to load and answer 1e-2 off). So each builder reads what it needs through `Fields`,
+llama3` read without its scaling loads and answers 1e-2 off). So each builder reads what it needs through `Fields`,
 which names the file and the field in every error; fields that change the forward pass and are
 not implemented (yarn / dynamic rope scaling, partial rotary, GPT-2's inverse-layer scaling...)
 are refused with what is supported. Both config generations are read: transformers 4

@@ -208,8 +208,8 @@ def matvec_generic(qtype, block_size, type_size, w, wi8, tab, x, out):
 
 # Small-batch matmuls: out[t, r] = dot(dequantized w[r], xs[t]) for a few rows of activations xs
 # `[t, k]`, row by row, so each weight row comes from memory once and from cache for the other t.
-# One kernel per type, like the matvecs: a single kernel with a type switch inlined every type's dot
-# product and took 19 s of a 32 s first `larql run` to compile; now a model compiles only its types.
+# One kernel per type, like the matvecs: a single kernel with a type switch would inline every type's
+# dot product and compile them all; this way a model compiles only its own types.
 
 
 @njit(cache=True, fastmath=True, inline="always")

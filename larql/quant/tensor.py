@@ -37,7 +37,7 @@ GATHER_NUMPY = 256
 # made at the first step) runs the row pass alone
 TILE_AFTER_STEPS = 32
 # Rows of one top_k call from which a Q8_0 matrix's tiled copy is made for it (topk_tiles.py): the
-# copy costs ~0.35 s on Gemma's lm_head and saves ~1.2 ms a row (2.1 -> 0.9 ms); once made, every call uses it
+# copy costs ~0.35 s on Gemma's lm_head and saves ~1.2 ms a row; once made, every call uses it
 TILED_TOP_K_ROWS = 128
 
 
