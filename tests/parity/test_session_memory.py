@@ -25,8 +25,8 @@ INSERT = ('INSERT INTO EDGES (entity, relation, target, prompt) VALUES ("France"
           '"The capital of France is")')
 PYTHON_SESSIONS = 3  # after the first: each leaked ~550 MB
 PYTHON_GROWTH_MB = 150
-# after the first: a leaking server grew 1104 -> 1168 -> 1168 -> 1231 -> 1231 MB; a flat one moves by up to
-# ~45 MB, as each INSERT runs in one of the worker threads, each with a malloc arena of its own
+# after the first: a leaking server grows ~60 MB every other session; a flat one moves by up to ~45 MB,
+# as each INSERT runs in one of the worker threads, each with a malloc arena of its own
 SERVED_SESSIONS = 4
 SERVED_GROWTH_MB = 90
 
