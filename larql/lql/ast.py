@@ -113,6 +113,29 @@ class UseStmt(Statement):
 
 
 @dataclass(frozen=True)
+class UseSaeStmt(Statement):
+    """USE SAE "dir" [AT LAYER n]: attach an SAE (SAELens' format) at the hook point its cfg.json
+    names; AT LAYER checks that hook point's layer."""
+
+    path: str
+    layer: int | None = None
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class ShowSaesStmt(Statement):
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class DropSaeStmt(Statement):
+    """DROP SAE "dir-or-hook" detaches one SAE; DROP SAES (target None) detaches them all."""
+
+    target: str | None = None
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
 class WalkStmt(Statement):
     prompt: str
     top: int | None = None

@@ -22,6 +22,12 @@ class StatementHelp:
 STATEMENTS: tuple[StatementHelp, ...] = (
     StatementHelp("USE", 'USE "path.vindex" | USE MODEL "alias|file.gguf|hf-dir" [AUTO_EXTRACT]',
                   'USE "g.vindex";', "open a vindex (or load a model) for the statements after it"),
+    StatementHelp("USE SAE", 'USE SAE "dir" [AT LAYER n]', 'USE SAE "saes/blocks.6.hook_resid_post" AT LAYER 6;',
+                  "attach a sparse autoencoder (SAELens' format) at the hook point its cfg.json names: EXPLAIN INFER "
+                  "and DESCRIBE then show its features (the model's outputs unchanged)"),
+    StatementHelp("SHOW SAES", "SHOW SAES", "SHOW SAES;", "the SAEs attached: hook point, layer, architecture, width"),
+    StatementHelp("DROP SAE", 'DROP SAE {"dir" | "hook"} | DROP SAES', 'DROP SAE "saes/blocks.6.hook_resid_post";',
+                  "detach an SAE (by its USE SAE path or its hook point), or every one"),
     StatementHelp("EXTRACT", 'EXTRACT MODEL "src" INTO "dir.vindex" [WITH {INFERENCE | ALL}] [FORCE]',
                   'EXTRACT MODEL "gemma3-270m" INTO "g.vindex" WITH INFERENCE;',
                   "decompile a model into a vindex (the same code path and defaults as `larql extract`)"),

@@ -390,6 +390,21 @@ class ToAst(Transformer):
     def use_remote(self, meta: Meta, children: list[Any]) -> ast.UseStmt:
         return ast.UseStmt("remote", self._strings(children)[0], span=_span(meta))
 
+    # ---- sparse autoencoders
+    @v_args(meta=True)
+    def use_sae(self, meta: Meta, children: list[Any]) -> ast.UseSaeStmt:
+        o = self._options(children, "USE SAE")
+        return ast.UseSaeStmt(self._paths(children)[0], o.get("at_layer"), span=_span(meta))
+
+    @v_args(meta=True)
+    def show_saes(self, meta: Meta, children: list[Any]) -> ast.ShowSaesStmt:
+        return ast.ShowSaesStmt(span=_span(meta))
+
+    @v_args(meta=True)
+    def drop_sae(self, meta: Meta, children: list[Any]) -> ast.DropSaeStmt:
+        strings = self._strings(children)
+        return ast.DropSaeStmt(strings[0] if strings else None, span=_span(meta))
+
     # ---- browse
     @v_args(meta=True)
     def walk_layers(self, meta: Meta, children: list[Any]) -> Opt:

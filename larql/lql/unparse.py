@@ -184,6 +184,9 @@ UNPARSERS: dict[type, Callable[..., str]] = {
     ast.ShowFeaturesStmt: _show_features, ast.ShowEntitiesStmt: _show_entities,
     ast.ShowModelsStmt: lambda s: "SHOW MODELS", ast.ShowCompactStatusStmt: lambda s: "SHOW COMPACT STATUS",
     ast.StatsStmt: lambda s: _join("STATS", s.path and q(s.path)),
+    ast.UseSaeStmt: lambda s: _join(f"USE SAE {q(s.path)}", (s.layer is not None and f"AT LAYER {s.layer}") or None),
+    ast.ShowSaesStmt: lambda s: "SHOW SAES",
+    ast.DropSaeStmt: lambda s: f"DROP SAE {q(s.target)}" if s.target is not None else "DROP SAES",
     ast.PipeStmt: lambda s: " |> ".join(unparse(x) for x in s.stages),
 }
 

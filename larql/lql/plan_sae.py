@@ -1,0 +1,77 @@
+"""The plans of USE SAE, SHOW SAES and DROP SAE, and the SAE steps EXPLAIN INFER and DESCRIBE add
+when SAEs are attached (an attached SAE is read beside the model: the model's outputs stay its own)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from larql.errors import LqlSemanticError
+from larql.lql import ast
+from larql.lql.plan import Step
+
+if TYPE_CHECKING:
+    from larql.lql.session import AttachedSae, Session
+
+# what EXPLAIN INFER and DESCRIBE show of each attached SAE without TOP: features, tokens per feature
+SAE_DEFAULTS = {"explain_infer_features": 5, "describe_features": 5, "feature_tokens": 3}
+
+
+def use_sae_steps(stmt: ast.UseSaeStmt, session: Session) -> list[Step]:
+    check = "hook point and width against the model" + (f", hook point at layer {stmt.layer}"
+                                                         if stmt.layer is not None else "")
+    return [Step("load_sae", stmt.path, {"path": stmt.path}),
+            Step("check_sae", check, {"layer": stmt.layer}),
+            Step("attach", "read beside the model (error term added back: its outputs unchanged); "
+                           "replaces an SAE at the same hook point")]
+
+
+def show_saes_steps(stmt: ast.ShowSaesStmt, session: Session) -> list[Step]:
+    return [Step("list_saes", f"{len(session.saes)} attached")]
+
+
+def drop_sae_steps(stmt: ast.DropSaeStmt, session: Session) -> list[Step]:
+    if stmt.target is None:
+        return [Step("detach", "every SAE", {"hooks": tuple(session.saes)})]
+    hook = find_sae(session, stmt.target)
+    if hook is None:
+        attached = ", ".join(f'"{a.path}" ({h})' for h, a in session.saes.items()) or "none"
+        raise LqlSemanticError(f'no SAE "{stmt.target}" is attached (attached: {attached})', session.source,
+                               stmt.span.line, stmt.span.column, "name it by its USE SAE path or its hook point; "
+                                                                 "SHOW SAES lists them")
+    return [Step("detach", hook, {"hooks": (hook,)})]
+
+
+def find_sae(session: Session, target: str) -> str | None:
+    """The hook name of the attached SAE `target` names: its path as USE SAE wrote it, or its hook point."""
+    if target in session.saes:
+        return target
+    return next((h for h, a in session.saes.items() if a.path == target), None)
+
+
+def saes_in(session: Session, layers: list[int] | None) -> list[AttachedSae]:
+    """The attached SAEs whose hook point is in `layers` (None: every layer, and the global hook points)."""
+    return [a for a in session.saes.values() if layers is None or (a.layer is not None and a.layer in layers)]
+
+
+def explain_sae_step(session: Session, layers: list[int] | None, k: int | None) -> list[Step]:
+    """EXPLAIN INFER's step for the attached SAEs at the layers it reads (none attached: no step)."""
+    read = saes_in(session, layers)
+    if not read:
+        return []
+    k = k or SAE_DEFAULTS["explain_infer_features"]
+    hooks = tuple(a.sae.hook_name for a in read)
+    return [Step("sae_features", f"{', '.join(hooks)}: top {k} SAE features at the last position, each with the "
+                                 f"{SAE_DEFAULTS['feature_tokens']} tokens its decoder row writes",
+                 {"hooks": hooks, "k": k, "n_tokens": SAE_DEFAULTS["feature_tokens"]})]
+
+
+def describe_sae_step(session: Session, layers: list[int] | None) -> list[Step]:
+    """DESCRIBE's step for the attached SAEs (none attached: no step)."""
+    read = saes_in(session, layers)
+    if not read:
+        return []
+    k = SAE_DEFAULTS["describe_features"]
+    hooks = tuple(a.sae.hook_name for a in read)
+    return [Step("sae_features", f"{', '.join(hooks)}: top {k} SAE features by their largest activation on the "
+                                 f"entity's tokens, each with the {SAE_DEFAULTS['feature_tokens']} tokens it writes",
+                 {"hooks": hooks, "k": k, "n_tokens": SAE_DEFAULTS["feature_tokens"]})]
