@@ -17,10 +17,10 @@ from larql.lql import ast
 WRITES: tuple[type, ...] = (
     ast.InsertStmt, ast.DeleteStmt, ast.UpdateStmt, ast.BeginPatchStmt, ast.SavePatchStmt, ast.ApplyPatchStmt,
     ast.RemovePatchStmt, ast.CompileStmt, ast.ExtractStmt, ast.MergeStmt, ast.RebalanceStmt, ast.CompactStmt,
-    ast.UseSaeStmt, ast.DropSaeStmt,  # the SAEs attached are a session's state, as its edits are
 )
-# statements that would point the session at another vindex or model: a server serves one
-ELSEWHERE: tuple[type, ...] = (ast.UseStmt, ast.ExtractStmt)
+# statements that would point the session at another vindex or model: a server serves one; and USE SAE,
+# whose SAE a request's session would forget when the request ends
+ELSEWHERE: tuple[type, ...] = (ast.UseStmt, ast.ExtractStmt, ast.UseSaeStmt)
 
 
 def stages(stmt: ast.Statement) -> list[ast.Statement]:
@@ -38,7 +38,7 @@ def writes(stmt: ast.Statement) -> bool:
 PATH_FIELDS: dict[type, tuple[str, ...]] = {
     ast.BeginPatchStmt: ("path",), ast.ApplyPatchStmt: ("path",), ast.CompileStmt: ("source", "into"),
     ast.StatsStmt: ("path",), ast.TraceStmt: ("save",), ast.DiffStmt: ("a", "b", "into_patch"),
-    ast.MergeStmt: ("source", "into"), ast.UseSaeStmt: ("path",),
+    ast.MergeStmt: ("source", "into"),
 }
 
 
@@ -77,6 +77,9 @@ def check_request(statements: list[ast.Statement], source: str, *, root: Path, a
     anchored = []
     for stmt in statements:
         for s in stages(stmt):
+            if isinstance(s, ast.UseSaeStmt):
+                raise _located(s, source, "USE SAE is not available on a server: each request runs in a new "
+                               "session, which would not keep the SAE", "run USE SAE in a local larql")
             if isinstance(s, ELSEWHERE):
                 kind = "USE" if isinstance(s, ast.UseStmt) else "EXTRACT"
                 raise _located(s, source, f"{kind} is not available on a server: it serves one vindex or model",
@@ -85,7 +88,7 @@ def check_request(statements: list[ast.Statement], source: str, *, root: Path, a
         any_write = any_write or writes(stmt)
     if any_write:
         if not allow_edits:
-            raise AccessError("this server is read-only: INSERT, DELETE, UPDATE, the patch statements, USE SAE and "
+            raise AccessError("this server is read-only: INSERT, DELETE, UPDATE, the patch statements and "
                               "COMPILE need a server started with --allow-edits", status=403)
         if token is not None and not (bearer is not None and hmac.compare_digest(bearer.encode(), token.encode())):
             raise AccessError("this statement writes and the server has a token: send the header "

@@ -167,3 +167,15 @@ def test_missing_files_a_layer_that_differs_and_no_model(s: Session, known: tupl
         execute(f'USE "{vx}"; USE SAE "{known[0]}"', Session())
     with pytest.raises(LqlSemanticError, match="no vindex in use"):
         execute(f'USE SAE "{known[0]}"', Session())
+
+
+def test_a_server_refuses_use_sae(tmp_path: Path) -> None:
+    from larql.serve.guard import check_request
+
+    text = 'USE SAE "saes/l6"; EXPLAIN INFER "x"'
+    with pytest.raises(LqlSemanticError, match="USE SAE is not available on a server: each request runs in a new "
+                                               "session, which would not keep the SAE"):
+        check_request(parse(text), text, root=tmp_path, allow_edits=True, token=None, bearer=None)
+    (show, drop), writes = check_request(parse("SHOW SAES; DROP SAES"), "", root=tmp_path, allow_edits=False,
+                                         token=None, bearer=None)
+    assert (show, drop, writes) == (ast.ShowSaesStmt(), ast.DropSaeStmt(), False)
