@@ -114,11 +114,12 @@ class UseStmt(Statement):
 
 @dataclass(frozen=True)
 class UseSaeStmt(Statement):
-    """USE SAE "dir" [AT LAYER n]: attach an SAE (SAELens' format) at the hook point its cfg.json
-    names; AT LAYER checks that hook point's layer."""
+    """USE SAE "dir" [AT LAYER n] [LABELS "file"]: attach an SAE (SAELens' format) at the hook point its
+    cfg.json names; AT LAYER checks that hook point's layer; LABELS reads its features' explanations."""
 
     path: str
     layer: int | None = None
+    labels: str | None = None
     span: Span = _span()
 
 

@@ -19,7 +19,8 @@ SAE_DEFAULTS = {"explain_infer_features": 5, "describe_features": 5, "feature_to
 def use_sae_steps(stmt: ast.UseSaeStmt, session: Session) -> list[Step]:
     check = "hook point and width against the model" + (f", hook point at layer {stmt.layer}"
                                                          if stmt.layer is not None else "")
-    return [Step("load_sae", stmt.path, {"path": stmt.path}),
+    labels = f"; feature labels from {stmt.labels}" if stmt.labels is not None else ""
+    return [Step("load_sae", stmt.path + labels, {"path": stmt.path, "labels": stmt.labels}),
             Step("check_sae", check, {"layer": stmt.layer}),
             Step("attach", "read beside the model (error term added back: its outputs unchanged); "
                            "replaces an SAE at the same hook point")]

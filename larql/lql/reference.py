@@ -22,9 +22,11 @@ class StatementHelp:
 STATEMENTS: tuple[StatementHelp, ...] = (
     StatementHelp("USE", 'USE "path.vindex" | USE MODEL "alias|file.gguf|hf-dir" [AUTO_EXTRACT]',
                   'USE "g.vindex";', "open a vindex (or load a model) for the statements after it"),
-    StatementHelp("USE SAE", 'USE SAE "dir" [AT LAYER n]', 'USE SAE "saes/blocks.6.hook_resid_post" AT LAYER 6;',
+    StatementHelp("USE SAE", 'USE SAE "dir" [AT LAYER n] [LABELS "explanations.json"]',
+                  'USE SAE "saes/blocks.6.hook_resid_post" AT LAYER 6;',
                   "attach a sparse autoencoder (SAELens' format) at the hook point its cfg.json names: EXPLAIN INFER "
-                  "and DESCRIBE then show its features (the model's outputs unchanged)"),
+                  "and DESCRIBE then show its features (the model's outputs unchanged); LABELS: their "
+                  "explanations, as Neuronpedia exports them"),
     StatementHelp("SHOW SAES", "SHOW SAES", "SHOW SAES;", "the SAEs attached: hook point, layer, architecture, width"),
     StatementHelp("DROP SAE", 'DROP SAE {"dir" | "hook"} | DROP SAES', 'DROP SAE "saes/blocks.6.hook_resid_post";',
                   "detach an SAE (by its USE SAE path or its hook point), or every one"),

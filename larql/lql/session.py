@@ -3,6 +3,7 @@ read-only store plus its patch overlay), the SAEs attached by USE SAE, and the s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -13,11 +14,13 @@ if TYPE_CHECKING:  # the view (numpy, faiss) loads only when a vindex is opened
 
 @dataclass(frozen=True)
 class AttachedSae:
-    """An SAE attached by USE SAE: the path as written, and its hook point's layer (None: a global one)."""
+    """An SAE attached by USE SAE: the path as written, its hook point's layer (None: a global one) and
+    its features' labels (USE SAE ... LABELS)."""
 
     sae: SAE
     path: str
     layer: int | None
+    labels: Mapping[int, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -394,7 +394,11 @@ class ToAst(Transformer):
     @v_args(meta=True)
     def use_sae(self, meta: Meta, children: list[Any]) -> ast.UseSaeStmt:
         o = self._options(children, "USE SAE")
-        return ast.UseSaeStmt(self._paths(children)[0], o.get("at_layer"), span=_span(meta))
+        return ast.UseSaeStmt(self._paths(children)[0], o.get("at_layer"), o.get("labels"), span=_span(meta))
+
+    @v_args(meta=True)
+    def labels_clause(self, meta: Meta, children: list[Any]) -> Opt:
+        return Opt("labels", self._file_path(children), meta)
 
     @v_args(meta=True)
     def show_saes(self, meta: Meta, children: list[Any]) -> ast.ShowSaesStmt:

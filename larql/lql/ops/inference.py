@@ -213,10 +213,10 @@ def explain_infer(stmt: ast.ExplainInferStmt, session: Session, result: Result, 
             shown += 1
             if shown >= per_layer:
                 break
-        for f, act, top, more in sae_rows.pop(layer, []):  # SAE features after the layer's neurons
-            result.rows.append([layer, f"SAE {f}", act, top, more, ""] + blank)
-    for f, act, top, more in (r for rows in sae_rows.values() for r in rows):  # SAEs at no layer (hook_embed...)
-        result.rows.append(["", f"SAE {f}", act, top, more, ""] + blank)
+        for f, act, top, more, label in sae_rows.pop(layer, []):  # SAE features after the layer's neurons
+            result.rows.append([layer, f"SAE {f}", act, top, more, label] + blank)
+    for f, act, top, more, label in (r for rows in sae_rows.values() for r in rows):  # SAEs at no layer
+        result.rows.append(["", f"SAE {f}", act, top, more, label] + blank)
     if saes:
         result.notes.append("SAE rows: features of the attached SAEs (" + ", ".join(a.sae.hook_name for a in saes)
                             + ") at the last position; top / down: the tokens the decoder row writes")

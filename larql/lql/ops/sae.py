@@ -11,12 +11,15 @@ from larql.lql.result import Result
 from larql.lql.session import AttachedSae, Session
 from larql.model.hooks import hook_name
 from larql.model.sae import check_saes, load_sae
+from larql.model.sae_labels import load_feature_labels
 
 
 def use_sae(stmt: ast.UseSaeStmt, session: Session, result: Result, run: PlanRun) -> None:
     m = model_of(session, stmt)
-    path = run.take("load_sae")["path"]
+    load = run.take("load_sae")
+    path = load["path"]
     sae = load_sae(path)
+    labels = load_feature_labels(load["labels"], sae.d_sae) if load["labels"] is not None else {}
     want = run.take("check_sae")["layer"]
     cfg = m.config
     check_saes([sae], cfg, m.hook_names())  # the hook point exists in this model and has the SAE's width
@@ -27,18 +30,19 @@ def use_sae(stmt: ast.UseSaeStmt, session: Session, result: Result, run: PlanRun
                          f"AT LAYER {want}, or give the SAE trained for layer {want}")
     run.take("attach")
     old = session.saes.get(sae.hook_name)
-    session.saes[sae.hook_name] = AttachedSae(sae, path, layer)
-    result.notes.append(f"Attached: {sae!r} from {path}" + (f' (replaces "{old.path}")' if old is not None else ""))
+    session.saes[sae.hook_name] = AttachedSae(sae, path, layer, labels)
+    result.notes.append(f"Attached: {sae!r} from {path}" + (f", {len(labels):,} feature labels" if labels else "")
+                        + (f' (replaces "{old.path}")' if old is not None else ""))
 
 
 def show_saes(stmt: ast.ShowSaesStmt, session: Session, result: Result, run: PlanRun) -> None:
     run.take("list_saes")
     result.title = "Attached SAEs"
-    result.columns = ["hook", "layer", "architecture", "d_in", "d_sae", "k", "path"]
+    result.columns = ["hook", "layer", "architecture", "d_in", "d_sae", "k", "labels", "path"]
     for h, a in session.saes.items():
         s = a.sae
         result.rows.append([h, a.layer, s.architecture, s.d_in, s.d_sae, s.k if s.architecture == "topk" else None,
-                            a.path])
+                            len(a.labels), a.path])
     if not result.rows:
         result.notes.append('(none: USE SAE "dir" attaches one)')
 

@@ -18,21 +18,24 @@ def attached(session: Session, step: Step | None) -> list[AttachedSae]:
     return [] if step is None else [session.saes[h] for h in step["hooks"]]
 
 
-def feature_rows(m: Any, found: list[FeatureActivation]) -> list[tuple[int, float, str, str]]:
-    """(feature, activation, top token, the next tokens) of each feature, as the tables show them."""
+Row = tuple[int, float, str, str, str]  # feature, activation, top token, the next tokens, label
+
+
+def feature_rows(m: Any, a: AttachedSae, found: list[FeatureActivation]) -> list[Row]:
+    """(feature, activation, top token, the next tokens, label) of each feature, as the tables show them."""
     text = m.tokenizer.token_text
     return [(f.feature, f.activation, text(f.top_tokens[0][0]).strip() if f.top_tokens else "",
-             ", ".join(text(t).strip() for t, _ in f.top_tokens[1:])) for f in found]
+             ", ".join(text(t).strip() for t, _ in f.top_tokens[1:]), a.labels.get(f.feature, "")) for f in found]
 
 
 def explain_features(m: Any, saes: list[AttachedSae], cache: dict[str, np.ndarray], step: Step
-                     ) -> dict[int | None, list[tuple[int, float, str, str]]]:
+                     ) -> dict[int | None, list[Row]]:
     """EXPLAIN INFER's SAE rows by layer: each SAE's top features at the last position."""
-    out: dict[int | None, list[tuple[int, float, str, str]]] = {}
+    out: dict[int | None, list[Row]] = {}
     for a in saes:
         acts = cache[f"{a.sae.hook_name}.hook_sae_acts_post"][-1]  # (d_sae,)
         found = top_features(m, a.sae, acts, step["k"], -1, step["n_tokens"])
-        out.setdefault(a.layer, []).extend(feature_rows(m, found))
+        out.setdefault(a.layer, []).extend(feature_rows(m, a, found))
     return out
 
 
@@ -47,6 +50,7 @@ def describe_features(m: Any, entity: str, saes: list[AttachedSae], step: Step) 
         pooled = acts[a.sae.hook_name][start:].max(axis=0)  # (d_sae,)
         found = top_features(m, a.sae, pooled, step["k"], None, step["n_tokens"])
         where = f"L{a.layer}" if a.layer is not None else a.sae.hook_name
-        for f, act, top, more in feature_rows(m, found):
-            rows.append([f"SAE {a.sae.hook_name}", f"feature {f}", ", ".join(t for t in (top, more) if t), act, where])
+        for f, act, top, more, label in feature_rows(m, a, found):
+            name = f"feature {f}" + (f": {label}" if label else "")
+            rows.append([f"SAE {a.sae.hook_name}", name, ", ".join(t for t in (top, more) if t), act, where])
     return rows

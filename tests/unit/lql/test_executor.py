@@ -114,7 +114,7 @@ def test_plans_are_golden(vx: Path, vxi: Path, update_golden: bool) -> None:
              'EXPLAIN INFER "x" LAYERS 1-2 VERBOSE TOP 4 WITH ATTENTION', 'EXPLAIN INFER "x" KNOWLEDGE RELATIONS ONLY',
              'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B") AT LAYER 2 METHOD ROME',
              'INSERT INTO EDGES (entity, relation, target, prompt) VALUES ("A", "capital", "B", "A is in") '
-             'METHOD FEATURE', 'USE SAE "saes/l1" AT LAYER 1']
+             'METHOD FEATURE', 'USE SAE "saes/l1" AT LAYER 1', 'USE SAE "saes/l1" LABELS "saes/l1.json"']
     with_weights = Session(vindex=edit_vindex(vxi))
     # an SAE attached: EXPLAIN INFER and DESCRIBE add its features, DROP SAE finds it by path or hook point
     sae = SAE("blocks.1.hook_resid_post", "standard", *(np.zeros(s, np.float32) for s in ((64, 8), (8, 64), 8, 64)))

@@ -25,11 +25,12 @@ PROMPTS = ["The colour of zeta is", "hello there", "one two three four"]
 
 def test_the_statements_parse_and_unparse() -> None:
     cases = {'USE SAE "s/d" AT LAYER 6': ast.UseSaeStmt("s/d", 6), "use sae 'd'": ast.UseSaeStmt("d"),
+             'USE SAE "d" LABELS "e.json" AT LAYER 2': ast.UseSaeStmt("d", 2, "e.json"),
              "SHOW SAES": ast.ShowSaesStmt(), 'DROP SAE "d"': ast.DropSaeStmt("d"), "drop saes": ast.DropSaeStmt()}
     for text, want in cases.items():
         (got,) = parse(text)
         assert got == want and parse(unparse(got)) == [got]
-    for bad in ("USE SAE", "DROP SAE", 'USE SAE "d" AT LAYER 1 AT LAYER 2', "SHOW SAE"):
+    for bad in ("USE SAE", "DROP SAE", 'USE SAE "d" AT LAYER 1 AT LAYER 2', "SHOW SAE", 'USE SAE "d" LABELS "x/"'):
         with pytest.raises(LqlSyntaxError):
             parse(bad)
 
@@ -57,9 +58,9 @@ def test_use_show_and_drop(s: Session, known: tuple, tmp_path: Path) -> None:
     assert r.notes[0].startswith("Attached: SAE('blocks.2.hook_resid_post', standard, d_in=64, d_sae=24)")
     execute(f'USE SAE "{other}"', s)
     (shown,) = execute("SHOW SAES", s)
-    assert shown.columns == ["hook", "layer", "architecture", "d_in", "d_sae", "k", "path"]
-    assert shown.rows == [[HOOK, 2, "standard", 64, 24, None, str(path)],
-                          ["blocks.1.hook_resid_post", 1, "standard", 64, 16, None, str(other)]]
+    assert shown.columns == ["hook", "layer", "architecture", "d_in", "d_sae", "k", "labels", "path"]
+    assert shown.rows == [[HOOK, 2, "standard", 64, 24, None, 0, str(path)],
+                          ["blocks.1.hook_resid_post", 1, "standard", 64, 16, None, 0, str(other)]]
     (again,) = execute(f'USE SAE "{path}"', s)  # the same hook point: replaced
     assert f'(replaces "{path}")' in again.notes[0] and len(s.saes) == 2
     (dropped,) = execute(f'DROP SAE "{path}"', s)  # by its path
@@ -179,3 +180,30 @@ def test_a_server_refuses_use_sae(tmp_path: Path) -> None:
     (show, drop), writes = check_request(parse("SHOW SAES; DROP SAES"), "", root=tmp_path, allow_edits=False,
                                          token=None, bearer=None)
     assert (show, drop, writes) == (ast.ShowSaesStmt(), ast.DropSaeStmt(), False)
+
+
+def test_labels_from_a_file_of_explanations(s: Session, known: tuple, tmp_path: Path) -> None:
+    """Neuronpedia's export (a JSON array, or JSON Lines) or an object of feature -> label."""
+    import json
+
+    path, _, _ = known
+    rows = [{"modelId": "tiny", "layer": "2-res", "index": "0", "description": " colour\nof zeta "},
+            {"modelId": "tiny", "layer": "2-res", "index": "0", "description": "a second explanation"},
+            {"modelId": "tiny", "layer": "2-res", "index": 1, "explanation": "greetings"}]
+    (tmp_path / "e.json").write_text(json.dumps(rows))
+    (tmp_path / "e.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (tmp_path / "e_obj.json").write_text(json.dumps({"0": "colour of zeta", "1": "greetings"}))
+    for name in ("e.json", "e.jsonl", "e_obj.json"):
+        (r,) = execute(f'USE SAE "{path}" LABELS "{tmp_path / name}"', s)
+        assert f"from {path}, 2 feature labels" in r.notes[0]
+        assert dict(s.saes[HOOK].labels) == {0: "colour of zeta", 1: "greetings"}, name
+    assert execute("SHOW SAES", s)[0].rows[0][6] == 2
+    (r,) = execute(f'EXPLAIN INFER "{PROMPTS[1]}" LAYERS 2-2 TOP 3', s)
+    first = next(row for row in r.rows if isinstance(row[1], str))
+    assert first[1] == "SAE 1" and first[5] == "greetings"
+    (tmp_path / "bad.json").write_text(json.dumps([{"index": "24", "description": "out of range"}]))
+    with pytest.raises(LqlSemanticError, match=r"feature 24 is out of range for this SAE \(d_sae = 24\)"):
+        execute(f'USE SAE "{path}" LABELS "{tmp_path / "bad.json"}"', s)
+    (tmp_path / "bad2.json").write_text(json.dumps([{"index": "x", "text": "no"}]))
+    with pytest.raises(LqlSemanticError, match="is not an explanation"):
+        execute(f'USE SAE "{path}" LABELS "{tmp_path / "bad2.json"}"', s)
