@@ -179,10 +179,20 @@ class ExplainWalkStmt(Statement):
 
 
 @dataclass(frozen=True)
+class Steer:
+    """STEER ["sae"] FEATURE n BY x: the SAE (its USE SAE path or hook point; None: the one attached)."""
+
+    sae: str | None
+    feature: int
+    scale: float
+
+
+@dataclass(frozen=True)
 class InferStmt(Statement):
     prompt: str
     top: int | None = None
     compare: bool = False
+    steer: Steer | None = None
     span: Span = _span()
 
 

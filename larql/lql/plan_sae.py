@@ -42,6 +42,39 @@ def drop_sae_steps(stmt: ast.DropSaeStmt, session: Session) -> list[Step]:
     return [Step("detach", hook, {"hooks": (hook,)})]
 
 
+def steer_step(stmt: ast.InferStmt, session: Session) -> list[Step]:
+    """INFER ... STEER's step: which attached SAE's feature is added, and how much (no STEER: no step)."""
+    steer = stmt.steer
+    if steer is None:
+        return []
+
+    def error(message: str, hint: str) -> LqlSemanticError:
+        return LqlSemanticError(message, session.source, stmt.span.line, stmt.span.column, hint)
+
+    if stmt.compare:
+        raise error("INFER ... STEER takes no COMPARE: COMPARE sets the walk FFN against the dense one",
+                    "run the two apart")
+    named = ", ".join(f'"{h}"' for h in session.saes)
+    if steer.sae is not None:
+        hook = find_sae(session, steer.sae)
+        if hook is None:
+            raise error(f'no SAE "{steer.sae}" is attached (attached: {named or "none"})',
+                        "name it by its USE SAE path or its hook point; SHOW SAES lists them")
+    elif len(session.saes) == 1:
+        hook = next(iter(session.saes))
+    else:
+        raise error("STEER needs an attached SAE: USE SAE \"dir\" first" if not session.saes else
+                    f"STEER: several SAEs are attached ({named}); name the one to steer by",
+                    f'e.g. INFER "..." STEER {next(iter(session.saes), "blocks.6.hook_resid_post")!r} FEATURE '
+                    f"{steer.feature} BY {steer.scale:g}".replace("'", '"'))
+    d_sae = session.saes[hook].sae.d_sae
+    if steer.feature >= d_sae:
+        raise error(f"feature {steer.feature} is out of range: the SAE at {hook} has features 0-{d_sae - 1}",
+                    "SHOW SAES lists each SAE's d_sae")
+    return [Step("steer", f"{steer.scale:+g} x feature {steer.feature}'s decoder row at {hook}, every position",
+                 {"hook": hook, "feature": steer.feature, "scale": steer.scale})]
+
+
 def find_sae(session: Session, target: str) -> str | None:
     """The hook name of the attached SAE `target` names: its path as USE SAE wrote it, or its hook point."""
     if target in session.saes:

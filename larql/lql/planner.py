@@ -27,7 +27,14 @@ from larql.lql.clauses import refusal
 from larql.lql.paths import check as check_paths
 from larql.lql.plan import Plan, Step
 from larql.lql.plan_maintenance import maintenance_steps
-from larql.lql.plan_sae import describe_sae_step, drop_sae_steps, explain_sae_step, show_saes_steps, use_sae_steps
+from larql.lql.plan_sae import (
+    describe_sae_step,
+    drop_sae_steps,
+    explain_sae_step,
+    show_saes_steps,
+    steer_step,
+    use_sae_steps,
+)
 from larql.lql.unparse import unparse
 from larql.vindex.layout import DESCRIBE_HITS_PER_LAYER, DESCRIBE_MIN_GATE, describe_layers
 
@@ -265,7 +272,7 @@ def _infer(stmt: ast.InferStmt, session: Session) -> list[Step]:
     dense = session.model is not None
     ffn = "dense FFN (the model in use)" if dense else "walk FFN: vindex weights + patch overlay"
     top = stmt.top or DEFAULTS["infer_top"]
-    steps = [Step("tokenize", repr(stmt.prompt), {"prompt": stmt.prompt}),
+    steps = [Step("tokenize", repr(stmt.prompt), {"prompt": stmt.prompt}), *steer_step(stmt, session),
              Step("forward", f"{ffn}, KV cache", {"ffn": "dense" if dense else "walk"}),
              Step("top_k", str(top), {"k": top})]
     if stmt.compare:

@@ -47,8 +47,10 @@ STATEMENTS: tuple[StatementHelp, ...] = (
                   '[NEAREST TO "entity" AT LAYER n] [WHERE cond [AND cond ...]] [ORDER BY col [ASC | DESC]] '
                   "[LIMIT n]", 'SELECT layer, feature, token FROM EDGES WHERE token = "Paris" LIMIT 5;',
                   "rows of the vindex; conditions: = != < > <= >= LIKE IN"),
-    StatementHelp("INFER", 'INFER "prompt" [TOP n] [COMPARE]', 'INFER "The capital of France is" TOP 3;',
-                  "the model's next-token distribution (COMPARE: walk FFN vs dense FFN)"),
+    StatementHelp("INFER", 'INFER "prompt" [TOP n] [COMPARE] [STEER ["sae"] FEATURE n BY x]',
+                  'INFER "The capital of France is" TOP 3;',
+                  "the model's next-token distribution (COMPARE: walk FFN vs dense FFN; STEER: with x times an "
+                  "attached SAE's feature added at its hook point)"),
     StatementHelp("EXPLAIN INFER", 'EXPLAIN INFER "prompt" [LAYERS a-b] [VERBOSE] [TOP n] [WITH ATTENTION]',
                   'EXPLAIN INFER "The capital of France is" TOP 3 WITH ATTENTION;',
                   "the features that fired per layer, the attended tokens, the logit lens"),

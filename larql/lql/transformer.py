@@ -477,7 +477,14 @@ class ToAst(Transformer):
     @v_args(meta=True)
     def infer(self, meta: Meta, children: list[Any]) -> ast.InferStmt:
         o = self._options(children, "INFER")
-        return ast.InferStmt(self._strings(children)[0], o.get("top"), o.get("compare", False), span=_span(meta))
+        return ast.InferStmt(self._strings(children)[0], o.get("top"), o.get("compare", False), o.get("steer"),
+                             span=_span(meta))
+
+    @v_args(meta=True)
+    def steer_clause(self, meta: Meta, children: list[Any]) -> Opt:
+        strings = self._strings(children)
+        return Opt("steer", ast.Steer(strings[0] if strings else None, self._ints(children)[0],
+                                      float(children[-1])), meta)
 
     @v_args(meta=True)
     def trace_for(self, meta: Meta, children: list[Any]) -> Opt:

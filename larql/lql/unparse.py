@@ -108,7 +108,10 @@ def _explain_infer(s: ast.ExplainInferStmt) -> str:
 
 
 def _infer(s: ast.InferStmt) -> str:
-    return _join(f"INFER {q(s.prompt)}", (s.top is not None and f"TOP {s.top}") or None, "COMPARE" if s.compare else None)
+    steer = s.steer and _join("STEER", (s.steer.sae is not None and q(s.steer.sae)) or None,
+                              f"FEATURE {s.steer.feature} BY {_num(s.steer.scale)}")
+    return _join(f"INFER {q(s.prompt)}", (s.top is not None and f"TOP {s.top}") or None, "COMPARE" if s.compare else None,
+                 steer or None)
 
 
 def _trace(s: ast.TraceStmt) -> str:

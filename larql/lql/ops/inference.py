@@ -42,9 +42,17 @@ def infer(stmt: ast.InferStmt, session: Session, result: Result, run: PlanRun) -
     m = model_of(session, stmt)
     prompt = run.take("tokenize")["prompt"]
     ids = m.tokenize(prompt)
+    steer = run.take_if("steer")
     forward = m.dense() if run.take("forward")["ffn"] == "dense" else m  # the dense FFN ignores the overlay
+    if steer is not None:  # an attached SAE's feature added at its hook point
+        hooks = session.saes[steer["hook"]].sae.steer(steer["feature"], steer["scale"])
+        logits = forward.next_logits(ids, hooks=hooks)
+        result.notes.append(f"steered: {steer['scale']:+g} x feature {steer['feature']} of {steer['hook']}")
     # a server runs INFER through its batcher: one forward pass with other clients' INFERs
-    logits = forward.next_logits(ids) if session.next_logits is None else session.next_logits(forward, ids)
+    elif session.next_logits is not None:
+        logits = session.next_logits(forward, ids)
+    else:
+        logits = forward.next_logits(ids)
     top_n = run.take("top_k")["k"]
     logp = log_softmax(logits)
     top = top_tokens(logits, top_n)

@@ -120,7 +120,8 @@ def test_plans_are_golden(vx: Path, vxi: Path, update_golden: bool) -> None:
     sae = SAE("blocks.1.hook_resid_post", "standard", *(np.zeros(s, np.float32) for s in ((64, 8), (8, 64), 8, 64)))
     with_sae = Session(vindex=edit_vindex(vxi), saes={sae.hook_name: AttachedSae(sae, "saes/l1", 1)})
     sae_texts = ['EXPLAIN INFER "x" LAYERS 1-2', 'EXPLAIN INFER "x" TOP 2', 'DESCRIBE "France"',
-                 'DESCRIBE "France" AT LAYER 1', 'DROP SAE "saes/l1"', 'DROP SAE "blocks.1.hook_resid_post"']
+                 'DESCRIBE "France" AT LAYER 1', 'DROP SAE "saes/l1"', 'DROP SAE "blocks.1.hook_resid_post"',
+                 'INFER "x" TOP 3 STEER FEATURE 2 BY 40']
     got = "\n".join([plan(parse(t)[0], session).to_text() for t in texts]
                     + [plan(parse(t)[0], with_weights).to_text() for t in weights]
                     + [plan(parse(t)[0], with_sae).to_text() for t in sae_texts]) + "\n"

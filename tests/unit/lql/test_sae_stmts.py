@@ -207,3 +207,32 @@ def test_labels_from_a_file_of_explanations(s: Session, known: tuple, tmp_path: 
     (tmp_path / "bad2.json").write_text(json.dumps([{"index": "x", "text": "no"}]))
     with pytest.raises(LqlSemanticError, match="is not an explanation"):
         execute(f'USE SAE "{path}" LABELS "{tmp_path / "bad2.json"}"', s)
+
+
+def test_infer_steer_adds_a_features_decoder_row(s: Session, known: tuple, tmp_path: Path) -> None:
+    path, t, _ = known
+    with pytest.raises(LqlSemanticError, match='STEER needs an attached SAE: USE SAE "dir" first'):
+        execute('INFER "hello there" STEER FEATURE 0 BY 3', s)
+    execute(f'USE SAE "{path}"', s)
+    m = s.vindex.model()  # type: ignore[union-attr]
+    ids = m.tokenize("hello there")
+    plain = execute('INFER "hello there" TOP 4', s)[0]
+    (r,) = execute('INFER "hello there" TOP 4 STEER FEATURE 1 BY 40', s)
+    assert r.steps[1] == "steer  +40 x feature 1's decoder row at blocks.2.hook_resid_post, every position"
+    assert r.notes == ["steered: +40 x feature 1 of blocks.2.hook_resid_post"]
+    # the steer written out: a callback adding 40 x the decoder row at every position
+    want = m.next_logits(ids, hooks={HOOK: lambda x, name: x + np.float32(40) * t["W_dec"][1]})
+    top = np.argsort(-want, kind="stable")[:4]
+    assert [row[1] for row in r.rows] == [m.tokenizer.token_text(int(i)) for i in top] != [row[1] for row in plain.rows]
+    assert [row[3] for row in r.rows] == pytest.approx(want[top].tolist(), rel=1e-5)
+    (named,) = execute(f'INFER "hello there" TOP 4 STEER "{HOOK}" FEATURE 1 BY 40', s)
+    assert named.rows == r.rows
+    write_sae(tmp_path / "l1", random_tensors(64, 16, seed=1), v6_cfg(64, 16, hook="blocks.1.hook_resid_post"))
+    execute(f'USE SAE "{tmp_path / "l1"}"', s)
+    for text, message in [('INFER "x" STEER FEATURE 1 BY 4', "STEER: several SAEs are attached"),
+                          (f'INFER "x" STEER "{path}" FEATURE 24 BY 4', "feature 24 is out of range: the SAE at "
+                                                                        "blocks.2.hook_resid_post has features 0-23"),
+                          ('INFER "x" STEER "nope" FEATURE 1 BY 4', 'no SAE "nope" is attached'),
+                          (f'INFER "x" COMPARE STEER "{path}" FEATURE 1 BY 4', "INFER ... STEER takes no COMPARE")]:
+        with pytest.raises(LqlSemanticError, match=message):
+            execute(text, s)
