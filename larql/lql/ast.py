@@ -124,6 +124,18 @@ class UseSaeStmt(Statement):
 
 
 @dataclass(frozen=True)
+class SaeFeaturesStmt(Statement):
+    """FEATURES "prompt" [AT LAYER n] [TOP k] [POSITIONS {LAST | ALL}]: the attached SAEs' strongest
+    features at each position of the prompt (AT LAYER: the SAE at that layer only)."""
+
+    prompt: str
+    layer: int | None = None
+    top: int | None = None
+    positions: str | None = None  # last | all (None: all)
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
 class ShowSaesStmt(Statement):
     span: Span = _span()
 

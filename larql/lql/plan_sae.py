@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from larql.lql.session import AttachedSae, Session
 
 # what EXPLAIN INFER and DESCRIBE show of each attached SAE without TOP: features, tokens per feature
-SAE_DEFAULTS = {"explain_infer_features": 5, "describe_features": 5, "feature_tokens": 3}
+SAE_DEFAULTS = {"explain_infer_features": 5, "describe_features": 5, "features_per_position": 3,
+                "feature_tokens": 3}
 
 
 def use_sae_steps(stmt: ast.UseSaeStmt, session: Session) -> list[Step]:
@@ -24,6 +25,24 @@ def use_sae_steps(stmt: ast.UseSaeStmt, session: Session) -> list[Step]:
             Step("check_sae", check, {"layer": stmt.layer}),
             Step("attach", "read beside the model (error term added back: its outputs unchanged); "
                            "replaces an SAE at the same hook point")]
+
+
+def sae_features_steps(stmt: ast.SaeFeaturesStmt, session: Session) -> list[Step]:
+    read = saes_in(session, [stmt.layer] if stmt.layer is not None else None)
+    if not read:
+        where = f"at layer {stmt.layer}" if stmt.layer is not None else "attached"
+        raise LqlSemanticError(f"FEATURES reads the attached SAEs, and none is {where}", session.source,
+                               stmt.span.line, stmt.span.column,
+                               'USE SAE "dir" attaches one; SHOW SAES lists them' if session.saes else
+                               'USE SAE "dir" attaches one')
+    k = stmt.top or SAE_DEFAULTS["features_per_position"]
+    positions = stmt.positions or "all"
+    hooks = tuple(a.sae.hook_name for a in read)
+    return [Step("tokenize", repr(stmt.prompt), {"prompt": stmt.prompt}),
+            Step("sae_features", f"{', '.join(hooks)} (error term added back): top {k} features at "
+                                 f"{'each position' if positions == 'all' else 'the last position'}, each with the "
+                                 f"{SAE_DEFAULTS['feature_tokens']} tokens its decoder row writes",
+                 {"hooks": hooks, "k": k, "n_tokens": SAE_DEFAULTS["feature_tokens"], "positions": positions})]
 
 
 def show_saes_steps(stmt: ast.ShowSaesStmt, session: Session) -> list[Step]:

@@ -27,6 +27,9 @@ STATEMENTS: tuple[StatementHelp, ...] = (
                   "attach a sparse autoencoder (SAELens' format) at the hook point its cfg.json names: EXPLAIN INFER "
                   "and DESCRIBE then show its features (the model's outputs unchanged); LABELS: their "
                   "explanations, as Neuronpedia exports them"),
+    StatementHelp("FEATURES", 'FEATURES "prompt" [AT LAYER n] [TOP k] [POSITIONS {LAST | ALL}]',
+                  'FEATURES "The capital of France is" TOP 3;',
+                  "the attached SAEs' strongest features at each position of the prompt, with the tokens each writes"),
     StatementHelp("SHOW SAES", "SHOW SAES", "SHOW SAES;", "the SAEs attached: hook point, layer, architecture, width"),
     StatementHelp("DROP SAE", 'DROP SAE {"dir" | "hook"} | DROP SAES', 'DROP SAE "saes/blocks.6.hook_resid_post";',
                   "detach an SAE (by its USE SAE path or its hook point), or every one"),

@@ -401,6 +401,12 @@ class ToAst(Transformer):
         return Opt("labels", self._file_path(children), meta)
 
     @v_args(meta=True)
+    def sae_features(self, meta: Meta, children: list[Any]) -> ast.SaeFeaturesStmt:
+        o = self._options(children, "FEATURES")
+        return ast.SaeFeaturesStmt(self._strings(children)[0], o.get("at_layer"), o.get("top"), o.get("positions"),
+                                   span=_span(meta))
+
+    @v_args(meta=True)
     def show_saes(self, meta: Meta, children: list[Any]) -> ast.ShowSaesStmt:
         return ast.ShowSaesStmt(span=_span(meta))
 

@@ -190,6 +190,9 @@ UNPARSERS: dict[type, Callable[..., str]] = {
     ast.UseSaeStmt: lambda s: _join(f"USE SAE {q(s.path)}", (s.layer is not None and f"AT LAYER {s.layer}") or None,
                                     s.labels and f"LABELS {q(s.labels)}"),
     ast.ShowSaesStmt: lambda s: "SHOW SAES",
+    ast.SaeFeaturesStmt: lambda s: _join(f"FEATURES {q(s.prompt)}", (s.layer is not None and f"AT LAYER {s.layer}") or None,
+                                         (s.top is not None and f"TOP {s.top}") or None,
+                                         s.positions and "POSITIONS " + s.positions.upper()),
     ast.DropSaeStmt: lambda s: f"DROP SAE {q(s.target)}" if s.target is not None else "DROP SAES",
     ast.PipeStmt: lambda s: " |> ".join(unparse(x) for x in s.stages),
 }

@@ -6,10 +6,12 @@ from __future__ import annotations
 from larql.errors import ModelError
 from larql.lql import ast
 from larql.lql.ops.inference import model_of
+from larql.lql.ops.sae_rows import attached, feature_rows
 from larql.lql.plan import PlanRun
 from larql.lql.result import Result
 from larql.lql.session import AttachedSae, Session
 from larql.model.hooks import hook_name
+from larql.model.interp import sae_activations, top_features
 from larql.model.sae import check_saes, load_sae
 from larql.model.sae_labels import load_feature_labels
 
@@ -55,6 +57,26 @@ def drop_sae(stmt: ast.DropSaeStmt, session: Session, result: Result, run: PlanR
             result.notes.append(f'Detached: {h} ("{a.path}")')
     if not result.notes:
         result.notes.append("(no SAE was attached)")
+
+
+def sae_features(stmt: ast.SaeFeaturesStmt, session: Session, result: Result, run: PlanRun) -> None:
+    m = model_of(session, stmt)
+    prompt = run.take("tokenize")["prompt"]
+    ids = m.tokenize(prompt)
+    step = run.take("sae_features")
+    read = attached(session, step)
+    _, acts = sae_activations(m, ids, [a.sae for a in read])
+    text = m.tokenizer.token_text
+    positions = range(len(ids)) if step["positions"] == "all" else [len(ids) - 1]
+    result.title = f"SAE features of {prompt!r}"
+    result.columns = ["position", "token", "layer", "feature", "activation", "top", "down", "label"]
+    for a in read:
+        for p in positions:
+            found = top_features(m, a.sae, acts[a.sae.hook_name][p], step["k"], p, step["n_tokens"])
+            for f, act, top, more, label in feature_rows(m, a, found):
+                result.rows.append([p, text(ids[p]), a.layer, f, act, top, more, label])
+    if len(read) > 1:
+        result.notes.append("SAEs in the order attached: " + ", ".join(a.sae.hook_name for a in read))
 
 
 def detach_all(session: Session, result: Result) -> None:

@@ -236,3 +236,27 @@ def test_infer_steer_adds_a_features_decoder_row(s: Session, known: tuple, tmp_p
                           (f'INFER "x" COMPARE STEER "{path}" FEATURE 1 BY 4', "INFER ... STEER takes no COMPARE")]:
         with pytest.raises(LqlSemanticError, match=message):
             execute(text, s)
+
+
+def test_features_shows_each_positions_strongest_features(s: Session, known: tuple, tmp_path: Path) -> None:
+    path, t, _ = known
+    with pytest.raises(LqlSemanticError, match="FEATURES reads the attached SAEs, and none is attached"):
+        execute('FEATURES "hello there"', s)
+    execute(f'USE SAE "{path}"', s)
+    with pytest.raises(LqlSemanticError, match="FEATURES reads the attached SAEs, and none is at layer 1"):
+        execute('FEATURES "hello there" AT LAYER 1', s)
+    m = s.vindex.model()  # type: ignore[union-attr]
+    for i, prompt in enumerate(PROMPTS):
+        (r,) = execute(f'FEATURES "{prompt}" TOP 2', s)
+        assert r.columns == ["position", "token", "layer", "feature", "activation", "top", "down", "label"]
+        ids = m.tokenize(prompt)
+        x = m.run_with_cache(ids, names=[HOOK])[1][HOOK]
+        acts = encode64(t, x)
+        want = []
+        for p in range(len(ids)):
+            want += [[p, m.tokenizer.token_text(ids[p]), 2, *row, ""] for row in _expected(s, t, acts[p], 2)]
+        assert [row[:4] + row[5:] for row in r.rows] == [w[:4] + w[5:] for w in want]
+        assert [row[4] for row in r.rows] == pytest.approx([w[4] for w in want], rel=1e-4, abs=1e-5)
+        assert r.rows[-2][3] == i  # the last position fires its prompt's feature most
+        (last,) = execute(f'FEATURES "{prompt}" AT LAYER 2 TOP 2 POSITIONS LAST', s)
+        assert last.rows == r.rows[-2:] and last.steps[-1].endswith("each with the 3 tokens its decoder row writes")
