@@ -1,5 +1,6 @@
-"""The plans of USE SAE, SHOW SAES and DROP SAE, and the SAE steps EXPLAIN INFER and DESCRIBE add
-when SAEs are attached (an attached SAE is read beside the model: the model's outputs stay its own)."""
+"""The plans of USE SAE, SHOW SAES, DROP SAE and FEATURES, and the SAE steps EXPLAIN INFER, DESCRIBE
+and INFER ... STEER add when SAEs are attached (an attached SAE is read beside the model: the
+model's outputs stay its own, unless INFER steers by one of its features)."""
 
 from __future__ import annotations
 

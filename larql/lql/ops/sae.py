@@ -1,5 +1,5 @@
-"""USE SAE, SHOW SAES and DROP SAE: the SAEs attached to the session (ops/sae_rows.py reads them
-for EXPLAIN INFER and DESCRIBE)."""
+"""USE SAE, SHOW SAES and DROP SAE: the SAEs attached to the session; FEATURES: their features
+position by position (ops/sae_rows.py makes the rows, EXPLAIN INFER's and DESCRIBE's too)."""
 
 from __future__ import annotations
 

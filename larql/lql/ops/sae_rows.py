@@ -1,4 +1,4 @@
-"""The SAE-feature rows EXPLAIN INFER and DESCRIBE add for the attached SAEs: an attached SAE is read
+"""The attached SAEs' feature rows, as EXPLAIN INFER, DESCRIBE and FEATURES show them: an SAE is read
 at its hook point with its error term added back, so the model's outputs are unchanged; each
 feature is shown with the tokens its decoder row writes through the unembedding."""
 
