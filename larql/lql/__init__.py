@@ -3,7 +3,8 @@
     lql.lark        the grammar (the only definition of LQL syntax)
     parser.py       text -> statements (Lark, then transformer.py into ast.py's dataclasses)
     unparse.py      statements -> canonical text; complete.py: completion for the shells
-    planner.py      a statement -> a Plan of steps (plan.py, plan_maintenance.py), checked against the session
+    planner.py      a statement -> a Plan of steps (plan.py, plan_maintenance.py, plan_sae.py), checked
+                    against the session
     executor.py     runs a plan through the handlers in ops/, one module per statement family
     script.py       run_text: a text's statements in order, each result to a sink as it comes
     result.py       the Result value; formats.py its HTML, CSV and Markdown forms

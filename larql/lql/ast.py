@@ -113,6 +113,42 @@ class UseStmt(Statement):
 
 
 @dataclass(frozen=True)
+class UseSaeStmt(Statement):
+    """USE SAE "dir" [AT LAYER n] [LABELS "file"]: attach an SAE (SAELens' format) at the hook point its
+    cfg.json names; AT LAYER checks that hook point's layer; LABELS reads its features' explanations."""
+
+    path: str
+    layer: int | None = None
+    labels: str | None = None
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class SaeFeaturesStmt(Statement):
+    """FEATURES "prompt" [AT LAYER n] [TOP k] [POSITIONS {LAST | ALL}]: the attached SAEs' strongest
+    features at each position of the prompt (AT LAYER: the SAE at that layer only)."""
+
+    prompt: str
+    layer: int | None = None
+    top: int | None = None
+    positions: str | None = None  # last | all (None: all)
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class ShowSaesStmt(Statement):
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class DropSaeStmt(Statement):
+    """DROP SAE "dir-or-hook" detaches one SAE; DROP SAES (target None) detaches them all."""
+
+    target: str | None = None
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
 class WalkStmt(Statement):
     prompt: str
     top: int | None = None
@@ -155,10 +191,20 @@ class ExplainWalkStmt(Statement):
 
 
 @dataclass(frozen=True)
+class Steer:
+    """STEER ["sae"] FEATURE n BY x: the SAE (its USE SAE path or hook point; None: the one attached)."""
+
+    sae: str | None
+    feature: int
+    scale: float
+
+
+@dataclass(frozen=True)
 class InferStmt(Statement):
     prompt: str
     top: int | None = None
     compare: bool = False
+    steer: Steer | None = None
     span: Span = _span()
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from larql.errors import LarqlError, LqlError, LqlSemanticError
 from larql.lql import ast
-from larql.lql.ops import editing, inference, lifecycle, maintenance, query
+from larql.lql.ops import editing, inference, lifecycle, maintenance, query, sae
 from larql.lql.parser import parse
 from larql.lql.plan import Plan, PlanRun
 from larql.lql.planner import plan
@@ -32,6 +32,8 @@ HANDLERS: dict[type, Callable[..., None]] = {
     ast.ShowPatchesStmt: editing.show_patches, ast.CompileStmt: editing.compile_stmt, ast.DiffStmt: lifecycle.diff_stmt,
     ast.MergeStmt: maintenance.merge_stmt, ast.RebalanceStmt: maintenance.rebalance_stmt,
     ast.CompactStmt: maintenance.compact_stmt, ast.ShowCompactStatusStmt: maintenance.show_compact_status,
+    ast.UseSaeStmt: sae.use_sae, ast.ShowSaesStmt: sae.show_saes, ast.DropSaeStmt: sae.drop_sae,
+    ast.SaeFeaturesStmt: sae.sae_features,
 }
 
 

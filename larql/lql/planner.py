@@ -27,6 +27,15 @@ from larql.lql.clauses import refusal
 from larql.lql.paths import check as check_paths
 from larql.lql.plan import Plan, Step
 from larql.lql.plan_maintenance import maintenance_steps
+from larql.lql.plan_sae import (
+    describe_sae_step,
+    drop_sae_steps,
+    explain_sae_step,
+    sae_features_steps,
+    show_saes_steps,
+    steer_step,
+    use_sae_steps,
+)
 from larql.lql.unparse import unparse
 from larql.vindex.layout import DESCRIBE_HITS_PER_LAYER, DESCRIBE_MIN_GATE, describe_layers
 
@@ -34,7 +43,7 @@ if TYPE_CHECKING:
     from larql.lql.session import Session
 
 
-NEEDS_NOTHING = (ast.UseStmt, ast.ExtractStmt, ast.ShowModelsStmt)
+NEEDS_NOTHING = (ast.UseStmt, ast.ExtractStmt, ast.ShowModelsStmt, ast.ShowSaesStmt, ast.DropSaeStmt)
 
 # SELECT's columns per source, and the other names LARQL accepts for some of them (column -> row key)
 SELECT_COLUMNS = {"edges": ("layer", "feature", "token", "also", "relation", "score"),
@@ -155,7 +164,7 @@ NEEDS_WEIGHTS = {ast.InsertStmt: ("INSERT", "extract it WITH INFERENCE: the fact
                                                   "by running the model")}
 # statements that run the model: a USE MODEL session needs no vindex, a browse-level vindex cannot run them
 RUNS_MODEL = {ast.InferStmt: "INFER", ast.TraceStmt: "TRACE", ast.ExplainInferStmt: "EXPLAIN INFER",
-              ast.CrownStmt: "CROWN"}
+              ast.CrownStmt: "CROWN", ast.UseSaeStmt: "USE SAE", ast.SaeFeaturesStmt: "FEATURES"}
 # the defaults statements take when a clause is left out, one place for each
 DEFAULTS = {"infer_top": 5, "select_limit": 20, "select_entities_limit": 50, "show_entities_limit": 50,
             "show_relations_limit": 30, "show_relations_verbose_limit": 50, "diff_limit": 20,
@@ -238,6 +247,11 @@ def _describe(stmt: ast.DescribeStmt, session: Session) -> list[Step]:
                   {"min_gate": DESCRIBE_MIN_GATE, "mode": mode, "relations_only": stmt.relations_only})]
     if v.has_model_weights:
         steps.append(Step("probe_edges", "relation templates through the model"))
+    if session.model is not None or v.has_model_weights:
+        chosen = [stmt.at_layer] if stmt.at_layer is not None else None
+        if chosen is None and stmt.band is not None:
+            chosen = describe_layers(v.index["layer_bands"], v.num_layers, stmt.band, None)
+        steps += describe_sae_step(session, chosen)
     return steps
 
 
@@ -259,7 +273,7 @@ def _infer(stmt: ast.InferStmt, session: Session) -> list[Step]:
     dense = session.model is not None
     ffn = "dense FFN (the model in use)" if dense else "walk FFN: vindex weights + patch overlay"
     top = stmt.top or DEFAULTS["infer_top"]
-    steps = [Step("tokenize", repr(stmt.prompt), {"prompt": stmt.prompt}),
+    steps = [Step("tokenize", repr(stmt.prompt), {"prompt": stmt.prompt}), *steer_step(stmt, session),
              Step("forward", f"{ffn}, KV cache", {"ffn": "dense" if dense else "walk"}),
              Step("top_k", str(top), {"k": top})]
     if stmt.compare:
@@ -284,7 +298,7 @@ def _explain_infer(stmt: ast.ExplainInferStmt, session: Session) -> list[Step]:
                   {"k": k, "relations_only": stmt.relations_only, "n_down": 5 if stmt.verbose else 3})]
     if stmt.with_attention:
         steps.append(Step("attention_and_lens", "top-3 attended tokens, logit-lens top-1", {"attended": 3}))
-    return steps
+    return steps + explain_sae_step(session, read, stmt.top)
 
 
 def _show_layers(stmt: ast.ShowLayersStmt, session: Session) -> list[Step]:
@@ -488,6 +502,8 @@ STEPS: dict[type, StepsFn] = {
     ast.ShowRelationsStmt: _show_relations, ast.InsertStmt: _insert, ast.CrownStmt: _crown,
     ast.DeleteStmt: _delete_or_update, ast.UpdateStmt: _delete_or_update,
     ast.CompileStmt: _compile_steps, ast.DiffStmt: _diff,
+    ast.UseSaeStmt: use_sae_steps, ast.ShowSaesStmt: show_saes_steps, ast.DropSaeStmt: drop_sae_steps,
+    ast.SaeFeaturesStmt: sae_features_steps,
     **dict.fromkeys((ast.MergeStmt, ast.RebalanceStmt, ast.CompactStmt, ast.ShowCompactStatusStmt), _maintenance),
     **dict.fromkeys(PATCH_STEPS, _patch),
 }

@@ -22,6 +22,17 @@ class StatementHelp:
 STATEMENTS: tuple[StatementHelp, ...] = (
     StatementHelp("USE", 'USE "path.vindex" | USE MODEL "alias|file.gguf|hf-dir" [AUTO_EXTRACT]',
                   'USE "g.vindex";', "open a vindex (or load a model) for the statements after it"),
+    StatementHelp("USE SAE", 'USE SAE "dir" [AT LAYER n] [LABELS "explanations.json"]',
+                  'USE SAE "saes/blocks.6.hook_resid_post" AT LAYER 6;',
+                  "attach a sparse autoencoder (SAELens' format) at the hook point its cfg.json names: EXPLAIN INFER "
+                  "and DESCRIBE then show its features (the model's outputs unchanged); LABELS: their "
+                  "explanations, as Neuronpedia exports them"),
+    StatementHelp("FEATURES", 'FEATURES "prompt" [AT LAYER n] [TOP k] [POSITIONS {LAST | ALL}]',
+                  'FEATURES "The capital of France is" TOP 3;',
+                  "the attached SAEs' strongest features at each position of the prompt, with the tokens each writes"),
+    StatementHelp("SHOW SAES", "SHOW SAES", "SHOW SAES;", "the SAEs attached: hook point, layer, architecture, width"),
+    StatementHelp("DROP SAE", 'DROP SAE {"dir" | "hook"} | DROP SAES', 'DROP SAE "saes/blocks.6.hook_resid_post";',
+                  "detach an SAE (by its USE SAE path or its hook point), or every one"),
     StatementHelp("EXTRACT", 'EXTRACT MODEL "src" INTO "dir.vindex" [WITH {INFERENCE | ALL}] [FORCE]',
                   'EXTRACT MODEL "gemma3-270m" INTO "g.vindex" WITH INFERENCE;',
                   "decompile a model into a vindex (the same code path and defaults as `larql extract`)"),
@@ -39,8 +50,10 @@ STATEMENTS: tuple[StatementHelp, ...] = (
                   '[NEAREST TO "entity" AT LAYER n] [WHERE cond [AND cond ...]] [ORDER BY col [ASC | DESC]] '
                   "[LIMIT n]", 'SELECT layer, feature, token FROM EDGES WHERE token = "Paris" LIMIT 5;',
                   "rows of the vindex; conditions: = != < > <= >= LIKE IN"),
-    StatementHelp("INFER", 'INFER "prompt" [TOP n] [COMPARE]', 'INFER "The capital of France is" TOP 3;',
-                  "the model's next-token distribution (COMPARE: walk FFN vs dense FFN)"),
+    StatementHelp("INFER", 'INFER "prompt" [TOP n] [COMPARE] [STEER ["sae"] FEATURE n BY x]',
+                  'INFER "The capital of France is" TOP 3;',
+                  "the model's next-token distribution (COMPARE: walk FFN vs dense FFN; STEER: with x times an "
+                  "attached SAE's feature added at its hook point)"),
     StatementHelp("EXPLAIN INFER", 'EXPLAIN INFER "prompt" [LAYERS a-b] [VERBOSE] [TOP n] [WITH ATTENTION]',
                   'EXPLAIN INFER "The capital of France is" TOP 3 WITH ATTENTION;',
                   "the features that fired per layer, the attended tokens, the logit lens"),

@@ -1,13 +1,26 @@
 """Session: what a run of LQL statements shares — the vindex in use (an editable view: the
-read-only store plus its patch overlay) and the source text."""
+read-only store plus its patch overlay), the SAEs attached by USE SAE, and the source text."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the view (numpy, faiss) loads only when a vindex is opened
     from larql.edit.state.view import EditableVindex
+    from larql.model.sae import SAE
+
+
+@dataclass(frozen=True)
+class AttachedSae:
+    """An SAE attached by USE SAE: the path as written, its hook point's layer (None: a global one) and
+    its features' labels (USE SAE ... LABELS)."""
+
+    sae: SAE
+    path: str
+    layer: int | None
+    labels: Mapping[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -18,6 +31,7 @@ class Session:
     progress: Any = None  # callable(stage, done, total) for long statements, or None
     remote: Any = None  # a lql.remote.Remote set by USE REMOTE: statements run on that server
     next_logits: Any = None  # callable(model, ids) -> logits run for INFER (a server's batcher), or None
+    saes: dict[str, AttachedSae] = field(default_factory=dict)  # by hook name: USE SAE, at most one per hook point
 
     def describe_backend(self) -> str:
         if self.remote is not None:

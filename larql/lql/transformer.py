@@ -390,6 +390,31 @@ class ToAst(Transformer):
     def use_remote(self, meta: Meta, children: list[Any]) -> ast.UseStmt:
         return ast.UseStmt("remote", self._strings(children)[0], span=_span(meta))
 
+    # ---- sparse autoencoders
+    @v_args(meta=True)
+    def use_sae(self, meta: Meta, children: list[Any]) -> ast.UseSaeStmt:
+        o = self._options(children, "USE SAE")
+        return ast.UseSaeStmt(self._paths(children)[0], o.get("at_layer"), o.get("labels"), span=_span(meta))
+
+    @v_args(meta=True)
+    def labels_clause(self, meta: Meta, children: list[Any]) -> Opt:
+        return Opt("labels", self._file_path(children), meta)
+
+    @v_args(meta=True)
+    def sae_features(self, meta: Meta, children: list[Any]) -> ast.SaeFeaturesStmt:
+        o = self._options(children, "FEATURES")
+        return ast.SaeFeaturesStmt(self._strings(children)[0], o.get("at_layer"), o.get("top"), o.get("positions"),
+                                   span=_span(meta))
+
+    @v_args(meta=True)
+    def show_saes(self, meta: Meta, children: list[Any]) -> ast.ShowSaesStmt:
+        return ast.ShowSaesStmt(span=_span(meta))
+
+    @v_args(meta=True)
+    def drop_sae(self, meta: Meta, children: list[Any]) -> ast.DropSaeStmt:
+        strings = self._strings(children)
+        return ast.DropSaeStmt(strings[0] if strings else None, span=_span(meta))
+
     # ---- browse
     @v_args(meta=True)
     def walk_layers(self, meta: Meta, children: list[Any]) -> Opt:
@@ -458,7 +483,14 @@ class ToAst(Transformer):
     @v_args(meta=True)
     def infer(self, meta: Meta, children: list[Any]) -> ast.InferStmt:
         o = self._options(children, "INFER")
-        return ast.InferStmt(self._strings(children)[0], o.get("top"), o.get("compare", False), span=_span(meta))
+        return ast.InferStmt(self._strings(children)[0], o.get("top"), o.get("compare", False), o.get("steer"),
+                             span=_span(meta))
+
+    @v_args(meta=True)
+    def steer_clause(self, meta: Meta, children: list[Any]) -> Opt:
+        strings = self._strings(children)
+        return Opt("steer", ast.Steer(strings[0] if strings else None, self._ints(children)[0],
+                                      float(children[-1])), meta)
 
     @v_args(meta=True)
     def trace_for(self, meta: Meta, children: list[Any]) -> Opt:

@@ -108,7 +108,10 @@ def _explain_infer(s: ast.ExplainInferStmt) -> str:
 
 
 def _infer(s: ast.InferStmt) -> str:
-    return _join(f"INFER {q(s.prompt)}", (s.top is not None and f"TOP {s.top}") or None, "COMPARE" if s.compare else None)
+    steer = s.steer and _join("STEER", (s.steer.sae is not None and q(s.steer.sae)) or None,
+                              f"FEATURE {s.steer.feature} BY {_num(s.steer.scale)}")
+    return _join(f"INFER {q(s.prompt)}", (s.top is not None and f"TOP {s.top}") or None, "COMPARE" if s.compare else None,
+                 steer or None)
 
 
 def _trace(s: ast.TraceStmt) -> str:
@@ -184,6 +187,13 @@ UNPARSERS: dict[type, Callable[..., str]] = {
     ast.ShowFeaturesStmt: _show_features, ast.ShowEntitiesStmt: _show_entities,
     ast.ShowModelsStmt: lambda s: "SHOW MODELS", ast.ShowCompactStatusStmt: lambda s: "SHOW COMPACT STATUS",
     ast.StatsStmt: lambda s: _join("STATS", s.path and q(s.path)),
+    ast.UseSaeStmt: lambda s: _join(f"USE SAE {q(s.path)}", (s.layer is not None and f"AT LAYER {s.layer}") or None,
+                                    s.labels and f"LABELS {q(s.labels)}"),
+    ast.ShowSaesStmt: lambda s: "SHOW SAES",
+    ast.SaeFeaturesStmt: lambda s: _join(f"FEATURES {q(s.prompt)}", (s.layer is not None and f"AT LAYER {s.layer}") or None,
+                                         (s.top is not None and f"TOP {s.top}") or None,
+                                         s.positions and "POSITIONS " + s.positions.upper()),
+    ast.DropSaeStmt: lambda s: f"DROP SAE {q(s.target)}" if s.target is not None else "DROP SAES",
     ast.PipeStmt: lambda s: " |> ".join(unparse(x) for x in s.stages),
 }
 

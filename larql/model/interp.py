@@ -6,7 +6,7 @@ share: top tokens, KL, ranks, target token ids, the logit lens and per-layer att
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,7 +21,7 @@ from larql.model.hooks import Replace, hook_name
 from larql.model.sae import SAE
 from larql.model.targets import first_target_token, target_token_ids
 
-__all__ = ["AttentionPatterns", "attention_patterns", "attribution", "copy_kv", "direct_logit_attribution", "embedding_neighbours", "feature_top_tokens", "first_target_token", "kl", "layer_attribution", "layer_deltas", "log_softmax", "logit_attribution", "logit_lens", "patch_activation", "patching_sweep", "rank_of", "residual_hook_names", "steering_vector", "target_token_ids", "token_trajectory", "top_tokens"]
+__all__ = ["AttentionPatterns", "FeatureActivation", "attention_patterns", "attribution", "copy_kv", "direct_logit_attribution", "embedding_neighbours", "feature_top_tokens", "first_target_token", "kl", "layer_attribution", "layer_deltas", "log_softmax", "logit_attribution", "logit_lens", "patch_activation", "patching_sweep", "rank_of", "residual_hook_names", "sae_activations", "steering_vector", "target_token_ids", "token_trajectory", "top_features", "top_tokens"]
 
 if TYPE_CHECKING:
     from larql.model.model import Model
@@ -145,6 +145,43 @@ def feature_top_tokens(m: Model, sae: SAE, feature: int, k: int = 10) -> list[tu
         raise ModelError(f"{sae}: feature {feature} is out of range (0-{sae.d_sae - 1})")
     logits = m.weights.output.matmul(np.ascontiguousarray(sae.W_dec[feature]))  # (vocab,)
     return [(int(t), float(logits[t])) for t in top_tokens(logits, k)]
+
+
+@dataclass(frozen=True)
+class FeatureActivation:
+    """One SAE feature on a prompt: how strongly it fired at a position (None: the most over the
+    positions read) and the tokens its decoder direction writes most, [(token id, logit)]."""
+
+    hook_name: str
+    position: int | None
+    feature: int
+    activation: float
+    top_tokens: tuple[tuple[int, float], ...]
+
+
+def sae_activations(m: Model, ids: list[int], saes: Sequence[SAE]) -> tuple[F32, dict[str, F32]]:
+    """One forward pass reading every SAE at its hook point with the error term on, so the logits
+    `(T, vocab)` are the model's own: (logits, {hook name: feature activations (T, d_sae)})."""
+    names = [f"{s.hook_name}.hook_sae_acts_post" for s in saes]
+    logits, cache = m.run_with_cache(ids, names=names, saes=list(saes), use_error_term=True)
+    return logits, {s.hook_name: cache[n] for s, n in zip(saes, names)}
+
+
+def top_features(m: Model, sae: SAE, acts: F32, k: int, position: int | None = -1,
+                 n_tokens: int = 3) -> list[FeatureActivation]:
+    """The k features of `acts` `(d_sae,)` (one position's, or a maximum over several: position None)
+    that fired most, largest first, ties to the lower id, features at 0 left out; each with the
+    `n_tokens` tokens it writes (none when the SAE's hook point is not residual-wide)."""
+    acts = np.asarray(acts).reshape(-1)
+    if acts.shape[0] != sae.d_sae:
+        raise ModelError(f"{sae}: {acts.shape[0]} activations, expected d_sae = {sae.d_sae}")
+    out = []
+    for f in top_tokens(acts, k):
+        if acts[f] <= 0:
+            break
+        tokens = feature_top_tokens(m, sae, int(f), n_tokens) if sae.d_in == m.config.hidden and n_tokens else []
+        out.append(FeatureActivation(sae.hook_name, position, int(f), float(acts[f]), tuple(tokens)))
+    return out
 
 
 def embedding_neighbours(m: Model, vector: F32, k: int = 10) -> list[tuple[int, float]]:

@@ -18,8 +18,9 @@ WRITES: tuple[type, ...] = (
     ast.InsertStmt, ast.DeleteStmt, ast.UpdateStmt, ast.BeginPatchStmt, ast.SavePatchStmt, ast.ApplyPatchStmt,
     ast.RemovePatchStmt, ast.CompileStmt, ast.ExtractStmt, ast.MergeStmt, ast.RebalanceStmt, ast.CompactStmt,
 )
-# statements that would point the session at another vindex or model: a server serves one
-ELSEWHERE: tuple[type, ...] = (ast.UseStmt, ast.ExtractStmt)
+# statements that would point the session at another vindex or model: a server serves one; and USE SAE,
+# whose SAE a request's session would forget when the request ends
+ELSEWHERE: tuple[type, ...] = (ast.UseStmt, ast.ExtractStmt, ast.UseSaeStmt)
 
 
 def stages(stmt: ast.Statement) -> list[ast.Statement]:
@@ -76,6 +77,9 @@ def check_request(statements: list[ast.Statement], source: str, *, root: Path, a
     anchored = []
     for stmt in statements:
         for s in stages(stmt):
+            if isinstance(s, ast.UseSaeStmt):
+                raise _located(s, source, "USE SAE is not available on a server: each request runs in a new "
+                               "session, which would not keep the SAE", "run USE SAE in a local larql")
             if isinstance(s, ELSEWHERE):
                 kind = "USE" if isinstance(s, ast.UseStmt) else "EXTRACT"
                 raise _located(s, source, f"{kind} is not available on a server: it serves one vindex or model",

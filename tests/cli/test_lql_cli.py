@@ -75,3 +75,22 @@ def test_formats_csv_markdown_and_json_as_the_json_option(vx: Path) -> None:
     assert untimed(larql("--json", "lql", "--format", "json", text).stdout) == untimed(as_json.stdout)
     r = larql("lql", "--json", "--format", "csv", text)
     assert r.returncode == 2 and "--json and --format csv" in r.stderr and r.stdout == ""
+
+
+def test_use_sae_and_its_errors(tiny_gguf: Path, tmp_path: Path) -> None:
+    from tests.sae_files import random_tensors, v6_cfg, write_sae
+
+    good = write_sae(tmp_path / "good", random_tensors(64, 16, 1), v6_cfg(64, 16, hook="blocks.1.hook_resid_post"))
+    r = larql("lql", "--json", f'USE MODEL "{tiny_gguf}"; USE SAE "{good}" AT LAYER 1; SHOW SAES;')
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.splitlines()[-1])["rows"] == [["blocks.1.hook_resid_post", 1, "standard", 64, 16, None,
+                                                              0, str(good)]]
+    wide = write_sae(tmp_path / "wide", random_tensors(32, 16, 1), v6_cfg(32, 16, hook="blocks.1.hook_resid_post"))
+    for statement, message in [(f'USE SAE "{wide}"', "d_in = 32, but blocks.1.hook_resid_post of this model has "
+                                                     "width 64 (an SAE trained for another model"),
+                               (f'USE SAE "{good}" AT LAYER 0', "is at layer 1, not layer 0; drop AT LAYER 0"),
+                               (f'USE SAE "{tmp_path}"', "no cfg.json")]:
+        r = larql("lql", f'USE MODEL "{tiny_gguf}"; {statement};')
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        first = r.stderr.splitlines()[0]  # the error in one line, then the hint and the caret
+        assert first.startswith("larql: LqlSemanticError: 1:") and message in first, r.stderr

@@ -5,4 +5,5 @@
     inference.py    INFER, TRACE, EXPLAIN INFER, CROWN
     editing.py      INSERT, DELETE, UPDATE, the patch statements, COMPILE
     maintenance.py  MERGE, REBALANCE, COMPACT, SHOW COMPACT STATUS
+    sae.py          USE SAE, SHOW SAES, DROP SAE, FEATURES; sae_rows.py: the SAE features EXPLAIN INFER and DESCRIBE show
 """

@@ -10,6 +10,7 @@ from numpy.typing import NDArray
 
 from larql.errors import LqlSemanticError
 from larql.lql import ast
+from larql.lql.ops.sae_rows import attached, explain_features
 from larql.lql.plan import PlanRun
 from larql.lql.result import Result
 from larql.lql.session import Session
@@ -41,9 +42,17 @@ def infer(stmt: ast.InferStmt, session: Session, result: Result, run: PlanRun) -
     m = model_of(session, stmt)
     prompt = run.take("tokenize")["prompt"]
     ids = m.tokenize(prompt)
+    steer = run.take_if("steer")
     forward = m.dense() if run.take("forward")["ffn"] == "dense" else m  # the dense FFN ignores the overlay
+    if steer is not None:  # an attached SAE's feature added at its hook point
+        hooks = session.saes[steer["hook"]].sae.steer(steer["feature"], steer["scale"])
+        logits = forward.next_logits(ids, hooks=hooks)
+        result.notes.append(f"steered: {steer['scale']:+g} x feature {steer['feature']} of {steer['hook']}")
     # a server runs INFER through its batcher: one forward pass with other clients' INFERs
-    logits = forward.next_logits(ids) if session.next_logits is None else session.next_logits(forward, ids)
+    elif session.next_logits is not None:
+        logits = session.next_logits(forward, ids)
+    else:
+        logits = forward.next_logits(ids)
     top_n = run.take("top_k")["k"]
     logp = log_softmax(logits)
     top = top_tokens(logits, top_n)
@@ -162,11 +171,15 @@ def explain_infer(stmt: ast.ExplainInferStmt, session: Session, result: Result, 
     layers = list(range(cfg.n_layers)) if planned is None else list(planned)
     feats = run.take("top_features")
     with_attention = run.take_if("attention_and_lens") is not None
+    sae_step = run.take_if("sae_features")
+    saes = attached(session, sae_step)
     added = {i: more for i in layers if m.edits is not None and (more := m.edits.added(i)) is not None}
     names = [f"blocks.{i}.mlp.hook_post" for i in layers] + [f"blocks.{i}.hook_resid_mid" for i in added]
     if with_attention:
         names += [f"blocks.{i}.{k}" for i in layers for k in ("attn.hook_pattern", "hook_resid_post")]
-    logits, cache = m.run_with_cache(ids, names=names)
+    names += [f"{a.sae.hook_name}.hook_sae_acts_post" for a in saes]
+    # the SAEs are read with their error term added back: the logits are the model's own
+    logits, cache = m.run_with_cache(ids, names=names, saes=[a.sae for a in saes], use_error_term=True)
     logp = log_softmax(logits[-1])
     best = int(np.argmax(logp))
     per_layer = feats["k"]
@@ -176,6 +189,8 @@ def explain_infer(stmt: ast.ExplainInferStmt, session: Session, result: Result, 
     if with_attention:
         result.columns += ["attends_to", "lens_top1"]
     token_texts = [m.tokenizer.token_text(t) for t in ids]
+    sae_rows = explain_features(m, saes, cache, sae_step) if sae_step is not None else {}
+    blank = ["", ""] if with_attention else []
     for layer in layers:
         act = cache[f"blocks.{layer}.mlp.hook_post"][-1]  # (ffn,)
         feature_ids = np.arange(len(act))
@@ -206,6 +221,13 @@ def explain_infer(stmt: ast.ExplainInferStmt, session: Session, result: Result, 
             shown += 1
             if shown >= per_layer:
                 break
+        for f, act, top, more, label in sae_rows.pop(layer, []):  # SAE features after the layer's neurons
+            result.rows.append([layer, f"SAE {f}", act, top, more, label] + blank)
+    for f, act, top, more, label in (r for rows in sae_rows.values() for r in rows):  # SAEs at no layer
+        result.rows.append(["", f"SAE {f}", act, top, more, label] + blank)
+    if saes:
+        result.notes.append("SAE rows: features of the attached SAEs (" + ", ".join(a.sae.hook_name for a in saes)
+                            + ") at the last position; top / down: the tokens the decoder row writes")
 
 
 def added_activations(m: Any, layer: int, added: tuple[np.ndarray, np.ndarray, np.ndarray],

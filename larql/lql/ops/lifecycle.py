@@ -8,6 +8,7 @@ from typing import Any
 from larql.edit.state.view import edit_vindex
 from larql.errors import VindexError
 from larql.lql import ast
+from larql.lql.ops.sae import detach_all
 from larql.lql.plan import PlanRun
 from larql.lql.result import Result
 from larql.lql.session import Session
@@ -21,6 +22,7 @@ def use(stmt: ast.UseStmt, session: Session, result: Result, run: PlanRun) -> No
     if session.remote is not None:
         session.remote.close()
         session.remote = None
+    detach_all(session, result)
     if (step := run.take_if("connect")) is not None:
         from larql.lql.remote import Remote
 
@@ -85,6 +87,7 @@ def extract_stmt(stmt: ast.ExtractStmt, session: Session, result: Result, run: P
     ex = run.take("extract")
     path, reused = extract_vindex(src, ex["into"], force=run.peek("replace_existing") is not None, level=ex["level"],
                                   progress=session.progress)
+    detach_all(session, result)
     session.vindex = edit_vindex(run.take("use")["path"])
     if reused:
         result.notes.append(f"{ex['into']} already holds this model at level {ex['level']}: using it "

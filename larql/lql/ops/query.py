@@ -9,6 +9,7 @@ from typing import Any
 from larql.edit.state.view import EditableVindex
 from larql.errors import LqlSemanticError
 from larql.lql import ast
+from larql.lql.ops.sae_rows import attached, describe_features
 from larql.lql.plan import PlanRun
 from larql.lql.planner import SELECT_COLUMNS, select_column
 from larql.lql.result import Result
@@ -45,12 +46,17 @@ def describe(stmt: ast.DescribeStmt, session: Session, result: Result, run: Plan
     collect = run.take("collect_edges")
     mode = collect["mode"]
     probe = run.take_if("probe_edges") is not None
+    sae_step = run.take_if("sae_features")
     model = (session.model if session.model is not None else v.model()) if probe else None
     card = describe_entity(v, entity, relations_only=collect["relations_only"], mode=mode, model=model, probes=probe,
                            contrastive=contrastive, progress=session.progress, layers=list(knn["layers"]),
                            hits_per_layer=knn["top"], min_gate=collect["min_gate"])
     result.title = entity
-    if not card.found:
+    sae_rows: list[list[Any]] = []
+    if sae_step is not None:
+        m = session.model if session.model is not None else v.model()
+        sae_rows = describe_features(m, entity, attached(session, sae_step), sae_step)
+    if not card.found and not sae_rows:
         result.notes.append("(not found)")
         return
     result.notes.append(f"signal: {card.signal} ({len(card.edges) - len(card.probes)} feature edges, "
@@ -71,6 +77,10 @@ def describe(stmt: ast.DescribeStmt, session: Session, result: Result, run: Plan
             result.rows.append(row + ([", ".join(e.also)] if mode == "verbose" else []))
     if not result.rows:
         result.notes.append("(no edges found)")
+    if sae_rows:  # after the edges: features of the attached SAEs, named by the tokens they write
+        result.columns = result.columns or ["section", "relation", "target", "score", "layers"]
+        pad = [""] if mode == "verbose" else []
+        result.rows += [r + pad for r in sae_rows]
 
 
 def walk(stmt: ast.WalkStmt, session: Session, result: Result, run: PlanRun) -> None:

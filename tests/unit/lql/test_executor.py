@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from larql.edit.state.view import edit_vindex
@@ -11,7 +12,8 @@ from larql.errors import LqlSemanticError
 from larql.lql.executor import execute
 from larql.lql.parser import parse
 from larql.lql.planner import plan
-from larql.lql.session import Session
+from larql.lql.session import AttachedSae, Session
+from larql.model.sae import SAE
 from larql.vindex import browse
 
 
@@ -95,7 +97,8 @@ def test_plans_are_golden(vx: Path, vxi: Path, update_golden: bool) -> None:
              'COMPILE CURRENT INTO VINDEX "o.vindex" FORCE', 'DIFF "a.vindex" CURRENT INTO PATCH "d.vlp" FORCE',
              'USE MODEL "gemma3-270m"', 'USE REMOTE "http://127.0.0.1:8080"', 'STATS "x.vindex"',
              'EXTRACT MODEL "m" INTO "o.vindex" FORCE', 'SELECT layer, token FROM FEATURES WHERE layer = 1 LIMIT 4',
-             'DIFF "a.vindex" "b.vindex"', "COMPACT MAJOR", 'COMPILE CURRENT INTO MODEL "hf" DTYPE F32 FORCE']
+             'DIFF "a.vindex" "b.vindex"', "COMPACT MAJOR", 'COMPILE CURRENT INTO MODEL "hf" DTYPE F32 FORCE',
+             "SHOW SAES", "DROP SAES"]
     weights = ['INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B")',
              'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B"), ("C", "capital", "D") '
              'METHOD MEMIT AT LAYER 1',
@@ -111,10 +114,18 @@ def test_plans_are_golden(vx: Path, vxi: Path, update_golden: bool) -> None:
              'EXPLAIN INFER "x" LAYERS 1-2 VERBOSE TOP 4 WITH ATTENTION', 'EXPLAIN INFER "x" KNOWLEDGE RELATIONS ONLY',
              'INSERT INTO EDGES (entity, relation, target) VALUES ("A", "capital", "B") AT LAYER 2 METHOD ROME',
              'INSERT INTO EDGES (entity, relation, target, prompt) VALUES ("A", "capital", "B", "A is in") '
-             'METHOD FEATURE']
+             'METHOD FEATURE', 'USE SAE "saes/l1" AT LAYER 1', 'USE SAE "saes/l1" LABELS "saes/l1.json"']
     with_weights = Session(vindex=edit_vindex(vxi))
+    # an SAE attached: EXPLAIN INFER and DESCRIBE add its features, DROP SAE finds it by path or hook point
+    sae = SAE("blocks.1.hook_resid_post", "standard", *(np.zeros(s, np.float32) for s in ((64, 8), (8, 64), 8, 64)))
+    with_sae = Session(vindex=edit_vindex(vxi), saes={sae.hook_name: AttachedSae(sae, "saes/l1", 1)})
+    sae_texts = ['EXPLAIN INFER "x" LAYERS 1-2', 'EXPLAIN INFER "x" TOP 2', 'DESCRIBE "France"',
+                 'DESCRIBE "France" AT LAYER 1', 'DROP SAE "saes/l1"', 'DROP SAE "blocks.1.hook_resid_post"',
+                 'INFER "x" TOP 3 STEER FEATURE 2 BY 40', 'FEATURES "The capital" TOP 2',
+                 'FEATURES "x" AT LAYER 1 POSITIONS LAST']
     got = "\n".join([plan(parse(t)[0], session).to_text() for t in texts]
-                    + [plan(parse(t)[0], with_weights).to_text() for t in weights]) + "\n"
+                    + [plan(parse(t)[0], with_weights).to_text() for t in weights]
+                    + [plan(parse(t)[0], with_sae).to_text() for t in sae_texts]) + "\n"
     path = Path(__file__).resolve().parents[2] / "golden" / "plans" / "plans.txt"
     if update_golden:
         path.parent.mkdir(exist_ok=True)
@@ -140,4 +151,4 @@ def test_every_statement_kind_has_a_golden_plan() -> None:
             for sub in tree.children:
                 seen |= {sub.data} if sub.data != "pipe" else {c.data for c in sub.children}
     assert kinds - seen == set(), f"statement kinds without a golden plan: {sorted(kinds - seen)}"
-    assert len(kinds) == 34  # a new statement kind: add its golden plan above
+    assert len(kinds) == 38  # a new statement kind: add its golden plan above

@@ -18,6 +18,7 @@ from larql.lql.parser import parse
 from larql.lql.plan import Plan, Step
 from larql.lql.planner import plan
 from larql.lql.session import Session
+from tests.sae_files import random_tensors, v6_cfg, write_sae
 
 
 @pytest.fixture
@@ -41,7 +42,8 @@ def _script(vx: Path, vxi: Path) -> list[str]:
         'SELECT feature FROM EDGES NEAREST TO "abc" AT LAYER 1 WHERE feature != 3 LIMIT 4',
         "SELECT * FROM ENTITIES LIMIT 3", "SHOW LAYERS 0-1", "SHOW FEATURES 2 LIMIT 4", "SHOW ENTITIES AT LAYER 1",
         "SHOW RELATIONS", 'INFER "The colour of zeta is" TOP 3', 'INFER "x" TOP 3 COMPARE',
-        'EXPLAIN INFER "x" LAYERS 1-2 VERBOSE TOP 4 WITH ATTENTION', 'TRACE "x"',
+        'EXPLAIN INFER "x" LAYERS 1-2 VERBOSE TOP 4 WITH ATTENTION', 'USE SAE "sae" AT LAYER 1', "SHOW SAES",
+        'EXPLAIN INFER "x" LAYERS 1-2 WITH ATTENTION', 'FEATURES "x y" TOP 2', 'DROP SAE "sae"', 'TRACE "x"',
         'TRACE "x" FOR "blue" LAYERS 0-2 POSITIONS ALL', 'TRACE "x" DECOMPOSE', 'TRACE "x" POSITIONS ALL SAVE "t.trace"',
         'CROWN "The colour of zeta is" FOR "blue" SUBJECT "zeta"', 'BEGIN PATCH "p.vlp"',
         f"INSERT INTO EDGES (entity, relation, target) VALUES {row} AT LAYER 2 METHOD FEATURE",
@@ -60,6 +62,7 @@ def _script(vx: Path, vxi: Path) -> list[str]:
 
 
 def test_every_statement_kind_runs_its_explained_steps(vx: Path, vxi: Path, here: Path) -> None:
+    write_sae(here / "sae", random_tensors(64, 16, seed=1), v6_cfg(64, 16, hook="blocks.1.hook_resid_post"))
     session = Session()
     kinds: set[type] = set()
     for text in _script(vx, vxi):

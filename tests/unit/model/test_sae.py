@@ -4,17 +4,17 @@ term, generation through the KV cache, steering by a feature). Every SAE is writ
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
 
 import larql
 from larql.errors import ModelError, ModelFormatError, UnsupportedError
 from larql.model.hooks import Add, Replace, Zero
+from tests import sae_files
+from tests.sae_files import random_tensors, write_sae
 
 IDS = [5, 71, 72, 3, 200, 9, 9, 44]
 HOOK = "blocks.0.hook_resid_post"
@@ -26,29 +26,8 @@ def m(tiny: dict) -> larql.Model:
     return larql.load(tiny["root"] / "f32.gguf")
 
 
-def write_sae(path: Path, tensors: dict[str, np.ndarray], cfg: dict[str, Any]) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path / "sae_weights.safetensors"))
-    (path / "cfg.json").write_text(json.dumps(cfg))
-    return path
-
-
-def random_tensors(d_in: int, d_sae: int, seed: int, arch: str = "standard") -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    t = {"W_enc": (rng.standard_normal((d_in, d_sae)) / np.sqrt(d_in)).astype(F32),
-         "W_dec": (rng.standard_normal((d_sae, d_in)) / np.sqrt(d_sae)).astype(F32),
-         "b_enc": (0.1 * rng.standard_normal(d_sae)).astype(F32),
-         "b_dec": (0.1 * rng.standard_normal(d_in)).astype(F32)}
-    if arch == "jumprelu":  # mostly positive thresholds, a few negative (SAELens uses relu(threshold))
-        t["threshold"] = (0.3 + 0.3 * rng.standard_normal(d_sae)).astype(F32)
-    return t
-
-
 def v6_cfg(d_in: int, d_sae: int, arch: str = "standard", hook: str = HOOK, **extra: Any) -> dict[str, Any]:
-    """A config as SAELens 6 saves it: hook_name under metadata."""
-    return {"d_in": d_in, "d_sae": d_sae, "dtype": "float32", "device": "cpu", "apply_b_dec_to_input": True,
-            "normalize_activations": "none", "reshape_activations": "none", "architecture": arch,
-            "metadata": {"hook_name": hook, "model_name": "tiny", "sae_lens_version": "6.5.0"}, **extra}
+    return sae_files.v6_cfg(d_in, d_sae, arch, hook, **extra)
 
 
 def reference(t: dict[str, np.ndarray], x: np.ndarray, arch: str, k: int = 0, apply_b_dec: bool = True,

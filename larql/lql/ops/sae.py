@@ -1,0 +1,86 @@
+"""USE SAE, SHOW SAES and DROP SAE: the SAEs attached to the session; FEATURES: their features
+position by position (ops/sae_rows.py makes the rows, EXPLAIN INFER's and DESCRIBE's too)."""
+
+from __future__ import annotations
+
+from larql.errors import ModelError
+from larql.lql import ast
+from larql.lql.ops.inference import model_of
+from larql.lql.ops.sae_rows import attached, feature_rows
+from larql.lql.plan import PlanRun
+from larql.lql.result import Result
+from larql.lql.session import AttachedSae, Session
+from larql.model.hooks import hook_name
+from larql.model.interp import sae_activations, top_features
+from larql.model.sae import check_saes, load_sae
+from larql.model.sae_labels import load_feature_labels
+
+
+def use_sae(stmt: ast.UseSaeStmt, session: Session, result: Result, run: PlanRun) -> None:
+    m = model_of(session, stmt)
+    load = run.take("load_sae")
+    path = load["path"]
+    sae = load_sae(path)
+    labels = load_feature_labels(load["labels"], sae.d_sae) if load["labels"] is not None else {}
+    want = run.take("check_sae")["layer"]
+    cfg = m.config
+    check_saes([sae], cfg, m.hook_names())  # the hook point exists in this model and has the SAE's width
+    layer = hook_name(sae.hook_name, cfg.n_layers, cfg.n_experts).layer
+    if want is not None and layer != want:
+        where = f"at layer {layer}" if layer is not None else "at no layer"
+        raise ModelError(f"{path}: its hook point {sae.hook_name} (cfg.json) is {where}, not layer {want}; drop "
+                         f"AT LAYER {want}, or give the SAE trained for layer {want}")
+    run.take("attach")
+    old = session.saes.get(sae.hook_name)
+    session.saes[sae.hook_name] = AttachedSae(sae, path, layer, labels)
+    result.notes.append(f"Attached: {sae!r} from {path}" + (f", {len(labels):,} feature labels" if labels else "")
+                        + (f' (replaces "{old.path}")' if old is not None else ""))
+
+
+def show_saes(stmt: ast.ShowSaesStmt, session: Session, result: Result, run: PlanRun) -> None:
+    run.take("list_saes")
+    result.title = "Attached SAEs"
+    result.columns = ["hook", "layer", "architecture", "d_in", "d_sae", "k", "labels", "path"]
+    for h, a in session.saes.items():
+        s = a.sae
+        result.rows.append([h, a.layer, s.architecture, s.d_in, s.d_sae, s.k if s.architecture == "topk" else None,
+                            len(a.labels), a.path])
+    if not result.rows:
+        result.notes.append('(none: USE SAE "dir" attaches one)')
+
+
+def drop_sae(stmt: ast.DropSaeStmt, session: Session, result: Result, run: PlanRun) -> None:
+    hooks = run.take("detach")["hooks"]
+    for h in hooks:
+        a = session.saes.pop(h, None)
+        if a is not None:
+            result.notes.append(f'Detached: {h} ("{a.path}")')
+    if not result.notes:
+        result.notes.append("(no SAE was attached)")
+
+
+def sae_features(stmt: ast.SaeFeaturesStmt, session: Session, result: Result, run: PlanRun) -> None:
+    m = model_of(session, stmt)
+    prompt = run.take("tokenize")["prompt"]
+    ids = m.tokenize(prompt)
+    step = run.take("sae_features")
+    read = attached(session, step)
+    _, acts = sae_activations(m, ids, [a.sae for a in read])
+    text = m.tokenizer.token_text
+    positions = range(len(ids)) if step["positions"] == "all" else [len(ids) - 1]
+    result.title = f"SAE features of {prompt!r}"
+    result.columns = ["position", "token", "layer", "feature", "activation", "top", "down", "label"]
+    for a in read:
+        for p in positions:
+            found = top_features(m, a.sae, acts[a.sae.hook_name][p], step["k"], p, step["n_tokens"])
+            for f, act, top, more, label in feature_rows(m, a, found):
+                result.rows.append([p, text(ids[p]), a.layer, f, act, top, more, label])
+    if len(read) > 1:
+        result.notes.append("SAEs in the order attached: " + ", ".join(a.sae.hook_name for a in read))
+
+
+def detach_all(session: Session, result: Result) -> None:
+    """USE and EXTRACT point the session at another model: the SAEs checked against the old one go."""
+    if session.saes:
+        result.notes.append(f"Detached {len(session.saes)} SAE(s): they were checked against the model before")
+        session.saes = {}
