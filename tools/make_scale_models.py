@@ -176,7 +176,7 @@ def write_f16(s: Shape, base: Path, out: Path, seed: int) -> None:
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for index, (name, shape, norm) in enumerate(specs):
+    for index, (_name, shape, norm) in enumerate(specs):
         if norm:
             ones = np.ones(shape, dtype=np.float32)
             _write_blocks(writer, ones.nbytes, iter([ones]))
@@ -202,8 +202,9 @@ def model_path(out: Path, shape: str, ftype: str) -> Path:
     return out / f"{shape}-{ftype}.gguf"
 
 
-def make(shape: str, out: Path, types: list[str], seed: int, threads: int) -> list[Path]:
-    """The shape's quantized files (made if missing), the F16 intermediate deleted."""
+def make(shape: str, out: Path, types: list[str], seed: int, threads: int, keep_f16: bool = False) -> list[Path]:
+    """The shape's quantized files (made if missing), the F16 intermediate deleted; with keep_f16 only
+    the F16 file (quantized by a later run)."""
     from larql.model.load import resolve
 
     s = SHAPES[shape]
@@ -212,9 +213,14 @@ def make(shape: str, out: Path, types: list[str], seed: int, threads: int) -> li
         return targets
     out.mkdir(parents=True, exist_ok=True)
     f16 = out / f"{shape}-f16.gguf"
-    t0 = time.perf_counter()
-    write_f16(s, resolve(s.base)[1], f16, seed)
-    print(f"{f16.name}: {f16.stat().st_size / 1e9:.2f} GB in {time.perf_counter() - t0:.0f} s", flush=True)
+    if not f16.is_file():  # a complete one is kept from an interrupted run (written as .part, then renamed)
+        t0 = time.perf_counter()
+        part = f16.with_name(f16.name + ".part")
+        write_f16(s, resolve(s.base)[1], part, seed)
+        part.replace(f16)
+        print(f"{f16.name}: {f16.stat().st_size / 1e9:.2f} GB in {time.perf_counter() - t0:.0f} s", flush=True)
+    if keep_f16:
+        return targets
     try:
         for ftype, path in zip(types, targets):
             if path.is_file():
@@ -237,12 +243,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--types", nargs="+", default=["q4_k_m"], choices=list(FTYPES))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp quantizer threads")
+    ap.add_argument("--f16-only", action="store_true", help="write the F16 files only (quantized by a later run)")
     args = ap.parse_args(argv)
     unknown = [s for s in args.shapes if s not in SHAPES]
     if unknown:
         ap.error(f"unknown shape {', '.join(unknown)} (known: {', '.join(SHAPES)})")
     for shape in args.shapes:
-        make(shape, args.out, args.types, args.seed, args.threads)
+        make(shape, args.out, args.types, args.seed, args.threads, args.f16_only)
     return 0
 
 
