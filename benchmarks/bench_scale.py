@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from results_file import save_results
+from results_file import RESULTS, save_results
 
 SHAPES = ("gemma3-1b", "gemma3-4b", "llama3-1b", "llama3-3b", "llama3-8b")
 PROMPT = "The history of the city begins with a small settlement on the river, where traders met"
@@ -61,12 +61,23 @@ def token_bytes(path: Path) -> dict[str, int]:
     token embedding (one row of it), unless the embedding is the lm_head too (tied)."""
     import gguf
 
+    from larql.quant import repack
+    from larql.quant.types import GGMLType
+
     reader = gguf.GGUFReader(str(path))
     sizes = {t.name: int(t.n_bytes) for t in reader.tensors}
     total = sum(sizes.values())
     tied = "output.weight" not in sizes
+    # what int8 repacked copies of the 4/5/6-bit matrices take (larql.quant.repack), the embedding apart
+    need = {"repack_bytes": 0, "repack_embedding_bytes": 0}
+    for t in reader.tensors:
+        qtype = GGMLType(int(t.tensor_type))
+        if qtype in repack.REPACKABLE:
+            key = "repack_embedding_bytes" if t.name == "token_embd.weight" else "repack_bytes"
+            need[key] += int(int(t.n_elements) * repack.nbytes_per_weight(qtype))
     return {"gguf_bytes": path.stat().st_size, "tensor_bytes": total,
-            "bytes_per_token": total if tied else total - sizes["token_embd.weight"]}
+            "bytes_per_token": total if tied else total - sizes["token_embd.weight"], **need,
+            "repack_budget_bytes": int(os.environ.get("LARQL_REPACK_MB", "1024")) << 20}
 
 
 def process_run(cmd: list[str], prompt: str, env: dict[str, str]) -> dict[str, Any]:
@@ -132,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--name", default="scale", help="results file name (benchmarks/results/NAME.json)")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the models already in the results file that this run does not measure")
     args = ap.parse_args(argv)
 
     from larql.cli.benchmark import llama_cpp_version, machine
@@ -151,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"machine": machine(), "llama_cpp": version, "copy_gb_s": round(bandwidth, 2),
                               "prompt": args.prompt, "decode": args.decode, "rounds": args.rounds,
                               "run_tokens": args.run_tokens, "quant": args.type, "models": []}
+    if args.append and (RESULTS / f"{args.name}.json").is_file():
+        kept = json.loads((RESULTS / f"{args.name}.json").read_text())["models"]
+        result["models"] = [m for m in kept if m["model"] not in {label for label, _, _ in models}]
     for label, model, path in models:
         result["models"].append(measure(label, model, path, args, version is not None))
         save_results(args.name, result)  # kept model by model: an interrupted run leaves what it measured
