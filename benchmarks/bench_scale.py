@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -80,21 +81,43 @@ def token_bytes(path: Path) -> dict[str, int]:
             "repack_budget_bytes": int(os.environ.get("LARQL_REPACK_MB", "1024")) << 20}
 
 
+def _hwm_mb(pid: int) -> float | None:
+    """The process's peak resident memory so far (VmHWM), MB; None once it has exited."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            return next((int(ln.split()[1]) / 1024 for ln in f if ln.startswith("VmHWM:")), None)
+    except OSError:
+        return None
+
+
 def process_run(cmd: list[str], prompt: str, env: dict[str, str]) -> dict[str, Any]:
     """Start `cmd` (which prints the prompt, then streams what it generates) and measure its peak RSS
-    and the seconds from its start to the first byte past the prompt."""
+    and the seconds from its start to the first byte past the prompt. The peak is the process's own
+    VmHWM, read every 20 ms and once it has closed its output: wait4's ru_maxrss would count this
+    process's own peak too (a forked child starts with its parent's high-water mark)."""
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
     assert p.stdout is not None
+    peak = [0.0]
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _hwm_mb(p.pid) or 0.0)
+            done.wait(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     seen, first, echo = 0, None, len(prompt.encode())
     while chunk := os.read(p.stdout.fileno(), 65536):
         seen += len(chunk)
         if first is None and seen > echo:
             first = time.perf_counter() - t0
-    _, status, usage = os.wait4(p.pid, 0)
-    p.returncode = os.waitstatus_to_exitcode(status)
-    return {"exit": p.returncode, "first_token_s": first, "seconds": time.perf_counter() - t0,
-            "peak_rss_mb": usage.ru_maxrss / 1024}
+    peak[0] = max(peak[0], _hwm_mb(p.pid) or 0.0)  # output closed: the process is exiting, not yet reaped
+    done.set()
+    watcher.join()
+    code = p.wait()
+    return {"exit": code, "first_token_s": first, "seconds": time.perf_counter() - t0, "peak_rss_mb": peak[0]}
 
 
 def larql_bench(model: str, args: argparse.Namespace) -> dict[str, Any]:
