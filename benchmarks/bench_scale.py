@@ -187,11 +187,19 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"machine": machine(), "llama_cpp": version, "copy_gb_s": round(bandwidth, 2),
                               "prompt": args.prompt, "decode": args.decode, "rounds": args.rounds,
                               "run_tokens": args.run_tokens, "quant": args.type, "models": []}
+    if version is not None:  # how llama.cpp was built: the ISA its CPU backend uses
+        import llama_cpp
+
+        result["llama_cpp_system"] = llama_cpp.llama_print_system_info().decode().strip()
     if args.append and (RESULTS / f"{args.name}.json").is_file():
-        kept = json.loads((RESULTS / f"{args.name}.json").read_text())["models"]
-        result["models"] = [m for m in kept if m["model"] not in {label for label, _, _ in models}]
+        old = json.loads((RESULTS / f"{args.name}.json").read_text())
+        kept = [m for m in old["models"] if m["model"] not in {label for label, _, _ in models}]
+        for m in kept:  # each row keeps the bandwidth measured in its own run
+            m.setdefault("copy_gb_s", old["copy_gb_s"])
+        result["models"] = kept
     for label, model, path in models:
-        result["models"].append(measure(label, model, path, args, version is not None))
+        row = measure(label, model, path, args, version is not None)
+        result["models"].append({**row, "copy_gb_s": round(bandwidth, 2)})
         save_results(args.name, result)  # kept model by model: an interrupted run leaves what it measured
     out = save_results(args.name, result)
     print(f"wrote {out}")

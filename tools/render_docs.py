@@ -299,7 +299,16 @@ def render_stacked_capitals() -> str:
     return "\n".join(out) + "\n\n" + _source(*names)
 
 
+def render_scale() -> str:
+    """Real model sizes beside llama.cpp (tools/render_scale.py: kept apart, this module is long enough)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from render_scale import render_scale as render
+
+    return render()
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
+    "scale": render_scale,
     "editing-methods": render_editing_methods,
     "editing-scale": render_editing_scale,
     "editing-relations": render_editing_relations,

@@ -28,7 +28,8 @@ def _floor(row: dict[str, Any], copy_gb_s: float) -> str:
         return f"{100 * dec * row['bytes_per_token'] / (copy_gb_s * 1e9):.0f}%" if dec else None
 
     ours, theirs = part("larql"), part("llama.cpp")
-    return f"{ours} (llama.cpp {theirs})" if theirs else str(ours)
+    text = f"{ours} (llama.cpp {theirs})" if theirs else str(ours)
+    return f"{text}, {copy_gb_s:.1f} GB/s"
 
 
 def _run(row: dict[str, Any], key: str, fmt: str) -> str:
@@ -50,17 +51,22 @@ def render_scale() -> str:
             "|---|" + "---:|" * len(rows)]
     lines = [
         ("decode tok/s (vs llama.cpp)", [_speed(r, "decode_tok_s", 1) for r in rows]),
-        (f"decode as a share of the bandwidth floor ({bw:.1f} GB/s copy)", [_floor(r, bw) for r in rows]),
+        ("decode as a share of the bandwidth floor (copy GB/s of the run)",
+         [_floor(r, r.get("copy_gb_s", bw)) for r in rows]),
         (f"prefill {d['prompt']} tokens, tok/s (vs llama.cpp)", [_speed(r, "prefill_tok_s", 0) for r in rows]),
         (f"peak RSS of a `run` process ({d['run_tokens']} tokens), MB",
          [_run(r, "peak_rss_mb", "{:,.0f}") for r in rows]),
         ("time to first token of a new process, s", [_run(r, "first_token_s", "{:.1f}") for r in rows]),
+        ("int8 repacked copies the matrices would take, MB (kept up to `LARQL_REPACK_MB`)",
+         [f"{r['repack_bytes'] / 2**20:,.0f} of {r['repack_budget_bytes'] / 2**20:,.0f}" for r in rows]),
     ]
     body = [f"| {name} | " + " | ".join(cells) + " |" for name, cells in lines]
-    m = rows[0]["machine"] if rows else d["machine"]
+    m = d["machine"]
     loads = ", ".join(f"{r['model']} {r['load_average_start'][0]:.1f}-{r['load_average_end'][0]:.1f}" for r in rows)
-    note = (f"{m['cpu']}, {m['threads']} threads, {d.get('tier') or m.get('tier', '?')}; llama-cpp-python "
-            f"{d.get('llama_cpp') or 'not installed'}; {d['quant'].upper()} by llama.cpp's quantizer; decode "
+    note = (f"{m['cpu']}, {m['threads']} threads, larql's tier {m.get('tier') or d.get('tier', '?')}; "
+            f"llama-cpp-python {d.get('llama_cpp') or 'not installed'}; the shapes {d['quant'].upper()} by "
+            f"llama.cpp's quantizer (gemma3-270m: the bundled file); bandwidth floor: the bytes one token reads "
+            f"over a one-thread numpy copy's GB/s (bytes read plus written); decode "
             f"{d['decode']} greedy tokens, medians of {d['rounds']} rounds with llama.cpp in turn. Load average "
             f"during each model's runs (the machine was shared): {loads}.")
     return "\n".join(head + body) + "\n\n" + note + "\n\nSource: `benchmarks/results/scale.json`."
