@@ -135,12 +135,17 @@ def measure(label: str, model: str, path: Path, args: argparse.Namespace, peer: 
 
     row: dict[str, Any] = {"model": label, "file": path.name, **token_bytes(path),
                            "load_average_start": [round(x, 2) for x in os.getloadavg()]}
-    print(f"{label}: speed ({args.rounds} rounds)", flush=True)
-    bench = larql_bench(model, args)
-    row["machine"] = bench["machine"]
-    row["peer_errors"] = bench.get("peer_errors", {})
-    row["speed"] = {e["engine"]: {k: e[k] for k in ("prefill_tok_s", "decode_tok_s", "prefill_rounds",
-                                                    "decode_rounds")} for e in bench["engines"]}
+    if args.run_only:  # the largest sizes on a busy machine: does it run, in what memory
+        from larql.cli.benchmark import machine
+
+        row |= {"machine": machine(), "peer_errors": {}, "speed": {}}
+    else:
+        print(f"{label}: speed ({args.rounds} rounds)", flush=True)
+        bench = larql_bench(model, args)
+        row["machine"] = bench["machine"]
+        row["peer_errors"] = bench.get("peer_errors", {})
+        row["speed"] = {e["engine"]: {k: e[k] for k in ("prefill_tok_s", "decode_tok_s", "prefill_rounds",
+                                                        "decode_rounds")} for e in bench["engines"]}
     print(f"{label}: run processes", flush=True)
     row["run"] = {"larql": process_run([sys.executable, "-m", "larql", "--threads", str(args.threads), "run",
                                         model, PROMPT, "--max-tokens", str(args.run_tokens)], PROMPT,
@@ -165,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--run-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--run-only", action="store_true",
+                    help="only the `run` processes (peak RSS, first token), not the speed rounds")
     ap.add_argument("--name", default="scale", help="results file name (benchmarks/results/NAME.json)")
     ap.add_argument("--append", action="store_true",
                     help="keep the models already in the results file that this run does not measure")

@@ -17,6 +17,8 @@ def _ratio(ours: float | None, theirs: float | None) -> str:
 def _speed(row: dict[str, Any], key: str, digits: int) -> str:
     s = row["speed"]
     ours, theirs = s.get("larql", {}).get(key), s.get("llama.cpp", {}).get(key)
+    if ours is None:
+        return "not measured"
     text = f"{ours:.{digits}f} ({_ratio(ours, theirs)}"
     return text + (f"; llama.cpp {theirs:.{digits}f})" if theirs else ")")
 
@@ -28,6 +30,8 @@ def _floor(row: dict[str, Any], copy_gb_s: float) -> str:
         return f"{100 * dec * row['bytes_per_token'] / (copy_gb_s * 1e9):.0f}%" if dec else None
 
     ours, theirs = part("larql"), part("llama.cpp")
+    if ours is None:
+        return "—"
     text = f"{ours} (llama.cpp {theirs})" if theirs else str(ours)
     return f"{text}, {copy_gb_s:.1f} GB/s"
 
