@@ -403,7 +403,16 @@ def render_tiers() -> str:
             f"{'yes' if len(sums) == 1 else 'no'}. " + _source(TIERS_RUN))
 
 
+def render_scale() -> str:
+    """Real model sizes beside llama.cpp (tools/render_scale.py: kept apart, this module is long enough)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from render_scale import render_scale as render
+
+    return render()
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
+    "scale": render_scale,
     "tiers": render_tiers,
     "runtime": render_runtime,
     "runtime-runs": render_runtime_runs,
