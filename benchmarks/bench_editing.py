@@ -59,11 +59,14 @@ def main() -> None:
     parser.add_argument("--layers", default="", help="edit layers, comma-separated (default: the crown layer)")
     parser.add_argument("--no-hold-relations", action="store_true",
                         help="do not hold the subjects' other relations in the value step (for comparison)")
+    parser.add_argument("--key-on", default="subject", choices=("subject", "query"),
+                        help="METHOD NEURON: key known subjects' neurons on the subject or on the fact's question")
     parser.add_argument("--stats-tokens", type=int, default=0, help="tokens of key statistics (default: larql's)")
     args = parser.parse_args()
     from larql.edit.insert import insert_facts
     from larql.edit.measure.evaluate import EditRecord, evaluate, load_edit_set
     from larql.edit.methods.facts import rewrites
+    from larql.edit.methods.query_neuron import relation_forms
     from larql.edit.methods.weight_edit import DECOY_SUBJECTS
     from larql.edit.state.view import edit_vindex
 
@@ -74,7 +77,8 @@ def main() -> None:
     def same(p: str) -> str:
         return " ".join(p.lower().split())
 
-    trained = {r.subject: {same(p) for p in rewrites(r.prompt, r.subject)} for r in records}
+    trained = {r.subject: {same(p) for p in [*rewrites(r.prompt, r.subject), *relation_forms(r.fact())]}
+               for r in records}
     dropped = sum(same(p) in trained[r.subject] for r in records for p in r.paraphrases)
     records = [replace(r, paraphrases=tuple(p for p in r.paraphrases if same(p) not in trained[r.subject]))
                for r in records]
@@ -87,14 +91,14 @@ def main() -> None:
     m = v.model()
     layers = [int(x) for x in args.layers.split(",")] if args.layers else None
     out: dict = {"model": v.index["model"], "data": Path(args.data).name, "edits": len(records), "machine": machine(),
-                 "paraphrases_dropped_as_trained": dropped, "hold_relations": not args.no_hold_relations,
+                 "paraphrases_dropped_as_trained": dropped, "hold_relations": not args.no_hold_relations, "key_on": args.key_on,
                  "decoys_used": decoys, "layers": layers, "stats_tokens": args.stats_tokens or None, "methods": {}}
     for method in args.methods.split(","):
         def apply(batch: list[EditRecord], method: str = method):
             kept = len(v.patches.pending)
             insert_facts(v, [r.fact() for r in batch], method, layers, measure=False, decoys=decoys,
                          exclude=held_out, stats_tokens=args.stats_tokens or None,
-                         hold_relations=not args.no_hold_relations)
+                         hold_relations=not args.no_hold_relations, key_on=args.key_on)
             return lambda: v.patches.undo(len(v.patches.pending) - kept)
 
         t0 = time.perf_counter()

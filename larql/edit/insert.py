@@ -26,7 +26,7 @@ from larql.edit.measure.evaluate import EVAL_PREFIX_SEED, EVAL_PREFIXES, Scorer,
 from larql.edit.methods.defaults import METHODS, N_NEIGHBOURS, default_method
 from larql.edit.methods.facts import Fact, model_prefixes
 from larql.edit.methods.relations import RelationCheck, known_edges, known_relations, recheck
-from larql.edit.methods.strategies import STRATEGIES, EditRequest
+from larql.edit.methods.strategies import KEY_ON, STRATEGIES, EditRequest
 from larql.edit.methods.weight_edit import WeightEditPlan
 from larql.edit.state.edited import EditTarget
 from larql.errors import EditError
@@ -93,19 +93,23 @@ def insert_facts(v: EditTarget, facts: Sequence[Fact], method: str | None = None
                  measure: bool = True, decoys: Sequence[str] | None = None,
                  n_neighbours: int = N_NEIGHBOURS, exclude: Collection[str] = (),
                  stats_tokens: int | None = None, hold_objects: bool = True,
-                 hold_relations: bool = True) -> InsertReport:
+                 hold_relations: bool = True, key_on: str = "subject") -> InsertReport:
     """Teach `facts` to the vindex's model through its overlay (recorded on its patch stack, all or
     nothing) and measure the result on held-out prompts.
 
     Weight edits hold still the keys of `decoys` and of each subject's `n_neighbours` nearest
     subjects in the embedding, except words in `exclude` (an evaluation's held-out subjects), weighted
     by key statistics over `stats_tokens` tokens (default `stats.token_budget`), and with
-    `hold_objects` the keys of what the model says each subject relates to (`known_objects_many`)."""
+    `hold_objects` the keys of what the model says each subject relates to (`known_objects_many`).
+    `key_on="query"` keys METHOD NEURON's neurons for subjects the model knows on the fact's question
+    (edit/methods/query_neuron.py), on models with a measured query layer."""
     method = method or default_method(v.index["model"])
     if method not in METHODS:
         raise EditError(f"unknown edit method {method!r} (one of {', '.join(METHODS)})")
     if not facts:
         raise EditError("INSERT needs at least one fact")
+    if key_on not in KEY_ON:
+        raise EditError(f"unknown key_on {key_on!r} (one of {', '.join(KEY_ON)})")
     if not v.has_model_weights:
         raise EditError("INSERT needs the model's weights: extract the vindex WITH INFERENCE")
     model = v.model()
@@ -142,7 +146,7 @@ def insert_facts(v: EditTarget, facts: Sequence[Fact], method: str | None = None
         relations_before = known_relations(model, facts, probed())
     recorded = len(v.patches.pending)
     request = EditRequest(v, model, list(facts), method, layers, progress, decoys, n_neighbours, exclude, stats_tokens,
-                          hold_objects, hold_relations, probed)
+                          hold_objects, hold_relations, probed, key_on)
     try:
         done = STRATEGIES[method](request)
     except BaseException:  # an error or Ctrl-C: nothing half-applied

@@ -46,6 +46,16 @@ NEURONS_PER_LAYER = 64
 NEURON_LAYERS: dict[str, tuple[int, ...]] = {"gemma3-270m": (3, 4, 6, 5, 7, 8), "smollm2-135m": (4,)}
 
 
+# Where METHOD NEURON with key_on="query" puts a neuron keyed on the question (edit/methods/query_neuron.py)
+# for a subject the model knows something about: a layer where the prompt's last token carries subject
+# and relation together. Models not listed key every neuron on its subject (no query layer measured).
+QUERY_LAYERS: dict[str, int] = {"gemma3-270m": 12}
+
+
+def query_layer(model_name: str) -> int | None:
+    return QUERY_LAYERS.get(model_name)
+
+
 def neuron_layers(model_name: str, n_layers: int) -> tuple[int, ...]:
     """The layers METHOD NEURON fills, in order (the crown layer alone for a model not measured)."""
     return NEURON_LAYERS.get(model_name, (default_layer(model_name, n_layers),))

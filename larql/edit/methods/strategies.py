@@ -7,13 +7,23 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from larql.edit.methods.capture import LowerLayers
-from larql.edit.methods.defaults import NEURONS_PER_LAYER, default_layer, neuron_layers, neuron_prefixes, subject_keys
+from larql.edit.methods.defaults import (
+    NEURONS_PER_LAYER,
+    default_layer,
+    neuron_layers,
+    neuron_prefixes,
+    query_layer,
+    subject_keys,
+)
 from larql.edit.methods.facts import Fact
 from larql.edit.methods.metrics import key_metrics, stats_dir
 from larql.edit.methods.neighbours import similar_subjects
 from larql.edit.methods.neuron import plan_neuron_edit
 from larql.edit.methods.neuron_settle import settle_layer, settle_texts
+from larql.edit.methods.query_neuron import plan_query_neuron_edit, relation_forms
 from larql.edit.methods.relations import relation_holds
 from larql.edit.methods.weight_edit import (
     DECOY_SUBJECTS,
@@ -26,7 +36,7 @@ from larql.edit.methods.weight_edit import (
 from larql.edit.patches.weight_op import WeightOp
 from larql.edit.state.edited import EditTarget, installed, neuron_subjects
 from larql.model.model import Model
-from larql.vindex.tokens import Edge
+from larql.vindex.tokens import Edge, is_content_token
 
 
 @dataclass
@@ -47,10 +57,14 @@ class EditRequest:
     hold_objects: bool
     hold_relations: bool
     probed: Callable[[], list[list[Edge]]]
+    key_on: str = "subject"  # METHOD NEURON: "query" keys known subjects' neurons on the fact's question
 
     @property
     def decoy_subjects(self) -> Sequence[str]:
         return DECOY_SUBJECTS if self.decoys is None else self.decoys
+
+
+KEY_ON = ("subject", "query")
 
 
 @dataclass(frozen=True)
@@ -118,7 +132,79 @@ def record_feature(r: EditRequest) -> Recorded:
 
 
 def record_neuron(r: EditRequest) -> Recorded:
-    """METHOD NEURON: one neuron per subject, layer by layer, each layer settled before the next."""
+    """METHOD NEURON: one neuron per subject, keyed on the subject (`record_subject_neurons`); with
+    `key_on="query"`, for a subject the model knows something about (`known_subjects`), on a model
+    with a measured query layer (or at the one layer given), one neuron per fact keyed on the query
+    (`record_query_neurons`)."""
+    layer = None
+    if r.key_on == "query":
+        layer = query_layer(r.model.name) if r.layers is None else r.layers[0] if len(r.layers) == 1 else None
+    known = known_subjects(r) if layer is not None else set()
+    by_query = [f for f in r.facts if f.subject in known]
+    rest = [f for f in r.facts if f.subject not in known]
+    done_layers: list[int] = []
+    facts: list[Fact] = []
+    if rest:
+        got = record_subject_neurons(_part(r, rest))
+        done_layers += got.layers
+        facts += got.facts
+    if by_query:
+        assert layer is not None
+        got = record_query_neurons(_part(r, by_query), layer)
+        done_layers += got.layers
+        facts += got.facts
+    order = {(f.subject, f.prompt, f.target): i for i, f in enumerate(r.facts)}
+    return Recorded(tuple(sorted(set(done_layers))), sorted(facts, key=lambda f: order[(f.subject, f.prompt, f.target)]))
+
+
+# A subject counts as known where DESCRIBE's probes answer, or where the model's top-1 after the fact's
+# own prompt is a word at this probability or more (the probes' bar, 0.7, missed subjects whose other
+# relations the model still knew: "The currency of Uruguay is the" " Urugu" at 0.19; an invented
+# name's prompt answers " a" or " the")
+KNOWN_ANSWER_P = 0.15
+
+
+def known_subjects(r: EditRequest) -> set[str]:
+    """The subjects of `r` the model knows something about (see KNOWN_ANSWER_P)."""
+    subjects = list(dict.fromkeys(f.subject for f in r.facts))
+    known = {s for s, found in zip(subjects, r.probed()) if found}
+    ask = [f for f in r.facts if f.subject not in known]
+    if ask:
+        logits = r.model.next_logits_batch([r.model.tokenize(f.prompt) for f in ask]).astype(np.float64)
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        for f, row in zip(ask, p):
+            t = int(np.argmax(row))
+            if row[t] >= KNOWN_ANSWER_P and is_content_token(r.model.detokenize([t]).strip()):
+                known.add(f.subject)
+    return known
+
+
+def _part(r: EditRequest, facts: list[Fact]) -> EditRequest:
+    """`r` for some of its facts, its probe edges those of their subjects."""
+    if len(facts) == len(r.facts):
+        return r
+    edges = dict(zip(dict.fromkeys(f.subject for f in r.facts), r.probed()))
+    return replace(r, facts=facts, probed=lambda: [edges[s] for s in dict.fromkeys(f.subject for f in facts)])
+
+
+def record_query_neurons(r: EditRequest, layer: int) -> Recorded:
+    """One neuron per fact at `layer`, opened by the fact's question (its subject and relation together)
+    at the prompt's last token, so the subject's other relations keep their answers."""
+    v, model = r.v, r.model
+    subjects = list(dict.fromkeys(f.subject for f in r.facts))
+    # the question as DESCRIBE's probe for the relation asks it is learnt too: more phrasings to open on
+    facts = [replace(f, prompts=(*f.prompts, *relation_forms(f))) for f in r.facts]
+    holds = holds_of(replace(r, facts=facts), subjects, {s: s for s in subjects})
+    metric = key_metrics(model, [layer], stats_dir(v), r.stats_tokens, point="input")[layer]
+    plan = plan_query_neuron_edit(model, facts, layer, metric, v.overlay.next_feature(layer), r.decoy_subjects,
+                                  holds.near, holds.relations, n_prefixes=neuron_prefixes(len(subjects)))
+    v.patches.record_all(list(plan.ops))
+    return Recorded((layer,), list(r.facts))
+
+
+def record_subject_neurons(r: EditRequest) -> Recorded:
+    """One neuron per subject, layer by layer, each layer settled before the next."""
     v, model = r.v, r.model
     subjects = list(dict.fromkeys(f.subject for f in r.facts))  # probed once per subject, not per fact
     # a neuron keys on what tells its subject from the others, in place and new

@@ -143,7 +143,7 @@ class _Prompts:
 
 
 def _group_prompts(model: Model, facts: Sequence[Fact], prefixes: Sequence[str],
-                   kl_prompts: Sequence[str] = KL_PROMPTS, holds: Sequence[str] = ()) -> _Prompts:
+                   kl_prompts: Sequence[str] = KL_PROMPTS, holds: Sequence[str] = (), at_last: bool = False) -> _Prompts:
     subject, key = facts[0].subject, facts[0].keyed
     if any(f.subject != subject or f.keyed != key for f in facts):
         raise EditError("optimise_value takes facts about one subject; group them first")
@@ -157,6 +157,7 @@ def _group_prompts(model: Model, facts: Sequence[Fact], prefixes: Sequence[str],
             for prefix in ("", *prefixes):
                 ids, s = subject_position(model, prefix + base, subject, key)
                 n_prompt = len(ids)
+                s = n_prompt - 1 if at_last else s
                 ids = ids + tids[:-1]  # teacher forcing: the target's tokens follow the prompt
                 scored.append(_Scored(len(ctx_ids), np.arange(n_prompt - 1, n_prompt - 1 + len(tids)) - s,
                                       np.asarray(tids, np.int64)))
@@ -181,12 +182,14 @@ def _group_prompts(model: Model, facts: Sequence[Fact], prefixes: Sequence[str],
 
 def _build_groups(model: Model, groups: Sequence[Sequence[Fact]], layers: Sequence[int],
                   prefixes: Sequence[str], unknown: Collection[str] = (),
-                  holds: Mapping[str, Sequence[str]] | None = None) -> list[tuple[_Group, list[F32]]]:
+                  holds: Mapping[str, Sequence[str]] | None = None, at_last: bool = False,
+                  ) -> list[tuple[_Group, list[F32]]]:
     """Every subject's prompts run through the real model in packed passes: per subject, the
-    residual entering the first layer's MLP at every position, and the keys."""
+    residual entering the first layer's MLP at every position, and the keys. `at_last`: the value
+    is added at each prompt's last token (a neuron keyed on the query), and nothing else is held."""
     prompts = [_group_prompts(model, facts, prefixes,
-                              UNKNOWN_KL_PROMPTS if facts[0].subject in unknown else KL_PROMPTS,
-                              (holds or {}).get(facts[0].subject, ())) for facts in groups]
+                              () if at_last else UNKNOWN_KL_PROMPTS if facts[0].subject in unknown else KL_PROMPTS,
+                              () if at_last else (holds or {}).get(facts[0].subject, ()), at_last) for facts in groups]
     got = iter(_capture(model, [ids for p in prompts for ids in p.ctx_ids], layers))
     return [_build_group(model, p, [next(got) for _ in p.ctx_ids], layers) for p in prompts]
 
@@ -235,7 +238,7 @@ def optimise_values(model: Model, groups: Sequence[Sequence[Fact]], layers: Sequ
                     ffn_layers: Callable[[int], DenseLayer] | None = None, max_steps: int = MAX_STEPS,
                     kl_weight: float = KL_WEIGHT, progress: Callable[[str], None] | None = None,
                     unknown: Collection[str] = (), holds: Mapping[str, Sequence[str]] | None = None,
-                    ) -> list[ValueResult]:
+                    at_last: bool = False) -> list[ValueResult]:
     """One value per subject group, all groups optimised side by side: their prompts go through the
     tail together (one GEMM per weight over every group's rows, each group adding its own delta), each
     group keeps its own loss, candidates and Adam state and leaves the batch when it is done. The
@@ -246,11 +249,11 @@ def optimise_values(model: Model, groups: Sequence[Sequence[Fact]], layers: Sequ
     `unknown`: subjects the model says nothing about, held by ROME's KL prompt alone (UNKNOWN_KL_PROMPTS)."""
     decay, clamp = value_bounds(model.name)
     results = _optimise_values(model, groups, layers, prefixes, ffn_layers, max_steps, kl_weight, progress,
-                               decay, clamp, unknown, holds)
+                               decay, clamp, unknown, holds, at_last)
     missed = [i for i, r in enumerate(results) if not r.top1]
     if missed and (decay, clamp) != (ROME_WEIGHT_DECAY, ROME_CLAMP):
         again = _optimise_values(model, [groups[i] for i in missed], layers, prefixes, ffn_layers, max_steps,
-                                 kl_weight, progress, ROME_WEIGHT_DECAY, ROME_CLAMP, unknown, holds)
+                                 kl_weight, progress, ROME_WEIGHT_DECAY, ROME_CLAMP, unknown, holds, at_last)
         for i, r in zip(missed, again):
             if r.top1 or r.nll_after < results[i].nll_after:
                 results[i] = r
@@ -261,10 +264,10 @@ def _optimise_values(model: Model, groups: Sequence[Sequence[Fact]], layers: Seq
                      ffn_layers: Callable[[int], DenseLayer] | None, max_steps: int, kl_weight: float,
                      progress: Callable[[str], None] | None, weight_decay: float, clamp: float,
                      unknown: Collection[str] = (),
-                     holds: Mapping[str, Sequence[str]] | None = None) -> list[ValueResult]:
+                     holds: Mapping[str, Sequence[str]] | None = None, at_last: bool = False) -> list[ValueResult]:
     layers = sorted(set(layers))
     first, cfg = layers[0], model.config
-    built = _build_groups(model, groups, layers, prefixes, unknown, holds)
+    built = _build_groups(model, groups, layers, prefixes, unknown, holds, at_last)
     todo = [g for g, _ in built]
     dense = {i: ffn_layers(i) for i in range(first, cfg.n_layers)} if ffn_layers is not None else None
     tail = Tail(cfg, model.weights, first, layers=dense)
