@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import QuantError
-from larql.quant import argmax, argmax_tiles, dot_kernels, kernels, reference, repack
+from larql.quant import argmax, argmax_tiles, dot_kernels, kernels, kquant_rows, reference, repack
 from larql.quant.types import BLOCK_LAYOUT, GGMLType, row_bytes
 
 # what every kernel takes first: (qtype, block_size, type_size, raw rows, the same bytes as int8, f16/bf16 table)
@@ -215,13 +215,17 @@ class QuantMatrix:
 
     def vector_kernel(self) -> Callable[[NDArray[np.float32], NDArray[np.float32]], None] | None:
         """The kernel `matmul` runs for one activation, bound to these weights: kernel(x `[n_cols]`,
-        out `[n_rows]`, both float32 C-contiguous) — the repacked copy's, else the type's over the
-        GGUF rows; None where matmul takes numpy or the generic kernel (F32, F16, BF16). For a caller
+        out `[n_rows]`, both float32 C-contiguous) — the repacked copy's, else the type's direct one over
+        the GGUF blocks (kquant_rows.py: Q4_K, Q5_K, Q6_K, Q4_0), else dot_kernels' over the GGUF rows;
+        None where matmul takes numpy or the generic kernel (F32, F16, BF16). For a caller
         that runs one matrix many times (decode_layer.py) without matmul's checks. Bound once."""
         def make() -> Callable[[NDArray[np.float32], NDArray[np.float32]], None] | None:
             fast = self.repacked()
             if fast is not None:
                 return repack.matvec_kernel(fast)
+            direct = kquant_rows.MATVEC.get(int(self.qtype))
+            if direct is not None:
+                return partial(direct, self.raw)
             kernel = dot_kernels.MATVEC.get(int(self.qtype))
             return None if kernel is None else partial(kernel, *self._args(self.raw)[3:])
 
