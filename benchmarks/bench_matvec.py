@@ -29,11 +29,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
+import numba
 import numpy as np
 from bench_topk_tiers import AVX2_BUILD
-from numba import njit, prange
 from results_file import save_results
 
 from larql.cli.benchmark import machine
@@ -74,32 +75,22 @@ def kernels_for(qtype: GGMLType, raw: np.ndarray, cols: int) -> dict[str, Callab
     return out
 
 
-@njit(cache=True, parallel=True, fastmath=True)  # fastmath: a vectorized sum, paced by memory
-def _read_sum(a: np.ndarray) -> float:  # pragma: no cover - numba
-    n = a.shape[0] // 64
-    total = 0.0
-    for i in prange(64):
-        s = 0.0
-        for j in range(i * n, (i + 1) * n):
-            s += a[j]
-        total += s
-    return total
-
-
 def floor_bandwidth(reps: int) -> dict[str, float]:
-    """STREAM-like figures on 1 GB: numpy copy (one thread, read + write bytes) and a read-only sum
-    over numba's threads, best of reps."""
-    a = np.ones(1 << 27, np.float64)
+    """STREAM-like figures on 1 GB, best of reps: numpy's copy (one thread; bytes read + written) and
+    numpy's sum of halves of it on numba's thread count of Python threads (numpy lets go of the GIL)."""
+    a = np.ones((64, 1 << 22), np.float32)
     b = np.empty_like(a)
-    _read_sum(a[:1024])
+    threads = numba.get_num_threads()
+    parts = np.array_split(a, threads)
     copy, read = [], []
-    for _ in range(reps):
-        t = time.perf_counter()
-        np.copyto(b, a)
-        copy.append(2 * a.nbytes / (time.perf_counter() - t) / 1e9)
-        t = time.perf_counter()
-        _read_sum(a)
-        read.append(a.nbytes / (time.perf_counter() - t) / 1e9)
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(reps):
+            t = time.perf_counter()
+            np.copyto(b, a)
+            copy.append(2 * a.nbytes / (time.perf_counter() - t) / 1e9)
+            t = time.perf_counter()
+            list(pool.map(np.sum, parts))
+            read.append(a.nbytes / (time.perf_counter() - t) / 1e9)
     return {"copy_1_thread_gbs": max(copy), "read_threads_gbs": max(read)}
 
 

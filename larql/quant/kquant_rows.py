@@ -32,6 +32,7 @@ _I8, _I16, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.
 _V16I8, _V16I32, _V16F32 = ir.VectorType(_I8, 16), ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
 _V8I8, _V8I32, _V8F32 = ir.VectorType(_I8, 8), ir.VectorType(_I32, 8), ir.VectorType(_F32, 8)
 _V2I32, _V32I8, _V64I8 = ir.VectorType(_I32, 2), ir.VectorType(_I8, 32), ir.VectorType(_I8, 64)
+_V16I16, _V64I16 = ir.VectorType(_I16, 16), ir.VectorType(_I16, 64)
 AHEAD = 4  # rows ahead to prefetch (matvec_rows.py's reason: small matrices end before the prefetcher ramps up)
 
 
@@ -217,24 +218,32 @@ def _emit_q6_k(blk, acc, macc):  # type: ignore[no-untyped-def]
        byte 0-127 ql (low 4 bits) | 128-191 qh (high 2 bits) | 192-207 sc (int8) | 208-209 d (f16)
     Weight e = 128h + 32t + c: low = ql[64h + 32(t % 2) + c] >> 4(t // 2) & 15, high = qh[32h + c] >> 2t & 3.
     Per half h the 64 ql bytes give t = 0, 1 in their low nibbles and t = 2, 3 in their high ones, and
-    the high bits of t are qh's bits 2t, 2t+1 moved to bits 4, 5: so the 6-bit integers of 64 weights
-    at a time come from a few 64-byte operations, then 16 at a time to float32."""
+    the high bits of t are qh's bits 2t, 2t+1 moved to bits 4, 5: so the integers of 64 weights at a
+    time come from a few 64-byte operations. Each is multiplied by its int8 scale as a 16-bit integer
+    (exact: |(q - 32) sc| <= 4096), so the block's sum takes d once: d sum_e ((q_e - 32) sc_e) x_e."""
     b = blk.b
-    d = blk.half(208)
-    sc = b.sitofp(b.sext(blk.load(192, _V16I8), _V16I32), _V16F32)
-    blk.spill(b.fmul(sc, splat(b, d, _V16F32)))  # the 16 scales d sc_g, each read back as a scalar
+    sc = b.sext(blk.load(192, _V16I8), _V16I16)
+    block = [None, None]
     for h in range(2):
         ql = blk.load(64 * h, _V64I8)
         qh = blk.load(128 + 32 * h, _V32I8)
         for pair in range(2):  # t = 2 pair, 2 pair + 1
             low = b.and_(ql, _bytes(64, 15)) if pair == 0 else b.lshr(ql, _bytes(64, 4))
             high = _concat(b, *(_move_bits(b, qh, 2 * t, 4, 48, 32) for t in (2 * pair, 2 * pair + 1)))
-            q = b.sub(b.or_(low, high), _bytes(64, 32))
-            for i in range(4):  # 16 weights, one scale
-                e = 128 * h + 64 * pair + 16 * i
-                piece = b.shuffle_vector(q, q, ir.Constant(ir.VectorType(_I32, 16), list(range(16 * i, 16 * i + 16))))
-                dot = b.fmul(blk.floats(piece, signed=True), blk.xs(e))
-                _add_scaled(blk, acc[i % 2], dot, blk.scalar(e // 16))
+            q = b.sext(b.sub(b.or_(low, high), _bytes(64, 32)), _V64I16)
+            first = 8 * h + 4 * pair  # the scale of the first 16 of these 64 weights
+            scales = b.shuffle_vector(sc, sc, ir.Constant(ir.VectorType(_I32, 64),
+                                                          [first + i // 16 for i in range(64)]))
+            qs = b.mul(q, scales)
+            for i in range(4):  # 16 weights at a time to float32
+                piece = b.shuffle_vector(qs, qs, ir.Constant(ir.VectorType(_I32, 16), list(range(16 * i, 16 * i + 16))))
+                qf = b.sitofp(b.sext(piece, _V16I32), _V16F32)
+                x = blk.xs(128 * h + 64 * pair + 16 * i)
+                k = i % 2
+                block[k] = b.fmul(qf, x) if block[k] is None else b.call(blk.fma, [qf, x, block[k]])
+    d = blk.half(208)
+    for k in range(2):
+        _add_scaled(blk, acc[k], block[k], d)
 
 
 def _emit_q4_0(blk, acc, macc):  # type: ignore[no-untyped-def]

@@ -46,6 +46,9 @@ _scratch = threading.local()
 # Memory that repacked copies of 4/5/6-bit weights may take in all (see repack.py): the matrices
 # used first get it. LARQL_REPACK_MB=0 turns repacking off (the kernels then read the GGUF blocks).
 _repack_budget = [int(os.environ.get("LARQL_REPACK_MB", "1024")) << 20]
+# Types decode reads straight from their blocks (kquant_rows.py) are not repacked: a Q4_K_M model
+# holds no second copy beside the mapped file. LARQL_REPACK_KQUANTS=1 repacks them too, to compare.
+REPACK_DIRECT = os.environ.get("LARQL_REPACK_KQUANTS", "0") not in ("", "0")
 _repack_lock = threading.RLock()  # reentrant: the tiled copy's maker asks for the row norms under it
 _T = TypeVar("_T")
 
@@ -81,7 +84,7 @@ def _take_budget(size: int) -> bool:
 
 
 def _release_budget(size: int) -> None:
-    with _repack_lock:
+    with _repack_lock:  # a freed copy's bytes
         _repack_budget[0] += size
 
 
@@ -199,9 +202,11 @@ class QuantMatrix:
 
     def repacked(self) -> repack.Repacked | None:
         """The int8 + scale copy the small-batch path runs on, made on first use while the
-        process-wide budget lasts (None: not a repackable type, or no budget left)."""
+        process-wide budget lasts (None: not a repackable type, a type decode reads directly unless
+        LARQL_REPACK_KQUANTS is set, or no budget left)."""
         def make() -> repack.Repacked | None:
-            if self.qtype not in repack.REPACKABLE or self.n_cols % 32:
+            if (self.qtype not in repack.REPACKABLE or self.n_cols % 32
+                    or (int(self.qtype) in kquant_rows.MATVEC and not REPACK_DIRECT)):
                 return None
             size = int(self.n_rows * self.n_cols * repack.nbytes_per_weight(self.qtype))
             if not _take_budget(size):
@@ -215,10 +220,9 @@ class QuantMatrix:
 
     def vector_kernel(self) -> Callable[[NDArray[np.float32], NDArray[np.float32]], None] | None:
         """The kernel `matmul` runs for one activation, bound to these weights: kernel(x `[n_cols]`,
-        out `[n_rows]`, both float32 C-contiguous) — the repacked copy's, else the type's direct one over
-        the GGUF blocks (kquant_rows.py: Q4_K, Q5_K, Q6_K, Q4_0), else dot_kernels' over the GGUF rows;
-        None where matmul takes numpy or the generic kernel (F32, F16, BF16). For a caller
-        that runs one matrix many times (decode_layer.py) without matmul's checks. Bound once."""
+        out `[n_rows]`, both float32 C-contiguous) — the repacked copy's, else the type's direct one
+        (kquant_rows.py), else dot_kernels'; None for F32, F16, BF16 (numpy, the generic kernel). For
+        a caller that runs one matrix many times (decode_layer.py) without matmul's checks. Bound once."""
         def make() -> Callable[[NDArray[np.float32], NDArray[np.float32]], None] | None:
             fast = self.repacked()
             if fast is not None:
