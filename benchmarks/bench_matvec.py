@@ -41,7 +41,7 @@ from larql.cli.benchmark import machine
 from larql.quant import GGMLType, dot_kernels, kernels, kquant_rows, q8_0_rows, repack
 from larql.quant.types import BLOCK_LAYOUT, row_bytes
 
-F16_FIELDS = {GGMLType.Q4_0: [0], GGMLType.Q8_0: [0], GGMLType.Q4_K: [0, 2], GGMLType.Q5_K: [0, 2],
+F16_FIELDS = {GGMLType.Q4_0: [0], GGMLType.Q5_0: [0], GGMLType.Q8_0: [0], GGMLType.Q4_K: [0, 2], GGMLType.Q5_K: [0, 2],
               GGMLType.Q6_K: [208]}
 SHAPES = [(2560, 10240), (10240, 2560), (2560, 2560), (1152, 6912)]
 LM_HEAD = (262144, 2560)
@@ -68,7 +68,7 @@ def kernels_for(qtype: GGMLType, raw: np.ndarray, cols: int) -> dict[str, Callab
                      partial(dot_kernels.matvec_generic, int(qtype), block_size, type_size, raw, raw.view(np.int8), tab))
     if qtype in repack.REPACKABLE:
         out["repacked"] = repack.matvec_kernel(repack.repack(qtype, block_size, type_size, raw, tab, cols))
-    direct = {GGMLType.Q4_K: kquant_rows.matvec_q4_k, GGMLType.Q5_K: kquant_rows.matvec_q5_k,
+    direct = {GGMLType.Q5_0: kquant_rows.matvec_q5_0, GGMLType.Q4_K: kquant_rows.matvec_q4_k, GGMLType.Q5_K: kquant_rows.matvec_q5_k,
               GGMLType.Q6_K: kquant_rows.matvec_q6_k, GGMLType.Q4_0: kquant_rows.matvec_q4_0,
               GGMLType.Q8_0: q8_0_rows.matvec_q8_0}[qtype]
     out["direct"] = partial(direct, raw)
@@ -126,7 +126,7 @@ def bench_shape(qtype: GGMLType, rows: int, cols: int, reps: int, rng: np.random
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--types", default="Q4_K,Q5_K,Q6_K,Q4_0,Q8_0")
+    ap.add_argument("--types", default="Q4_K,Q5_K,Q6_K,Q4_0,Q5_0,Q8_0")
     ap.add_argument("--no-lm-head", action="store_true")
     ap.add_argument("--name", default="matvec")
     ap.add_argument("--tier", choices=("host", "avx2"), default="host",

@@ -1,4 +1,4 @@
-"""Decode's matvec straight from the GGUF blocks of the k-quants (Q4_K, Q5_K, Q6_K) and Q4_0, with
+"""Decode's matvec straight from the GGUF blocks of the k-quants (Q4_K, Q5_K, Q6_K), Q4_0 and Q5_0, with
 no repacked copy: the same register-accumulator form as matvec_rows.py's kernels over int8 copies,
 the bits unpacked in vector registers on the way.
 
@@ -132,7 +132,8 @@ def _row_kernel(block_bytes: int, block_weights: int, emit: Callable[..., None])
 
             def block(k, j):  # type: ignore[no-untyped-def]
                 off = builder.mul(k, ir.Constant(_I64, block_bytes))
-                for line in range(0, block_bytes, 64):  # the row AHEAD rows on, every cache line of the block
+                # the row AHEAD rows on: a line per 64 bytes (small blocks: every other block, one line)
+                for line in (range(0, block_bytes, 64) if block_bytes >= 64 else range(0 if j == 0 else 64, 1)):
                     p = builder.gep(ahead, [builder.add(off, ir.Constant(_I64, line))], source_etype=_I8)
                     builder.call(prefetch, [p, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
                 base = builder.gep(rowp, [off], source_etype=_I8)
@@ -255,8 +256,27 @@ def _emit_q4_0(blk, acc, macc):  # type: ignore[no-untyped-def]
     _add_scaled(blk, acc[0], blk.dot32(q[0], q[1], 0, signed=True), blk.half(0))
 
 
+def _emit_q5_0(blk, acc, macc):  # type: ignore[no-untyped-def]
+    """Q5_0, 32 weights in 22 bytes, w = d (q - 16), q 5 bits (reference.py):
+       byte 0-1 d (f16) | 2-5 qh, a little-endian u32: bit j the fifth bit of weight j | 6-21 qs as Q4_0's
+    The fifth bits by a lane-wise test of qh against 1 << j (a compare, no per-lane shift)."""
+    b = blk.b
+    qs = blk.load(6, _V16I8)
+    qh = splat(b, blk.load(2, _I32), _V16I32)
+    sixteen, zero = ir.Constant(_V16I32, [16] * 16), ir.Constant(_V16I32, [0] * 16)
+    q = []
+    for half in range(2):  # weights 0-15 in the low nibbles, 16-31 in the high ones
+        nib = b.zext(b.and_(qs, _bytes16(15)) if half == 0 else b.lshr(qs, _bytes16(4)), _V16I32)
+        bit = b.and_(qh, ir.Constant(_V16I32, [1 << (16 * half + j) for j in range(16)]))
+        fifth = b.select(b.icmp_unsigned("!=", bit, zero), sixteen, zero)
+        q.append(b.sitofp(b.sub(b.or_(nib, fifth), sixteen), _V16F32))
+    t = b.fmul(q[0], blk.xs(0))
+    _add_scaled(blk, acc[0], b.call(blk.fma, [q[1], blk.xs(16), t]), blk.half(0))
+
+
 _Q4_K, _Q5_K = _row_kernel(144, 256, _emit_k(False)), _row_kernel(176, 256, _emit_k(True))
 _Q6_K, _Q4_0 = _row_kernel(210, 256, _emit_q6_k), _row_kernel(18, 32, _emit_q4_0)
+_Q5_0 = _row_kernel(22, 32, _emit_q5_0)
 
 
 @njit(cache=True)
@@ -296,6 +316,13 @@ def matvec_q6_k(w: NDArray[np.uint8], x: NDArray[np.float32], out: NDArray[np.fl
 
 
 @njit(cache=True, parallel=True)
+def matvec_q5_0(w: NDArray[np.uint8], x: NDArray[np.float32], out: NDArray[np.float32]) -> None:  # pragma: no cover - numba
+    """out[r] = row r of the Q5_0 blocks w `[rows, 22 * blocks]` times x `[32 * blocks]`."""
+    for r in prange(w.shape[0]):
+        _Q5_0(w, r, x, x, out)
+
+
+@njit(cache=True, parallel=True)
 def matvec_q4_0(w: NDArray[np.uint8], x: NDArray[np.float32], out: NDArray[np.float32]) -> None:  # pragma: no cover - numba
     """out[r] = row r of the Q4_0 blocks w `[rows, 18 * blocks]` times x `[32 * blocks]`."""
     for r in prange(w.shape[0]):
@@ -305,4 +332,4 @@ def matvec_q4_0(w: NDArray[np.uint8], x: NDArray[np.float32], out: NDArray[np.fl
 # the direct kernel of each type that has one: kernel(w `[rows, bytes]`, x, out)
 MATVEC: dict[int, Callable[[NDArray[np.uint8], NDArray[np.float32], NDArray[np.float32]], None]] = {
     int(GGMLType.Q4_K): matvec_q4_k, int(GGMLType.Q5_K): matvec_q5_k, int(GGMLType.Q6_K): matvec_q6_k,
-    int(GGMLType.Q4_0): matvec_q4_0}
+    int(GGMLType.Q4_0): matvec_q4_0, int(GGMLType.Q5_0): matvec_q5_0}

@@ -1,7 +1,7 @@
 """Decode's direct matvec over the GGUF blocks (kquant_rows.py) against the float64 product of the
 numpy reference dequantization, for every type it covers: shapes whose column count is a multiple of
-256 but not of 512 (an odd number of k-quant blocks: the unpaired last block), 32-weight types with an
-odd block count, one-row and odd-row matrices, extreme scales; and that the bound is tight enough to
+256 but not of 512 (an odd number of k-quant blocks: the unpaired last block), Q4_0 / Q5_0 rows of an
+odd number of blocks, one-row and odd-row matrices, extreme scales; and that the bound is tight enough to
 see a single wrong weight."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from larql.quant import GGMLType, QuantMatrix, dequantize_reference, kquant_rows, tensor
+from larql.quant import BLOCK_LAYOUT, GGMLType, QuantMatrix, dequantize_reference, kquant_rows, tensor
 from tests.unit.quant.test_kernels import random_matrix
 
 TYPES = sorted(GGMLType(t) for t in kquant_rows.MATVEC)
-SHAPES = [(70, 512), (1, 256), (5, 768), (33, 2304), (3, 2560)]
+SHAPES = [(70, 512), (1, 256), (5, 768), (33, 2304), (3, 2560), (7, 96), (3, 1184)]
 # first byte of the quantized integers in a block (after the scales), per type
-_QS = {GGMLType.Q4_K: 16, GGMLType.Q5_K: 48, GGMLType.Q6_K: 0, GGMLType.Q4_0: 2}
+_QS = {GGMLType.Q4_K: 16, GGMLType.Q5_K: 48, GGMLType.Q6_K: 0, GGMLType.Q4_0: 2, GGMLType.Q5_0: 6}
 
 
 def _bound(w: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -33,6 +33,8 @@ def _product(m: QuantMatrix, x: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_direct_matvec_is_the_exact_product(qtype: GGMLType, shape: tuple[int, int]) -> None:
     rows, cols = shape
+    if cols % BLOCK_LAYOUT[qtype][0]:
+        pytest.skip(f"{qtype.name} holds {BLOCK_LAYOUT[qtype][0]} weights a block")
     m = random_matrix(qtype, rows, cols, seed=rows * 7 + int(qtype))
     w = dequantize_reference(m.raw, qtype, cols).astype(np.float64)
     for seed in range(3):
@@ -53,8 +55,8 @@ def test_one_wrong_weight_is_seen(qtype: GGMLType) -> None:
     rng = np.random.default_rng(3)
     x = (rng.choice([-1.0, 1.0], cols) * rng.uniform(0.5, 1.5, cols)).astype(np.float32)
     got = _product(m, x)
-    block_bytes = m.raw.shape[1] // (cols // (256 if qtype != GGMLType.Q4_0 else 32))
-    for block in (0, cols // (256 if qtype != GGMLType.Q4_0 else 32) - 1):
+    block_weights, block_bytes = BLOCK_LAYOUT[qtype]
+    for block in (0, cols // block_weights - 1):
         for byte in (0, 5, 15):
             raw = m.raw.copy()
             raw[1, block * block_bytes + _QS[qtype] + byte] ^= 0x04  # one weight's integer, by 4
