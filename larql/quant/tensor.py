@@ -28,13 +28,11 @@ KernelArgs = tuple[int, int, int, NDArray[np.uint8], NDArray[np.int8], NDArray[n
 SMALL_BATCH = 16
 # Rows dequantized at once on the BLAS path (bounds the scratch to CHUNK_ROWS * n_cols floats).
 CHUNK_ROWS = 4096
-# Gathers of at most this many rows (a prompt's embeddings) use the numpy reference, bit-identical
-# to the kernels: a run that never takes the BLAS path then does not compile a dequantization
-# kernel (0.8 s of a first `larql run`), and numpy is as fast on a few rows.
+# Gathers of at most this many rows (a prompt's embeddings) use the numpy reference, bit-identical to the
+# kernels: a run that never takes the BLAS path compiles no dequantization kernel (0.8 s of a first run).
 GATHER_NUMPY = 256
-# Greedy steps on a Q8_0 lm_head before its tiled copy is made (`QuantMatrix.tiled`): the copy wins
-# back its making after ~100 steps, so a short `larql run` (8 tokens: 3.07 s without it, 3.74 s with it
-# made at the first step) runs the row pass alone
+# Greedy steps on a Q8_0 lm_head before its tiled copy is made (`QuantMatrix.tiled`): the copy wins back
+# its making after ~100 steps; a short `larql run` (8 tokens: 3.07 s without, 3.74 s with) runs the row pass
 TILE_AFTER_STEPS = 32
 # Rows of one top_k call from which a Q8_0 matrix's tiled copy is made for it (topk_tiles.py): the
 # copy costs ~0.35 s on Gemma's lm_head and saves ~1.2 ms a row (2.1 -> 0.9 ms); once made, every call uses it
@@ -90,9 +88,8 @@ def _release_budget(size: int) -> None:
 
 @contextmanager
 def _one_numba_thread() -> Iterator[None]:
-    """Dequantize on this thread only around BLAS calls: numba's OpenMP workers spin after a
-    parallel region and would steal the cores BLAS is about to use (measured: prefill 165 -> 400+
-    tok/s)."""
+    """Dequantize on this thread only around BLAS calls: numba's OpenMP workers spin after a parallel
+    region and would steal the cores BLAS is about to use (measured: prefill 165 -> 400+ tok/s)."""
     threads = numba.get_num_threads()
     numba.set_num_threads(1)
     try:
@@ -303,8 +300,11 @@ class QuantMatrix:
                 return repack.matmul(fast, x)
             out = np.empty((x.shape[0], self.n_rows), dtype=np.float32)
             args = self._args(self.raw)
-            small = dot_kernels.MATMUL_SMALL.get(args[0])
-            if small is not None:
+            direct, small = kquant_rows.MATVEC.get(args[0]), dot_kernels.MATMUL_SMALL.get(args[0])
+            if direct is not None:  # a row at a time, each as a decode step: 2-3x the block kernels' pace
+                for t in range(len(x)):
+                    direct(self.raw, x[t], out[t])
+            elif small is not None:
                 small(*args[3:], x, out)
             else:
                 dot_kernels.matmul_small_generic(*args, x, out)
