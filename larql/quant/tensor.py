@@ -301,7 +301,7 @@ class QuantMatrix:
             out = np.empty((x.shape[0], self.n_rows), dtype=np.float32)
             args = self._args(self.raw)
             direct, small = kquant_rows.MATVEC.get(args[0]), dot_kernels.MATMUL_SMALL.get(args[0])
-            if direct is not None:  # a row at a time, each as a decode step: 2-3x the block kernels' pace
+            if direct is not None:  # a row at a time, each as a decode step: faster than the block kernels
                 for t in range(len(x)):
                     direct(self.raw, x[t], out[t])
             elif small is not None:
