@@ -1,6 +1,6 @@
 """Decode's one-activation matvec at real model shapes, per kernel, in GB/s of GGUF bytes read.
 
-    python benchmarks/bench_matvec.py [--reps 7] [--types Q4_K,Q5_K,Q6_K,Q4_0,Q8_0] [--no-lm-head] [--name matvec]
+    python benchmarks/bench_matvec.py [--reps 7] [--types Q4_K,...] [--no-lm-head] [--token] [--tier avx2] [--name matvec]
 
 Kernels, for each type and shape:
     blocks     the kernel decode ran over the GGUF blocks before the direct kernels (dot_kernels.py;
@@ -18,6 +18,9 @@ read-only sum over numba's threads. Numba's thread count is the CLI's (2 here). 
 --tier avx2 reruns it with numba built for haswell (bench_topk_tiers.AVX2_BUILD: AVX2, FMA, F16C, no
 AVX-512) for the AVX2 tier's figures on a newer CPU.
 The load average is recorded before every shape (other work on the machine slows the figures).
+--token adds one decode token of a 4B Gemma 3 at Q4_K_M: every weight matvec of its 34 layers and
+lm_head (2.5 GB of blocks) per kernel, the same activation for every matrix of a width: the kernels'
+share of a token against the bytes-per-token floor.
 """
 
 from __future__ import annotations
@@ -123,12 +126,55 @@ def bench_shape(qtype: GGMLType, rows: int, cols: int, reps: int, rng: np.random
     return result
 
 
+# One decode token of a 4B Gemma 3 at Q4_K_M (llama.cpp's mix): per layer q, k, o, gate, up as Q4_K,
+# v and down Q6_K on every other layer (Q4_K on the rest), and the tied 262,144-row Q6_K lm_head.
+LAYERS_4B, HIDDEN_4B, FFN_4B = 34, 2560, 10240
+
+
+def token_matrices(rng: np.random.Generator) -> list[tuple[GGMLType, int, int, np.ndarray]]:
+    out = []
+    for layer in range(LAYERS_4B):
+        six = GGMLType.Q6_K if layer % 2 == 0 else GGMLType.Q4_K
+        for qtype, rows, cols in ((GGMLType.Q4_K, 2048, HIDDEN_4B), (GGMLType.Q4_K, 1024, HIDDEN_4B),
+                                  (six, 1024, HIDDEN_4B), (GGMLType.Q4_K, HIDDEN_4B, 2048),
+                                  (GGMLType.Q4_K, FFN_4B, HIDDEN_4B), (GGMLType.Q4_K, FFN_4B, HIDDEN_4B),
+                                  (six, HIDDEN_4B, FFN_4B)):
+            out.append((qtype, rows, cols, random_blocks(qtype, rows, cols, rng)))
+    out.append((GGMLType.Q6_K, *LM_HEAD, random_blocks(GGMLType.Q6_K, *LM_HEAD, rng)))
+    return out
+
+
+def bench_token(reps: int, rng: np.random.Generator) -> dict[str, object]:
+    """The weight matvecs of one 4B decode token, each kernel over all of them in turn (interleaved
+    per token), median seconds per token; the GGUF bytes a token reads over that time."""
+    mats = token_matrices(rng)
+    gguf_bytes = sum(raw.nbytes for *_, raw in mats)
+    per = [kernels_for(qtype, raw, cols) for qtype, _, cols, raw in mats]
+    xs = {c: rng.standard_normal(c).astype(np.float32) for c in {cols for _, _, cols, _ in mats}}
+    outs = [np.empty(rows, np.float32) for _, rows, _, _ in mats]
+    times: dict[str, list[float]] = {n: [] for n in per[0]}
+    for rep in range(reps + 1):  # the first compiles and faults pages in
+        for name in times:
+            t = time.perf_counter()
+            for (_, _, cols, _), ks, out in zip(mats, per, outs):
+                ks[name](xs[cols], out)
+            if rep:
+                times[name].append(time.perf_counter() - t)
+    result: dict[str, object] = {"model": "gemma3-4b shape, Q4_K_M mix", "gguf_mb": gguf_bytes / 1e6,
+                                 "load_before": os.getloadavg()[0]}
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        result[name] = {"median_ms": med * 1e3, "tok_s": 1 / med, "gbs": gguf_bytes / med / 1e9}
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--types", default="Q4_K,Q5_K,Q6_K,Q4_0,Q5_0,Q8_0")
     ap.add_argument("--no-lm-head", action="store_true")
     ap.add_argument("--name", default="matvec")
+    ap.add_argument("--token", action="store_true", help="also one 4B decode token's matvecs (~6 GB of memory)")
     ap.add_argument("--tier", choices=("host", "avx2"), default="host",
                     help="avx2: rerun in a process with numba built for haswell (its own numba cache)")
     args = ap.parse_args()
@@ -145,9 +191,13 @@ def main() -> None:
             print(f"{r['type']:5} {rows:>6}x{cols:<6} " + "  ".join(
                 f"{n} {r[n]['gbs']:5.1f} GB/s ({r[n]['median_us']:7.0f} us)"  # type: ignore[index]
                 for n in ("blocks", "repacked", "direct") if n in r), flush=True)
+    token = bench_token(args.reps, rng) if args.token else None
+    if token is not None:
+        print("4B token: " + "  ".join(f"{n} {token[n]['median_ms']:.0f} ms ({token[n]['gbs']:.1f} GB/s)"  # type: ignore[index]
+                                       for n in ("blocks", "repacked", "direct")))
     floor = floor_bandwidth(5)
     print(f"floor: copy {floor['copy_1_thread_gbs']:.1f} GB/s (1 thread), read {floor['read_threads_gbs']:.1f} GB/s")
-    path = save_results(args.name, {"machine": machine(), "floor": floor, "shapes": rows_out})
+    path = save_results(args.name, {"machine": machine(), "floor": floor, "shapes": rows_out, "token_4b": token})
     print(path)
 
 
