@@ -10,8 +10,9 @@ two numba functions measured 5% faster still, but compiling them cost a first ru
 (numba compiles a caller of tuple-typed matrices afresh), against the cold-start target of 15 s.
 
 A layer qualifies when its block is the plain one: RMS norms, rotary or no positions, a gated MLP
-(GELU-tanh or SiLU) with no biases after the q/k/v projections, and every matrix a repacked
-(repack.py) or Q8_0 one; the Forward runs the others, and every hooked or edited pass, as before.
+(GELU-tanh or SiLU) with no biases after the q/k/v projections, and every matrix one with a
+one-activation kernel (QuantMatrix.vector_kernel: read from its blocks, repacked, or Q8_0's); the
+Forward runs the others, and every hooked or edited pass, as before.
 """
 
 from __future__ import annotations

@@ -6,8 +6,12 @@ see a single wrong weight."""
 
 from __future__ import annotations
 
+import platform
+import re
+
 import numpy as np
 import pytest
+from numba import njit
 
 from larql.quant import BLOCK_LAYOUT, GGMLType, QuantMatrix, dequantize_reference, kquant_rows, tensor
 from tests.unit.quant.test_kernels import random_matrix
@@ -78,3 +82,17 @@ def test_matmul_takes_the_direct_kernel_without_a_repacked_copy(qtype: GGMLType,
     assert np.array_equal(m.matmul(x), _product(m, x))
     vec = m.vector_kernel()
     assert vec is not None and getattr(vec, "func", None) is kquant_rows.MATVEC[int(qtype)]
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 assembly")
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q6_K], ids=lambda t: t.name)
+def test_the_unpacking_vectorizes(qtype: GGMLType) -> None:
+    """The row kernel converts its integers to float32 a vector at a time (cvtdq2ps on xmm / ymm / zmm
+    registers), never one by one (a scalar cvtsi2ss would mean the unpacking fell out of vector
+    registers): checked on a serial, uncached copy of the wrapper (numba shows no cached code's asm)."""
+    kernel = kquant_rows.MATVEC[int(qtype)]
+    serial = njit(kernel.py_func)
+    m = random_matrix(qtype, 2, 256)
+    serial(m.raw, np.zeros(256, np.float32), np.empty(2, np.float32))
+    asm = "\n".join(serial.inspect_asm().values())
+    assert re.search(r"cvtdq2ps\s+%[xyz]mm", asm) and "cvtsi2ss" not in asm
