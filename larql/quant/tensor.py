@@ -45,8 +45,8 @@ _scratch = threading.local()
 # used first get it. LARQL_REPACK_MB=0 turns repacking off (the kernels then read the GGUF blocks).
 _repack_budget = [int(os.environ.get("LARQL_REPACK_MB", "1024")) << 20]
 # Types decode reads straight from their blocks (kquant_rows.py) are not repacked: a Q4_K_M model
-# holds no second copy beside the mapped file. LARQL_REPACK_KQUANTS=1 repacks them too, to compare.
-REPACK_DIRECT = os.environ.get("LARQL_REPACK_KQUANTS", "0") not in ("", "0")
+# holds no second copy beside the mapped file. LARQL_REPACK_ALL=1 repacks them too, to compare.
+REPACK_DIRECT = os.environ.get("LARQL_REPACK_ALL", "0") not in ("", "0")
 _repack_lock = threading.RLock()  # reentrant: the tiled copy's maker asks for the row norms under it
 _T = TypeVar("_T")
 
@@ -200,7 +200,7 @@ class QuantMatrix:
     def repacked(self) -> repack.Repacked | None:
         """The int8 + scale copy the small-batch path runs on, made on first use while the
         process-wide budget lasts (None: not a repackable type, a type decode reads directly unless
-        LARQL_REPACK_KQUANTS is set, or no budget left)."""
+        LARQL_REPACK_ALL is set, or no budget left)."""
         def make() -> repack.Repacked | None:
             if (self.qtype not in repack.REPACKABLE or self.n_cols % 32
                     or (int(self.qtype) in kquant_rows.MATVEC and not REPACK_DIRECT)):
