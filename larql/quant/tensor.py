@@ -41,8 +41,8 @@ TILED_TOP_K_ROWS = 128
 
 _scratch = threading.local()
 
-# Memory that repacked copies of 4/5/6-bit weights may take in all (see repack.py): the matrices
-# used first get it. LARQL_REPACK_MB=0 turns repacking off (the kernels then read the GGUF blocks).
+# Memory that int8 copies (repack.py's, argmax_tiles.py's) may take in all: the matrices used first
+# get it. LARQL_REPACK_MB=0 turns them off (the kernels then read the GGUF blocks).
 _repack_budget = [int(os.environ.get("LARQL_REPACK_MB", "1024")) << 20]
 # Types decode reads straight from their blocks (kquant_rows.py) are not repacked: a Q4_K_M model
 # holds no second copy beside the mapped file. LARQL_REPACK_ALL=1 repacks them too, to compare.
