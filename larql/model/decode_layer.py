@@ -9,8 +9,9 @@ same bits (test), with ~15 calls a layer. Not fused into numba functions: numba 
 of tuple-typed matrices afresh, which costs a first run more than it saves (docs/design/cpu-paths.md).
 
 A layer qualifies when its block is the plain one: RMS norms, rotary or no positions, a gated MLP
-(GELU-tanh or SiLU) with no biases after the q/k/v projections, and every matrix a repacked
-(repack.py) or Q8_0 one; the Forward runs the others, and every hooked or edited pass, as before.
+(GELU-tanh or SiLU) with no biases after the q/k/v projections, and every matrix one with a
+one-activation kernel (QuantMatrix.vector_kernel: read from its blocks, repacked, or Q8_0's); the
+Forward runs the others, and every hooked or edited pass, as before.
 """
 
 from __future__ import annotations

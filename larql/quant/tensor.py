@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import QuantError
-from larql.quant import argmax, argmax_tiles, dot_kernels, kernels, reference, repack
+from larql.quant import argmax, argmax_tiles, dot_kernels, kernels, kquant_rows, reference, repack
 from larql.quant.types import BLOCK_LAYOUT, GGMLType, row_bytes
 
 # what every kernel takes first: (qtype, block_size, type_size, raw rows, the same bytes as int8, f16/bf16 table)
@@ -28,13 +28,11 @@ KernelArgs = tuple[int, int, int, NDArray[np.uint8], NDArray[np.int8], NDArray[n
 SMALL_BATCH = 16
 # Rows dequantized at once on the BLAS path (bounds the scratch to CHUNK_ROWS * n_cols floats).
 CHUNK_ROWS = 4096
-# Gathers of at most this many rows (a prompt's embeddings) use the numpy reference, bit-identical
-# to the kernels: a run that never takes the BLAS path then does not compile a dequantization
-# kernel (0.8 s of a first `larql run`), and numpy is as fast on a few rows.
+# Gathers of at most this many rows (a prompt's embeddings) use the numpy reference, bit-identical to the
+# kernels: a run that never takes the BLAS path compiles no dequantization kernel (0.8 s of a first run).
 GATHER_NUMPY = 256
-# Greedy steps on a Q8_0 lm_head before its tiled copy is made (`QuantMatrix.tiled`): the copy wins
-# back its making after ~100 steps, so a short `larql run` (8 tokens: 3.07 s without it, 3.74 s with it
-# made at the first step) runs the row pass alone
+# Greedy steps on a Q8_0 lm_head before its tiled copy is made (`QuantMatrix.tiled`): the copy wins back
+# its making after ~100 steps; a short `larql run` (8 tokens: 3.07 s without, 3.74 s with) runs the row pass
 TILE_AFTER_STEPS = 32
 # Rows of one top_k call from which a Q8_0 matrix's tiled copy is made for it (topk_tiles.py): the
 # copy costs ~0.35 s on Gemma's lm_head and saves ~1.2 ms a row; once made, every call uses it
@@ -43,9 +41,12 @@ TILED_TOP_K_ROWS = 128
 
 _scratch = threading.local()
 
-# Memory that repacked copies of 4/5/6-bit weights may take in all (see repack.py): the matrices
-# used first get it. LARQL_REPACK_MB=0 turns repacking off (the kernels then read the GGUF blocks).
+# Memory that int8 copies (repack.py's, argmax_tiles.py's) may take in all: the matrices used first
+# get it. LARQL_REPACK_MB=0 turns them off (the kernels then read the GGUF blocks).
 _repack_budget = [int(os.environ.get("LARQL_REPACK_MB", "1024")) << 20]
+# Types decode reads straight from their blocks (kquant_rows.py) are not repacked: a Q4_K_M model
+# holds no second copy beside the mapped file. LARQL_REPACK_ALL=1 repacks them too, to compare.
+REPACK_DIRECT = os.environ.get("LARQL_REPACK_ALL", "0") not in ("", "0")
 _repack_lock = threading.RLock()  # reentrant: the tiled copy's maker asks for the row norms under it
 _T = TypeVar("_T")
 
@@ -81,7 +82,7 @@ def _take_budget(size: int) -> bool:
 
 
 def _release_budget(size: int) -> None:
-    with _repack_lock:
+    with _repack_lock:  # a freed copy's bytes
         _repack_budget[0] += size
 
 
@@ -199,9 +200,11 @@ class QuantMatrix:
 
     def repacked(self) -> repack.Repacked | None:
         """The int8 + scale copy the small-batch path runs on, made on first use while the
-        process-wide budget lasts (None: not a repackable type, or no budget left)."""
+        process-wide budget lasts (None: not a repackable type, a type decode reads directly unless
+        LARQL_REPACK_ALL is set, or no budget left)."""
         def make() -> repack.Repacked | None:
-            if self.qtype not in repack.REPACKABLE or self.n_cols % 32:
+            if (self.qtype not in repack.REPACKABLE or self.n_cols % 32
+                    or (int(self.qtype) in kquant_rows.MATVEC and not REPACK_DIRECT)):
                 return None
             size = int(self.n_rows * self.n_cols * repack.nbytes_per_weight(self.qtype))
             if not _take_budget(size):
@@ -215,13 +218,16 @@ class QuantMatrix:
 
     def vector_kernel(self) -> Callable[[NDArray[np.float32], NDArray[np.float32]], None] | None:
         """The kernel `matmul` runs for one activation, bound to these weights: kernel(x `[n_cols]`,
-        out `[n_rows]`, both float32 C-contiguous) — the repacked copy's, else the type's over the
-        GGUF rows; None where matmul takes numpy or the generic kernel (F32, F16, BF16). For a caller
-        that runs one matrix many times (decode_layer.py) without matmul's checks. Bound once."""
+        out `[n_rows]`, both float32 C-contiguous) — the repacked copy's, else the type's direct one
+        (kquant_rows.py), else dot_kernels'; None for F32, F16, BF16 (numpy, the generic kernel). For
+        a caller that runs one matrix many times (decode_layer.py) without matmul's checks. Bound once."""
         def make() -> Callable[[NDArray[np.float32], NDArray[np.float32]], None] | None:
             fast = self.repacked()
             if fast is not None:
                 return repack.matvec_kernel(fast)
+            direct = kquant_rows.MATVEC.get(int(self.qtype))
+            if direct is not None:
+                return partial(direct, self.raw)
             kernel = dot_kernels.MATVEC.get(int(self.qtype))
             return None if kernel is None else partial(kernel, *self._args(self.raw)[3:])
 
@@ -295,8 +301,11 @@ class QuantMatrix:
                 return repack.matmul(fast, x)
             out = np.empty((x.shape[0], self.n_rows), dtype=np.float32)
             args = self._args(self.raw)
-            small = dot_kernels.MATMUL_SMALL.get(args[0])
-            if small is not None:
+            direct, small = kquant_rows.MATVEC.get(args[0]), dot_kernels.MATMUL_SMALL.get(args[0])
+            if direct is not None:  # a row at a time, each as a decode step: faster than the block kernels
+                for t in range(len(x)):
+                    direct(self.raw, x[t], out[t])
+            elif small is not None:
                 small(*args[3:], x, out)
             else:
                 dot_kernels.matmul_small_generic(*args, x, out)

@@ -50,7 +50,8 @@ def test_dequantize_is_bit_exact_against_gguf(qtype: GGMLType) -> None:
 
 
 @pytest.mark.parametrize("qtype", sorted(repack.REPACKABLE), ids=lambda t: t.name)
-def test_repacked_parts_rebuild_the_exact_weights(qtype: GGMLType) -> None:
+def test_repacked_parts_rebuild_the_exact_weights(qtype: GGMLType, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tensor, "REPACK_DIRECT", True)  # the types decode reads directly too
     m = random_matrix(qtype, 37, 512, seed=3 + int(qtype))
     packed = m.repacked()
     assert packed is not None and packed.q.dtype == np.int8
@@ -70,6 +71,7 @@ def test_matmul_matches_float_matmul(qtype: GGMLType, n_tok: int, repacking: boo
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     if not repacking:
         monkeypatch.setattr(tensor, "_repack_budget", [0])
+    monkeypatch.setattr(tensor, "REPACK_DIRECT", True)  # repacked: every repackable type; blocks: none
     m = random_matrix(qtype, 70, 512, seed=1 + int(qtype))
     assert (m.repacked() is not None) == (repacking and qtype in repack.REPACKABLE)
     w = gguf_dequant(m).astype(np.float64)
@@ -88,6 +90,7 @@ def test_a_kept_dense_copy_gives_the_same_products(qtype: GGMLType, monkeypatch:
     """dense() is dequantize() kept read-only; once kept, the batched products (over chunks of rows,
     the last one short) and top_k / top1 read it and give the same bits as dequantizing per call."""
     monkeypatch.setattr(tensor, "CHUNK_ROWS", 32)
+    monkeypatch.setattr(tensor, "REPACK_DIRECT", True)
     x = np.random.default_rng(9).standard_normal((40, 512)).astype(np.float32)  # past the small-batch kernels
     fresh = random_matrix(qtype, 70, 512, seed=21 + int(qtype))
     fresh.repacked()  # the path that dequantizes from the repacked copy, where it exists
