@@ -21,7 +21,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from results_file import save_results
+from results_file import cpu_tier, save_results
 
 import larql.threads
 
@@ -35,12 +35,13 @@ COLUMNS = ("S", "ES", "PS", "NS", "RS", "RelS", "ES_first", "PS_first", "NS_firs
 
 
 def machine() -> dict:
+    import numba
+
     from larql.cli.benchmark import machine as larql_machine
-    from larql.quant.argmax import host_has_vnni
 
     return {"platform": platform.platform(), "cpu": larql_machine()["cpu"],
             # the int8 candidate passes the value step and probes use, or their float32 form
-            "tier": "avx512-vnni int8" if host_has_vnni() else "float32",
+            "tier": cpu_tier(), "threads": numba.get_num_threads(),
             "cpus": os.cpu_count(), "numba_threads": os.environ.get("NUMBA_NUM_THREADS", "default"),
             # what configure() left BLAS (one thread when the machine looked busy at start-up)
             "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS", "default"),

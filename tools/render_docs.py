@@ -224,7 +224,7 @@ def _tier(machine: dict[str, Any], top: dict[str, Any] | None = None) -> str:
     if not tier:
         return ""
     load = machine.get("load_average")
-    return (f"{machine.get('cpu', machine.get('processor', 'CPU'))}, {machine.get('threads', '?')} threads, {tier}"
+    return (f"{machine.get('cpu', machine.get('processor', 'CPU'))}, {machine.get('threads', machine.get('numba_threads', '?'))} threads, {tier}"
             + (f", load average {load[0]:.1f} recorded with the run" if load else ""))
 
 
@@ -272,19 +272,28 @@ def render_editing_scale() -> str:
 
 
 def render_editing_relations() -> str:
-    """RelS: whether an edit keeps what the model says about the subject's other relations."""
+    """RelS: whether an edit keeps what the model says about the subject's other relations, keyed on
+    the query (METHOD NEURON's default for subjects the model knows) beside keyed on the subject."""
     held = _load("editing-relations-single")
-    r = held["single"]
-    tier = _tier(held["machine"], held)
-    out = ["| gemma3-270m, 40 single NEURON edits of real subjects | ES | PS | NS | RelS | GEN | "
-           "unrelated top-1 kept | other-relation prompts kept |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|",
-           f"| with the relation holds | {_f(r['ES'])} | {_f(r['PS'])} | {_f(r['NS'])} | {_f(r['RelS'])} | "
-           f"{_f(r['GEN'])} | {_f(r['unrelated_top1_kept'])}% | {r['other_relation_prompts_kept']} |"]
+    query = _load("editing-relations-query")
+    q = query["methods"]["neuron"]
+    stacked = _load("editing-relations-query-stacked")["methods"]["neuron"]
+    out = ["| gemma3-270m, 40 NEURON edits of real subjects | ES | PS | NS | RelS | GEN | unrelated top-1 kept |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    rows = [("keyed on the query, each alone", q["single"]), ("keyed on the query, all 40 in one INSERT", stacked["stacked"]),
+            ("keyed on the subject with relation holds, each alone", held["single"])]
+    for what, r in rows:
+        if r is not None:
+            out.append(f"| {what} | {_f(r['ES'])} | {_f(r['PS'])} | {_f(r['NS'])} | {_f(r['RelS'])} | "
+                       f"{_f(r['GEN'])} | {_f(r['unrelated_top1_kept'])}% |")
     text = "\n".join(out) + "\n\n"
-    if tier:
-        text += f"Time: {_f(r['seconds_per_edit'])} s per edit with its full report ({tier}). "
-    return text + _source("editing-relations-single")
+    times = [(what, t, _tier(d["machine"], d)) for what, t, d in (
+        ("keyed on the query", q.get("seconds_per_edit"), query),
+        ("keyed on the subject", held["single"].get("seconds_per_edit"), held)) if t is not None]
+    if times:
+        text += "Time per edit alone with its full report: " + "; ".join(
+            f"{what} {_f(t)} s ({tier or 'tier not recorded'})" for what, t, tier in times) + ". "
+    return text + _source("editing-relations-query", "editing-relations-query-stacked", "editing-relations-single")
 
 
 def render_fuzz() -> str:
