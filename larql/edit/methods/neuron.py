@@ -222,6 +222,30 @@ def neuron_gate(g: F32, x_fire: F32, bias: F32 | None, theta: float) -> F32:
     return ((PRE_ACTIVATION / (1.0 - theta * c_fire)) * (g - theta * bias)).astype(np.float32)
 
 
+def check_plan(model: Model, facts: Sequence[Fact], layer: int) -> None:
+    """A neuron plan's arguments: some facts, and a layer the model has."""
+    if not facts:
+        raise EditError("no facts to edit")
+    if not 0 <= layer < model.config.n_layers:
+        raise EditError(f"layer {layer} is out of range (layers 0-{model.config.n_layers - 1})")
+
+
+def neuron_op(model: Model, layer: int, feature: int, gate: F32, g: F32, delta: F32, fact: Fact,
+              label: str) -> PatchOp:
+    """The feature insert of one neuron: `gate`, up = g, and down = delta / f(a), so that the MLP's
+    output changes by `delta` where the gate is fully open (g·x = 1); its down_meta names the
+    fact's target with cos(down, the target's direction)."""
+    f_a = float(gated(model.config.activation, np.array([[PRE_ACTIVATION]], np.float32),
+                      np.array([[1.0]], np.float32))[0, 0])
+    down = (delta / f_a).astype(np.float32)
+    tid = first_target_token(model, fact.target)
+    score = float(target_direction(model, layer, tid) @ down / np.linalg.norm(down))
+    return PatchOp("insert", layer, feature, {"gate": gate.astype(np.float32), "up": g.astype(np.float32),
+                                              "down": down},
+                   MetaOverride((tid,), (round(score, 4),)), fact.subject, fact.relation or "relation", fact.target,
+                   reason=NEURON_REASON + label)
+
+
 def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metric: KeyMetric, first: int, decoys: Sequence[str],
                      neighbours: Mapping[str, Sequence[str]] | None = None,
                      objects: Mapping[str, Sequence[str]] | None = None,
@@ -240,10 +264,7 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metr
     at this layer read before (and kept for settling); `lower`: the texts' residuals below the layer,
     kept across an INSERT's layers (`capture.LowerLayers`); `holds`: per subject, prompts about its
     other relations whose answers the value must leave as they are (`relations.relation_holds`)."""
-    if not facts:
-        raise EditError("no facts to edit")
-    if not 0 <= layer < model.config.n_layers:
-        raise EditError(f"layer {layer} is out of range (layers 0-{model.config.n_layers - 1})")
+    check_plan(model, facts, layer)
     t0 = time.perf_counter()
     prefixes = model_prefixes(model, n_prefixes) if n_prefixes else ()
     groups = group_by_subject(facts)
@@ -268,8 +289,6 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metr
     index = {group[0].subject: j for j, group in enumerate(groups)}
     owners = [-1 if o is None else index[o] for o in owner_names]
     features = list(range(first, first + len(groups)))
-    f_a = float(gated(model.config.activation, np.array([[PRE_ACTIVATION]], np.float32),
-                      np.array([[1.0]], np.float32))[0, 0])  # act at the subject, where g·x = 1
     inputs = np.stack([v.inputs[layer] for v in values], axis=1)  # (hidden, n_groups)
     # fire fully at the subject's mean input over the optimised prompts, in FIRE_CONTEXTS and on the
     # facts' own prompts as given (no prefix): without the last, g·x on a prompt can fall well short
@@ -284,18 +303,9 @@ def plan_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metr
     limits = (THRESHOLD_NEAR_OTHERS, THRESHOLD_LEAK) if bias is not None else (NEAR_OTHERS, LEAK)
     directions = neuron_directions(input_metric, fire, held[layer], owners, candidates, *limits,
                                    thresholded=bias is not None)
-    ops = []
-    for group, value, feature, g, x_fire in zip(groups, values, features, directions, fire):
-        gate = neuron_gate(g, x_fire, bias, THRESHOLD)
-        new_down = (value.deltas[layer] / f_a).astype(np.float32)
-        fact = group[0]
-        tid = first_target_token(model, fact.target)
-        score = float(target_direction(model, layer, tid) @ new_down / np.linalg.norm(new_down))
-        meta = MetaOverride((tid,), (round(score, 4),))  # down_meta: cos(down, the target's direction)
-        ops.append(PatchOp("insert", layer, feature, {"gate": gate.astype(np.float32),
-                                                    "up": g.astype(np.float32), "down": new_down},
-                           meta, fact.subject, fact.relation or "relation", fact.target,
-                           reason=NEURON_REASON + "; ".join(f.label for f in group)))
+    ops = [neuron_op(model, layer, feature, neuron_gate(g, x_fire, bias, THRESHOLD), g, value.deltas[layer], group[0],
+                     "; ".join(f.label for f in group))
+           for group, value, feature, g, x_fire in zip(groups, values, features, directions, fire)]
     return NeuronPlan(tuple(facts), layer, tuple(ops), tuple(features), tuple(values), len(prompts),
                       time.perf_counter() - t0)
 

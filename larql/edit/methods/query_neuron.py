@@ -24,28 +24,23 @@ from numpy.typing import NDArray
 from larql.edit.methods.capture import capture_batch
 from larql.edit.methods.defaults import N_PREFIXES
 from larql.edit.methods.facts import Fact, model_prefixes, rewrites
-from larql.edit.methods.feature import target_direction
 from larql.edit.methods.neuron import (
     LEAK,
     NEAR_OTHERS,
-    PRE_ACTIVATION,
     THRESHOLD_NEAR_OTHERS,
     NeuronPlan,
+    check_plan,
     neuron_directions,
     neuron_gate,
+    neuron_op,
 )
 from larql.edit.methods.rome import KeyMetric
 from larql.edit.methods.stats import CHUNK, corpus_chunks
 from larql.edit.methods.value import ValueResult, optimise_values
 from larql.edit.methods.weight_edit import VALUE_BATCH, dense_layers
-from larql.edit.patches.overlay import MetaOverride
-from larql.edit.patches.patch import NEURON_REASON, PatchOp
-from larql.errors import EditError
-from larql.model.ffn import gated
 from larql.model.forward import norm
 from larql.model.grad import DenseLayer
 from larql.model.model import Model
-from larql.model.targets import first_target_token
 from larql.vindex.probes import TEMPLATES
 
 F32 = NDArray[np.float32]
@@ -130,10 +125,7 @@ def plan_query_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, inpu
     subject): subjects the fact's question is held shut for; `holds`: per subject, prompts about its
     other relations (else every other probe template is asked); `earlier`: queries of the neurons
     already in place at the layer, held where a new neuron comes near them."""
-    if not facts:
-        raise EditError("no facts to edit")
-    if not 0 <= layer < model.config.n_layers:
-        raise EditError(f"layer {layer} is out of range (layers 0-{model.config.n_layers - 1})")
+    check_plan(model, facts, layer)
     t0 = time.perf_counter()
     prefixes = model_prefixes(model, n_prefixes) if n_prefixes else ()
     dense = dense_layers(model)
@@ -163,17 +155,9 @@ def plan_query_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, inpu
     limits = (THRESHOLD_NEAR_OTHERS, QUERY_THRESHOLD) if bias is not None else (NEAR_OTHERS, LEAK)
     directions = neuron_directions(input_metric, fire, held, owners, candidates, *limits,
                                    thresholded=bias is not None)
-    f_a = float(gated(model.config.activation, np.array([[PRE_ACTIVATION]], np.float32),
-                      np.array([[1.0]], np.float32))[0, 0])  # act at the query, where g·x = 1
-    ops = []
     features = list(range(first, first + len(facts)))
-    for fact, value, feature, g, x_fire in zip(facts, values, features, directions, fire):
-        gate = neuron_gate(g, x_fire, bias, QUERY_THRESHOLD)
-        new_down = (value.deltas[layer] / f_a).astype(np.float32)
-        tid = first_target_token(model, fact.target)
-        score = float(target_direction(model, layer, tid) @ new_down / np.linalg.norm(new_down))
-        ops.append(PatchOp("insert", layer, feature, {"gate": gate, "up": g.astype(np.float32), "down": new_down},
-                           MetaOverride((tid,), (round(score, 4),)), fact.subject, fact.relation or "relation",
-                           fact.target, reason=NEURON_REASON + fact.label))
+    ops = [neuron_op(model, layer, feature, neuron_gate(g, x_fire, bias, QUERY_THRESHOLD), g, value.deltas[layer],
+                     fact, fact.label)
+           for fact, value, feature, g, x_fire in zip(facts, values, features, directions, fire)]
     return NeuronPlan(tuple(facts), layer, tuple(ops), tuple(features), tuple(values), len(held_texts),
                       time.perf_counter() - t0)
