@@ -195,7 +195,8 @@ def record_query_neurons(r: EditRequest, layer: int) -> Recorded:
     subjects = list(dict.fromkeys(f.subject for f in r.facts))
     # the question as DESCRIBE's probe for the relation asks it is learnt too: more phrasings to open on
     facts = [replace(f, prompts=(*f.prompts, *relation_forms(f))) for f in r.facts]
-    holds = holds_of(replace(r, facts=facts), subjects, {s: s for s in subjects})
+    # the query solve holds no known objects (holding their questions cost locality: the design note), so none are read
+    holds = holds_of(replace(r, facts=facts, hold_objects=False), subjects, {s: s for s in subjects})
     metric = key_metrics(model, [layer], stats_dir(v), r.stats_tokens, point="input")[layer]
     plan = plan_query_neuron_edit(model, facts, layer, metric, v.overlay.next_feature(layer), r.decoy_subjects,
                                   holds.near, holds.relations, n_prefixes=neuron_prefixes(len(subjects)))
