@@ -6,6 +6,7 @@ The public Python API; everything a user needs is a name here (each resolves on 
     larql.load(src)             a Model: alias / .gguf / HF directory, or a vindex (its walk FFN over an
                                 editable view, so edits to the view show in the model)
     larql.open_vindex(path)     a Vindex, read-only: .describe / .walk / .nearest, gate KNN, metadata
+    larql.use_ray(model, layers="4-7,8-11")   the model with those layers' FFN on Ray actors (larql[ray])
     larql.load_sae(path)        an SAE (SAELens' format) to run inside a Model's forward pass (saes=[...])
     larql.edit_vindex(path)     an EditableVindex (store + overlay + patches): .insert(facts) and the same reads
     larql.execute(text)         run LQL statements: a list of Result (a Session carries USE and edits)
@@ -24,6 +25,7 @@ The packages, each importing only those below it (tests/test_layering.py):
     cli/ shell/ serve/ vindexfile/   the command line, the REPL, the server, Vindexfile builds (__main__.py)
     (this facade)
     lql/        the query language: grammar, planner, executor
+    grid/       the FFN spread over Ray actors: layer and expert shards, replicas, retries
     edit/       editing a vindex: patches, methods, measurement, maintenance, baking
     vindex/     the read-only store: extraction, verification, gate KNN, DESCRIBE
     model/      loading and running models, hooks, interpretability
@@ -87,7 +89,7 @@ __all__ = [
     "EmptyTargetError", "Fact", "InsertReport", "LarqlError", "LimitError", "LqlError", "LqlSemanticError",
     "LqlSyntaxError", "Model", "ModelError", "ModelFormatError", "QuantError", "RemoteError", "Result",
     "ServeError", "Session", "TokenizerError", "UnknownModelError", "UnsupportedError", "Vindex", "VindexError", "__version__",
-    "edit_vindex", "execute", "hooks", "interp", "load", "load_sae", "open_vindex", "parse", "plot",
+    "edit_vindex", "execute", "hooks", "interp", "load", "load_sae", "open_vindex", "parse", "plot", "use_ray",
 ]
 
 
@@ -105,6 +107,23 @@ def load(src: str | Path) -> Model:
     from larql.edit.state.load_any import load_any
 
     return load_any(src)
+
+
+def use_ray(model: Model, layers: str | None = None, experts: str | None = None, address: str = "local",
+            src: str | None = None, replicas: int = 1, float16: bool = False, timeout: float = 60.0) -> Model:
+    """`model` with the FFN of `layers` ("4-7,8-11", one Ray actor per range) or of `experts`
+    ("0-1,2-3" of a mixture of experts, one actor per range) computed on Ray actors, `replicas` per
+    shard, on the cluster at `address` ("local" starts one on this machine, "auto" joins `ray start`'s).
+    The actors open `src` (default: what the model was loaded from); float32 rows both ways (the local
+    model bit for bit) unless `float16`; a call past `timeout` seconds is an error. Needs `larql[ray]`.
+
+    Example:
+        >>> m = larql.use_ray(larql.load("gemma3-270m"), layers="4-7,8-11")
+        >>> m.generate("The capital of France is", max_new_tokens=4).text
+    """
+    from larql.grid.client import use_ray as start
+
+    return start(model, layers, experts, address, src, replicas, float16, timeout)
 
 
 def load_sae(path: str | Path) -> SAE:

@@ -2,7 +2,7 @@
 under TYPE_CHECKING, is still a dependency):
 
 1. layers, lowest first: the leaves (errors, version, threads, io/) < quant < model < vindex < edit <
-   lql < the facade (larql/__init__.py) < the shells (cli/, shell/, serve/, vindexfile/); a module
+   grid < lql < the facade (larql/__init__.py) < the shells (cli/, shell/, serve/, vindexfile/); a module
    imports its own layer and lower ones, never a higher one;
 2. no import cycle between larql modules, in any layer;
 3. no private name (`_x`) of one module used by another: imported, or read as an attribute of an
@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("model", {"model"}),
     ("vindex", {"vindex"}),
     ("edit", {"edit"}),
+    ("grid", {"grid"}),
     ("lql", {"lql"}),
     ("facade", {""}),
     ("shells", {"cli", "shell", "serve", "vindexfile", "__main__"}),
