@@ -50,7 +50,7 @@ class RayGrid:
         shards = layout(cfg_model.config, layers, experts)
         connect(address, len(shards) * options.replicas * options.cpus)
         groups = start_groups(src, shards, options)
-        info = groups[0].call("its shape", "info")
+        info = groups[0].call("the info call", "info")
         return cls(groups, info, options)
 
     def attach(self, model: Model) -> Model:
