@@ -7,7 +7,8 @@ model with the FFN of layers A..B computed by the server. The bytes go both ways
 is the local model bit for bit when both hold the same weights. Hooks inside a remote FFN
 (`mlp.hook_pre`, `mlp.hook_post`) cannot run there and are refused; `hook_mlp_out` runs here. On an
 expert shard the router runs here, the shard's experts there and the rest locally (or on the next
-shard), and the weighted sum is taken here in the local order.
+shard), and the weighted sum is taken here in the local order. A layer the client has edited (an
+edit session's overlay) is refused: the server would compute it unedited.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import ServeError, UnsupportedError
-from larql.model.ffn import FFN, ExpertHooks
+from larql.model.ffn import FFN, ExpertHooks, FFNEdits
 from larql.model.hooks import HookFns, run_hook
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ class RemoteFFN(FFN):
         if hooks and (n.mlp_pre in hooks or n.mlp_post in hooks):
             raise UnsupportedError(f"layer {i}'s FFN runs on {self.url}: hooks inside it ({n.mlp_pre}, "
                                    f"{n.mlp_post}) cannot run there")
+        refuse_edits(self.edits, i, self.url)
         import httpx
 
         try:
@@ -55,6 +57,17 @@ class RemoteFFN(FFN):
             raise ServeError(f"the FFN server {self.url} refused layer {i}: {r.text[:300]}", status=r.status_code)
         out = np.frombuffer(r.content, dtype="<f4").astype(np.float32).reshape(h.shape[0], self.hidden)
         return run_hook(hooks, n.mlp_out, out, start) if hooks else out
+
+
+def refuse_edits(edits: FFNEdits | None, i: int, url: str) -> None:
+    """Refuse a layer the client has edited: the server computes it from its own weights and would
+    answer unedited (Ray shards carry a client's edits: larql/grid/)."""
+    if edits is None:
+        return
+    if (edits.top_k is not None or edits.feature_overrides(i) or edits.deleted(i) or edits.down_delta(i) is not None
+            or edits.added(i) is not None):
+        raise UnsupportedError(f"layer {i} is edited here and its FFN runs on {url}, which would answer without the "
+                               f"edits: run the layer locally, or on Ray shards (--ray), which carry them")
 
 
 def use_remote_ffn(model: Model, url: str, timeout: float = 120.0) -> Model:
@@ -97,6 +110,7 @@ class RemoteExperts(FFN):
         a, b = self.layers
         if not a <= i <= b or self.weights.layers[i].router is None:
             return self.local(i, h, hooks, start)
+        refuse_edits(self.edits, i, self.url)
         return FFN.__call__(self, i, h, hooks, start)  # the router here; expert_outputs below
 
     def expert_outputs(self, i: int, experts: list[int], xs: list[F32],

@@ -46,6 +46,20 @@ def test_remote_layers_are_the_local_model_bit_for_bit(ffn_server: str, infer_vx
     remote.forward(ids, hooks={"blocks.0.mlp.hook_post": lambda x, name: x})  # a local layer keeps its hooks
 
 
+def test_an_edited_remote_layer_is_refused_not_served_unedited(ffn_server: str, infer_vx: Path) -> None:
+    from larql.edit.patches.overlay import FeatureOverride
+
+    view = larql.edit_vindex(infer_vx)
+    model = view.model()  # its FFN reads the view's overlay: edits show at once
+    remote = use_remote_ffn(model, ffn_server)
+    ids = model.tokenize("hello there")
+    view.overlay.delete(0, 3)  # a local layer: computed here, edited
+    assert np.array_equal(remote.forward(ids), model.forward(ids))
+    view.overlay.set(2, 5, FeatureOverride(down=np.ones(model.config.hidden, np.float32)))
+    with pytest.raises(UnsupportedError, match=f"layer 2 is edited here and its FFN runs on {ffn_server}"):
+        remote.forward(ids)
+
+
 def test_gemma_with_eight_remote_layers_equals_local(monkeypatch: pytest.MonkeyPatch) -> None:
     import larql.quant.tensor as tensor
     from larql.model.load import resolve
