@@ -420,8 +420,18 @@ def render_scale() -> str:
     return render()
 
 
+def render_ray(paper: bool = False) -> str:
+    """Decode with Ray and HTTP shards, and the 31B paper simulation (tools/render_ray.py)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import render_ray
+
+    return render_ray.render_ray_paper() if paper else render_ray.render_ray()
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "scale": render_scale,
+    "ray": render_ray,
+    "ray-paper": lambda: render_ray(paper=True),
     "tiers": render_tiers,
     "runtime": render_runtime,
     "runtime-runs": render_runtime_runs,
