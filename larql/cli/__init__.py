@@ -12,6 +12,7 @@ library (larql.lql, larql.vindex, larql.edit, larql.serve).
     build.py      larql build: a Vindexfile into a vindex
     bench.py      larql bench: the runtime benchmark (benchmark.py) beside llama.cpp
     serve.py      larql serve: its options; the server is larql/serve/
+    ray_options.py  --ray, --ray-shards ...: the FFN on Ray actors, for larql run and larql serve
 """
 
 from __future__ import annotations

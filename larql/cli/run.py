@@ -8,6 +8,7 @@ import json
 import sys
 import time
 
+from larql.cli.ray_options import add_ray_options, wants_ray, with_ray
 from larql.errors import LarqlError
 
 
@@ -21,21 +22,6 @@ def _top_table(model, logits, k: int) -> list[dict[str, object]]:  # type: ignor
     top = top_tokens(logits, k)
     return [{"rank": r + 1, "id": int(i), "token": model.tokenizer.token_text(int(i)),
              "logit": float(logits[i]), "prob": float(np.exp(logp[i]))} for r, i in enumerate(top)]
-
-
-def _with_ray(model, args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """The model with --ray-shards' layers (or --ray-experts' experts) on Ray actors."""
-    from larql.errors import ServeError
-    from larql.grid.client import use_ray
-
-    if not args.ray:
-        raise ServeError(f"{'--ray-shards' if args.ray_shards else '--ray-experts'} goes with --ray local|ADDRESS "
-                         f"(the Ray cluster the shards run on)")
-    if not args.ray_shards and not args.ray_experts:
-        raise ServeError("--ray needs --ray-shards A-B[,C-D...] (one actor per layer range) or --ray-experts "
-                         "E1-E2[,...] (one per expert range)")
-    return use_ray(model, args.ray_shards, args.ray_experts, args.ray, replicas=args.ray_replicas,
-                   float16=args.ray_float16, timeout=args.ray_timeout)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -58,8 +44,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise LarqlError(f"--ffn needs {e.name}: pip install 'larql[serve]'") from e
         for url in args.ffn:  # shards compose: each takes its layers (or experts) from the model before it
             model = use_remote_ffn(model, url)
-    if args.ray or args.ray_shards or args.ray_experts:
-        model = _with_ray(model, args)
+    if wants_ray(args):
+        model = with_ray(model, args)
     out = sys.stdout
     if args.prompt is None:
         from larql.cli.chat import run_chat
@@ -125,19 +111,5 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--ffn", action="append", default=None, metavar="URL",
                      help="compute the FFN of the layers (or experts) an FFN server serves there (larql serve "
                           "--ffn-only); repeat it for several servers")
-    ray = run.add_argument_group("FFN shards on Ray actors (pip install 'larql[ray]')")
-    ray.add_argument("--ray", default=None, metavar="local|ADDRESS",
-                     help="the Ray cluster: local (started here for this run) or an address (auto: the one "
-                          "`ray start` runs on this machine)")
-    ray.add_argument("--ray-shards", default=None, metavar="A-B,C-D",
-                     help="layer ranges whose FFN runs on Ray actors, one actor per range")
-    ray.add_argument("--ray-experts", default=None, metavar="E1-E2,E3-E4",
-                     help="expert ranges of a mixture of experts on Ray actors, one actor per range (of every "
-                          "layer, or of the one range --ray-shards gives)")
-    ray.add_argument("--ray-replicas", type=int, default=1, metavar="N",
-                     help="actors per shard, calls going round them (default 1)")
-    ray.add_argument("--ray-float16", action="store_true",
-                     help="send rows to the shards as float16 (half the bytes; not bit-exact)")
-    ray.add_argument("--ray-timeout", type=float, default=60.0, metavar="S",
-                     help="seconds a shard may take for one call before the run fails (default 60)")
+    add_ray_options(run)
     run.set_defaults(func=cmd_run)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import os
+from functools import partial
 from pathlib import Path
 
+from larql.cli.ray_options import add_ray_options, wants_ray, with_ray
 from larql.errors import ServeError
 from larql.serve.config import Limits, ServeConfig
 
@@ -34,11 +36,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
                              "this server computes)")
         ffn_layers = parse_layers(args.layers) if args.layers else None
         ffn_experts = parse_layers(args.experts, "--experts") if args.experts else None
+    wrap = None
+    if wants_ray(args):
+        if args.ffn_only:
+            raise ServeError("--ray goes without --ffn-only: an FFN server computes its layers itself")
+        wrap = partial(with_ray, args=args)
     config = ServeConfig(allow_edits=args.allow_edits, token=token, root=Path.cwd(), limits=limits,
                          workers=args.workers, batch=args.batch, batch_window_ms=args.batch_window_ms,
                          batch_rows=args.batch_rows, solo_rows=args.solo_rows,
                          ffn_layers=ffn_layers, ffn_experts=ffn_experts)
-    return serve(args.src, host=args.host, port=args.port, config=config, log_level=args.log_level)
+    return serve(args.src, host=args.host, port=args.port, config=config, log_level=args.log_level, wrap=wrap)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -75,6 +82,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--layers", default=None, metavar="A-B", help="with --ffn-only: the layers whose FFN to serve")
     sv.add_argument("--experts", default=None, metavar="E1-E2",
                     help="with --ffn-only: serve these experts of a mixture of experts (of --layers, or every layer)")
+    add_ray_options(sv)
     sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     sv.set_defaults(func=cmd_serve)
 

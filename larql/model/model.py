@@ -41,6 +41,7 @@ class Model:
         self.weights, self.tokenizer = weights, tokenizer
         # edits: an FFN edit strategy (e.g. a vindex's patch overlay, see model/ffn.py); None is dense
         self._forward = Forward(cfg, weights, edits)
+        self._wraps: tuple[Callable[[FFN], FFN], ...] = ()  # with_ffn's wrappers, innermost first
         self.prefixes = PrefixCache()  # KV caches of earlier prompts, reused for shared prefixes (prefix.py)
 
     @property
@@ -58,8 +59,13 @@ class Model:
         return () if edits is None else getattr(edits, "revision", None)
 
     def with_edits(self, edits: FFNEdits | None) -> Model:
-        """This model (same weights, tokenizer) with another FFN edit strategy."""
-        return Model(self.name, self.source, self.config, self.weights, self.tokenizer, edits)
+        """This model (same weights, tokenizer) with another FFN edit strategy; an FFN computed
+        elsewhere (`with_ffn`) stays elsewhere, with the new edits."""
+        m = Model(self.name, self.source, self.config, self.weights, self.tokenizer, edits)
+        for wrap in self._wraps:
+            m._forward.ffn = wrap(m._forward.ffn)
+        m._wraps = self._wraps
+        return m
 
     def ffn_block(self, layer: int, h: NDArray[np.float32]) -> NDArray[np.float32]:
         """Layer `layer`'s FFN output `(T, hidden)` for its normed input h `(T, hidden)`, no hooks."""
@@ -69,7 +75,8 @@ class Model:
         """This model (same weights, tokenizer, edits) with its FFN block replaced by `wrap(ffn)`: a
         seam for an FFN computed elsewhere (larql/serve/ffn_remote.py serves a layer range over HTTP)."""
         m = self.with_edits(self.edits)
-        m._forward.ffn = wrap(self._forward.ffn)  # this model's FFN, so that wrappers compose (several shards)
+        m._forward.ffn = wrap(m._forward.ffn)  # this model's FFN, so that wrappers compose (several shards)
+        m._wraps = (*self._wraps, wrap)  # with_edits wraps the new FFN again (a server session's edits)
         return m
 
     def expert_outputs(self, layer: int, experts: list[int], xs: list[NDArray[np.float32]]) -> list[NDArray[np.float32]]:

@@ -9,10 +9,15 @@ import sys
 import threading
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from larql.serve.config import ServeConfig
 from larql.serve.sessions import Served, open_served
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from larql.model.model import Model
 
 
 def _prepare_numba() -> None:
@@ -53,18 +58,21 @@ def _uvicorn(app: Any, config: ServeConfig, log_level: str) -> Any:
 
 
 def serve(src: str | Path, host: str = "127.0.0.1", port: int = 8080, config: ServeConfig | None = None,
-          log_level: str = "info") -> int:
-    """Serve a vindex or model until interrupted; prints the URL once it is listening."""
+          log_level: str = "info", wrap: Callable[[Model], Model] | None = None) -> int:
+    """Serve a vindex or model until interrupted; prints the URL once it is listening. `wrap`: the
+    served model through it first (its FFN on Ray shards: `larql serve --ray`)."""
     from larql.serve.app import create_app
 
     _prepare_numba()
     config = config or ServeConfig()
-    served = open_served(src)
+    served = open_served(src, wrap)
     sock = bind(host, port)
     server = _uvicorn(create_app(served, config), config, log_level)
     mode = "edits allowed" + (" with a token" if config.token else "") if config.allow_edits else "read-only"
     if config.ffn_layers is not None:
         mode = f"the FFN of layers {config.ffn_layers[0]}-{config.ffn_layers[1]} only"
+    if wrap is not None:
+        mode += ", the FFN on Ray shards"
     if config.ffn_experts is not None:
         layers = "all layers" if config.ffn_layers is None else f"layers {config.ffn_layers[0]}-{config.ffn_layers[1]}"
         mode = f"experts {config.ffn_experts[0]}-{config.ffn_experts[1]} of {layers} only"

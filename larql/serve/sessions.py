@@ -20,6 +20,8 @@ from larql.edit.state.view import EditableVindex
 from larql.errors import LimitError, ServeError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import numpy as np
     from numpy.typing import NDArray
 
@@ -71,8 +73,9 @@ class Served:
         return self.base is not None
 
 
-def open_served(src: str | Path) -> Served:
-    """Open a vindex directory (its carried model too, when it has weights) or load a model."""
+def open_served(src: str | Path, wrap: Callable[[Model], Model] | None = None) -> Served:
+    """Open a vindex directory (its carried model too, when it has weights) or load a model; `wrap`
+    takes the model first (an FFN computed elsewhere), and every session's model keeps it."""
     import larql
     from larql.model.load import resolve
 
@@ -81,9 +84,12 @@ def open_served(src: str | Path) -> Served:
         store = larql.open_vindex(path)
         view = SessionView(store, None)
         model = view.model() if store.has_model_weights else None  # built once, shared by every session
+        if wrap is not None and model is not None:
+            view = SessionView(store, wrap(model))  # its model: the wrapped one over this view's overlay
+            model = view.model()
         return Served(str(store.index["model"]), store.path, view, model)
     model = larql.load(src)
-    return Served(model.name, Path(model.source), None, model)
+    return Served(model.name, Path(model.source), None, wrap(model) if wrap is not None else model)
 
 
 @dataclass
