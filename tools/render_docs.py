@@ -475,7 +475,9 @@ _PATH = re.compile(r"`([A-Za-z0-9_.\-/*{},]+)`")
 
 
 def doc_files() -> list[Path]:
-    return [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "CONTRIBUTING.md", *sorted(DOCS.rglob("*.md"))]
+    # vindex_spec/ is in the site through the docs/vindex_spec link, which rglob does not follow
+    return [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "CONTRIBUTING.md", *sorted(DOCS.rglob("*.md")),
+            *sorted((ROOT / "vindex_spec").glob("*.md"))]
 
 
 _LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")

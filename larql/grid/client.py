@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.errors import RemoteError, UnsupportedError
+from larql.errors import RemoteError, ServeError, UnsupportedError
 from larql.grid.cluster import Options, ShardGroup, connect, import_ray, start_groups
 from larql.grid.edits import snapshot
 from larql.grid.layout import Shard, layout
@@ -41,13 +41,13 @@ class RayGrid:
         self.groups, self.info, self.options = groups, info, options
 
     @classmethod
-    def start(cls, src: str, cfg_model: Model, layers: str | None = None, experts: str | None = None,
+    def start(cls, src: str, model: Model, layers: str | None = None, experts: str | None = None,
               address: str = "local", options: Options | None = None) -> RayGrid:
         """Actors for the shards `layers` / `experts` name (layout.py's spelling), each opening `src`."""
         options = options or Options()
         if options.replicas < 1:
-            raise RemoteError(f"--ray-replicas must be 1 or more, got {options.replicas}")
-        shards = layout(cfg_model.config, layers, experts)
+            raise ServeError(f"--ray-replicas must be 1 or more, got {options.replicas}")
+        shards = layout(model.config, layers, experts)
         connect(address, len(shards) * options.replicas * options.cpus)
         groups = start_groups(src, shards, options)
         info = groups[0].call("the info call", "info")

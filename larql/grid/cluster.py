@@ -1,8 +1,8 @@
 """Ray itself: joining a cluster (or starting one on this machine), starting the shard actors, and one
 call to a shard with the faults handled: calls go round the shard's replicas, a call that meets a
 restarting actor is tried again until the timeout, an actor dead for good leaves the rotation, and a
-call past the timeout is reported, not waited on. Ray is imported here and in no other module, and
-only when a function runs (`larql[ray]` is an optional extra)."""
+call past the timeout is reported, not waited on. Ray is imported only when a function runs (here,
+and in shard.py to read an edit snapshot): `larql[ray]` is an optional extra."""
 
 from __future__ import annotations
 
