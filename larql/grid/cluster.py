@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,10 +43,26 @@ def connect(address: str, num_cpus: float | None = None) -> None:
         cpus = max(os.cpu_count() or 1, math.ceil(num_cpus or 0))
         ray.init(num_cpus=cpus, include_dashboard=False, **quiet)
         return
+    reachable(address)
     try:
         ray.init(address=address, **quiet)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise RemoteError(f"cannot join the Ray cluster at {address} ({str(e).splitlines()[0]}); start one with "
+                          f"`ray start --head`, or use --ray local") from None
+
+
+def reachable(address: str, timeout: float = 5.0) -> None:
+    """Refuse at once an address nothing listens on (Ray itself keeps retrying for minutes)."""
+    if address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ServeError(f"--ray {address}: give local, auto, or a cluster's HOST:PORT (ray://HOST:PORT for Ray "
+                         f"Client)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise RemoteError(f"cannot reach the Ray cluster at {address} ({e.strerror or e}); start one with "
                           f"`ray start --head`, or use --ray local") from None
 
 

@@ -153,6 +153,7 @@ def test_command_line_run_on_ray_shards() -> None:
     assert json.loads(r.stdout)["ids"] == ref["greedy24_ids"][:6]
     for args, message in ((["--ray", "local", "--ray-shards", "4-40"], "layers 4-40: the model has layers 0-17"),
                           (["--ray-shards", "4-7"], "--ray-shards goes with --ray local|ADDRESS"),
-                          (["--ray", "local"], "--ray needs --ray-shards")):
+                          (["--ray", "local"], "--ray needs --ray-shards"),
+                          (["--ray", "127.0.0.1:1", "--ray-shards", "4-7"], "cannot reach the Ray cluster at 127.0.0.1:1")):
         r = run_larql("run", "gemma3-270m", "hi", "--max-tokens", "1", *args)
         assert r.returncode == 1 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
