@@ -66,9 +66,10 @@ def test_the_kernels_convert_a_vector_at_a_time(qtype: GGMLType) -> None:
     inner loops are not unrolled into one conversion per weight. Checked on a serial, uncached copy
     (numba shows no cached code's asm)."""
     kernel = dequant_rows.DEQUANTIZE[int(qtype)]
-    serial = njit(kernel.func.py_func)  # type: ignore[attr-defined]
+    counts = getattr(kernel, "args", ())  # a kernel bound to its loop count by functools.partial
+    serial = njit(getattr(kernel, "func", kernel).py_func)
     m = random_matrix(qtype, 2, 256)
-    serial(*kernel.args, m.raw, m.raw.view(np.int8), kernels.F16_TO_F32, np.empty(m.shape, np.float32))  # type: ignore[attr-defined]
+    serial(*counts, m.raw, m.raw.view(np.int8), kernels.F16_TO_F32, np.empty(m.shape, np.float32))
     asm = "\n".join(serial.inspect_asm().values())
     assert re.search(r"cvtdq2ps\s+[^\n]*%[yz]mm", asm)
 
