@@ -3,6 +3,7 @@
     types.py         the GGML type table (block size, bytes) and byte-shape helpers
     reference.py     numpy reference dequantizers, each under a diagram of its block layout
     kernels.py       numba byte readers and exact dequantization; dot_kernels.py: matvec and small matmul
+    dequant_rows.py  the prefill path's exact dequantizers (vectorized, serial, split between threads)
     tensor.py        QuantMatrix: a weight kept as raw GGUF blocks, with dequantize and matmul
     quantize.py      Q4_K and Q6_K quantizers
     repack.py        decode-speed int8 copies of 4/5/6-bit blocks; matvec_rows.py, q8_0_rows.py: their matvecs

@@ -147,7 +147,7 @@ def dequant_block(qtype, w, wi8, b, tab, out, o):
 def dequantize_rows(qtype, block_size, type_size, w, wi8, tab, out):
     """Exact dequantization: w uint8 `[n, row_bytes]` -> out float32 `[n, n_cols]`.
 
-    The reference for every type; the common types also have the faster kernels below.
+    The reference for every type; the common types also have faster serial kernels (dequant_rows.py).
     """
     n_rows, n_blocks = w.shape[0], w.shape[1] // type_size
     for r in prange(n_rows):
@@ -155,80 +155,5 @@ def dequantize_rows(qtype, block_size, type_size, w, wi8, tab, out):
             dequant_block(qtype, w[r], wi8[r], k * type_size, tab, out[r], k * block_size)
 
 
-# Per-type exact dequantizers over 2-D arrays for the prefill path (dequantize, then BLAS). The
-# same float operations in the same order as `dequant_block`, in loops LLVM can vectorize.
-
-
-@njit(cache=True, parallel=True)
-def dequantize_q8_0(w, wi8, tab, out):
-    for r in prange(w.shape[0]):
-        for k in range(w.shape[1] // 34):
-            d = tab[u16r(w, r, 34 * k)]
-            for i in range(32):
-                out[r, 32 * k + i] = np.float32(wi8[r, 34 * k + 2 + i]) * d
-
-
-@njit(cache=True, parallel=True)
-def dequantize_q5_0(w, wi8, tab, out):
-    for r in prange(w.shape[0]):
-        for k in range(w.shape[1] // 22):
-            b, o = 22 * k, 32 * k
-            d = tab[u16r(w, r, b)]
-            qh = np.uint32(u32r(w, r, b + 2))
-            for j in range(16):
-                q = np.int32(w[r, b + 6 + j] & 15) | (np.int32(16) if qh & BIT[j] else np.int32(0))
-                out[r, o + j] = d * np.float32(q - 16)
-            for j in range(16):
-                q = np.int32(w[r, b + 6 + j] >> 4) | (np.int32(16) if qh & BIT[16 + j] else np.int32(0))
-                out[r, o + 16 + j] = d * np.float32(q - 16)
-
-
-@njit(cache=True, parallel=True)
-def dequantize_q4_1(w, wi8, tab, out):
-    for r in prange(w.shape[0]):
-        for k in range(w.shape[1] // 20):
-            b, o = 20 * k, 32 * k
-            d, m = tab[u16r(w, r, b)], tab[u16r(w, r, b + 2)]
-            for j in range(16):
-                out[r, o + j] = d * np.float32(w[r, b + 4 + j] & 15) + m
-            for j in range(16):
-                out[r, o + 16 + j] = d * np.float32(w[r, b + 4 + j] >> 4) + m
-
-
-@njit(cache=True, parallel=True)
-def dequantize_q4_k(w, wi8, tab, out):
-    for r in prange(w.shape[0]):
-        for k in range(w.shape[1] // 144):
-            b, o = 144 * k, 256 * k
-            d, dmin = tab[u16r(w, r, b)], tab[u16r(w, r, b + 2)]
-            for s in range(8):
-                sc, mn = k_scale_min(w[r], b + 4, s)
-                scale, shift = d * np.float32(sc), dmin * np.float32(mn)
-                q0, sh = b + 16 + 32 * (s // 2), 4 * (s % 2)
-                for i in range(32):
-                    out[r, o + 32 * s + i] = scale * np.float32((w[r, q0 + i] >> sh) & 15) - shift
-
-
-@njit(cache=True, parallel=True)
-def dequantize_q6_k(w, wi8, tab, out):
-    for r in prange(w.shape[0]):
-        for k in range(w.shape[1] // 210):
-            b, o = 210 * k, 256 * k
-            d = tab[u16r(w, r, b + 208)]
-            for g in range(8):
-                h, t = g // 4, g % 4
-                lo0, lo_sh = b + 64 * h + 32 * (t % 2), 4 * (t // 2)
-                hi0, hi_sh = b + 128 + 32 * h, 2 * t
-                for half in range(2):
-                    scale = d * np.float32(wi8[r, b + 192 + 2 * g + half])
-                    for i in range(16):
-                        c = 16 * half + i
-                        q = np.int32(((w[r, lo0 + c] >> lo_sh) & 15) | (((w[r, hi0 + c] >> hi_sh) & 3) << 4)) - 32
-                        out[r, o + 32 * g + c] = scale * np.float32(q)
-
-
-# each kernel's own signature (the per-type kernels differ in arity); callers pass args[3:] of QuantMatrix._args
+# each kernel's own signature (the per-type kernels differ in arity)
 Kernel = Callable[..., None]
-
-DEQUANTIZE: dict[int, Kernel] = {T_Q8_0: dequantize_q8_0, T_Q5_0: dequantize_q5_0, T_Q4_1: dequantize_q4_1,
-                                 T_Q4_K: dequantize_q4_k, T_Q6_K: dequantize_q6_k}

@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from larql.errors import QuantError
-from larql.quant import argmax, argmax_tiles, dot_kernels, kernels, kquant_rows, reference, repack
+from larql.quant import argmax, argmax_tiles, dequant_rows, dot_kernels, kernels, kquant_rows, reference, repack
 from larql.quant.types import BLOCK_LAYOUT, GGMLType, row_bytes
 
 # what every kernel takes first: (qtype, block_size, type_size, raw rows, the same bytes as int8, f16/bf16 table)
@@ -156,7 +156,7 @@ class QuantMatrix:
         if out is None:
             out = np.empty((raw.shape[0], self.n_cols), dtype=np.float32)
         args = self._args(raw)
-        kernel = kernels.DEQUANTIZE.get(args[0])
+        kernel = dequant_rows.DEQUANTIZE.get(args[0])
         if kernel is not None:
             kernel(*args[3:], out)
         else:
