@@ -12,7 +12,7 @@ RESULTS = Path(__file__).parent / "results"
 
 def cpu_tier() -> str:
     """The kernels' tier on this machine (larql.quant.isa): AVX-512 VNNI int8 passes, AVX2 int8
-    (down_meta's pass; the others float32), or their float32 forms."""
+    (down_meta's and the tiled greedy pass; the others float32), or their float32 forms."""
     from larql.quant import isa
 
     return {"avx512vnni": "avx512-vnni int8", "avx2": "avx2 int8"}.get(isa.TIER, "float32")

@@ -79,7 +79,7 @@ def compile_tiled_pass(out: Any) -> None:
     from larql.quant import argmax, argmax_tiles
     from larql.quant.types import GGMLType
 
-    if getattr(out, "qtype", None) != GGMLType.Q8_0 or not argmax.HAVE_VNNI or out.n_cols % 32:
+    if getattr(out, "qtype", None) != GGMLType.Q8_0 or not argmax.HAVE_TILED or out.n_cols % 32:
         return
     rows = out.raw[: argmax_tiles.ROWS]
     tiled = argmax_tiles.Tiled(rows, argmax.row_norms(rows))

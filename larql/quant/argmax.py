@@ -19,8 +19,9 @@ a row with A_r + E_r < m has F_r < max F and is not the argmax; every row the ar
 tied maxima too) is rescored. |w_r| is computed once per matrix in float64 and rounded up. On
 Gemma 3 |x̂ - x| is ~1% of |x|, E_r ~1 logit, and 1-3 rows are rescored.
 
-The VNNI kernel is LLVM IR emitted through a numba intrinsic; without AVX-512 VNNI (or with numba
-compiling for another CPU than this one) `argmax_q8_0` is np.argmax of the full float32 matvec.
+The VNNI kernel is LLVM IR emitted through a numba intrinsic. On the avx2 tier (larql.quant.isa)
+only the tiled pass (argmax_tiles.py) has an int8 form: until the tiled copy is made, and on the
+float32 tier always, `argmax_q8_0` is np.argmax of the full float32 matvec.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ def host_has_vnni() -> bool:
 
 
 HAVE_VNNI = host_has_vnni()
+# the tiled candidate pass (argmax_tiles.py) runs on both int8 tiers; the row pass here only with VNNI
+HAVE_TILED = isa.TIER in ("avx2", "avx512vnni")
 
 
 # LLVM IR pieces the int8 row-dot intrinsics share (here and vindex/knn_kernels.py)
@@ -167,14 +170,14 @@ class CandidateFinder(Protocol):
 def argmax_q8_0(raw: NDArray[np.uint8], norms: NDArray[np.float64] | None, x: NDArray[np.float32],
                 tiled: CandidateFinder | None = None) -> int:
     """np.argmax of the float32 Q8_0 matvec raw `[rows, bytes]` times x `[n]`, the same index always;
-    norms: `row_norms` of raw (None, or no VNNI: the full matvec); tiled: raw's argmax_tiles copy
-    (the same candidates, found ~2x faster), if made."""
+    norms: `row_norms` of raw (None, or no int8 tier: the full matvec); tiled: raw's argmax_tiles copy
+    (the same candidates, found ~2x faster; on the avx2 tier the only int8 pass), if made."""
     tab = kernels.F16_TO_F32
     rows = None
-    if HAVE_VNNI and norms is not None:
+    if HAVE_TILED and norms is not None:
         if tiled is not None and np.isfinite(x).all():
             rows = tiled.candidates(x, rounding(x.shape[0]))
-        else:
+        elif HAVE_VNNI:
             rows = candidate_rows(raw, norms, x)
     if rows is None:
         out = np.empty(raw.shape[0], dtype=np.float32)

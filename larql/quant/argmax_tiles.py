@@ -28,6 +28,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numpy.typing import NDArray
 
+from larql.quant import isa
 from larql.quant.ir_parts import ir_row, splat
 from larql.quant.q8_bounds import bound_slack, quantize_q8
 
@@ -35,7 +36,9 @@ ROWS = 16  # rows per tile: the 16 int32 lanes of one 512-bit vector
 CHUNK = 64  # tiles per unit of parallel work (1,024 rows), each keeping its best score
 _I8, _I16, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
 _V64I8, _V16I32, _V16F32 = ir.VectorType(_I8, 64), ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
-_V16F16 = ir.VectorType(ir.HalfType(), 16)
+_V16F16, _V8F16 = ir.VectorType(ir.HalfType(), 16), ir.VectorType(ir.HalfType(), 8)
+_V32I8, _V16I16, _V8I32, _V8F32 = (ir.VectorType(_I8, 32), ir.VectorType(_I16, 16), ir.VectorType(_I32, 8),
+                                   ir.VectorType(_F32, 8))
 
 
 @njit(cache=True, parallel=True)
@@ -125,6 +128,70 @@ def _tile_scores(typingctx, packed, scales, xq, corr, dx, t, out):  # type: igno
     return sig, codegen
 
 
+@intrinsic
+def _tile_scores_avx2(typingctx, packed, scales, xq, dx, t, out):  # type: ignore[no-untyped-def]
+    """_tile_scores in AVX2 (no vpdpbusd): the same block dots s, exact, and the same float32 steps
+    per row, so the same A bit for bit; the tile's 16 rows as two halves of 8 int32 lanes.
+
+    vpmaddubsw multiplies unsigned by signed bytes into saturating int16 pairs, and the stored
+    q_w + 128 times a signed q_x could saturate (2 x 255 x 127). So, as llama.cpp's AVX2 dot, the
+    weight's sign moves to the activation: per 32-byte load (rows 8h..8h+7, 4 codes each)
+        w = stored XOR 0x80 (q_w, signed)    |w| (vpabsb; -128 reads 128 unsigned)
+        vpmaddubsw(|w|, vpsignb(q_x, w))     pairs |.| <= 2 x 128 x 127 = 32,512 < 2^15: exact
+        vpmaddwd(pairs, 1)                   4 products per int32 lane, as vpdpbusd's
+    q_x is never -128 (quantize_q8 clamps to -127..127), so vpsignb's negation is exact."""
+    sig = types.float32(packed, scales, xq, dx, t, out)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        a = signature.args
+        p_row, nb = ir_row(context, builder, a[0], args[0], args[4], 512)
+        s_row, _ = ir_row(context, builder, a[1], args[1], args[4], 2)
+        xa = context.make_array(a[2])(context, builder, args[2]).data
+        da = context.make_array(a[3])(context, builder, args[3]).data
+        oa = context.make_array(a[5])(context, builder, args[5]).data
+        mod = builder.module
+        ubsw = cgutils.get_or_insert_function(mod, ir.FunctionType(_V16I16, [_V32I8, _V32I8]), "llvm.x86.avx2.pmadd.ub.sw")
+        wd = cgutils.get_or_insert_function(mod, ir.FunctionType(_V8I32, [_V16I16, _V16I16]), "llvm.x86.avx2.pmadd.wd")
+        sign = cgutils.get_or_insert_function(mod, ir.FunctionType(_V32I8, [_V32I8, _V32I8]), "llvm.x86.avx2.psign.b")
+        absb = cgutils.get_or_insert_function(mod, ir.FunctionType(_V32I8, [_V32I8, ir.IntType(1)]), "llvm.abs.v32i8")
+        fma = cgutils.get_or_insert_function(mod, ir.FunctionType(_V8F32, [_V8F32] * 3), "llvm.fma.v8f32")
+        fmax = cgutils.get_or_insert_function(mod, ir.FunctionType(_V8F32, [_V8F32] * 2), "llvm.maxnum.v8f32")
+        flip, ones = ir.Constant(_V32I8, [0x80] * 32), ir.Constant(_V16I16, [1] * 16)
+        acc = [cgutils.alloca_once_value(builder, ir.Constant(_V8F32, None)) for _ in range(2)]
+        with cgutils.for_range(builder, nb) as loop:
+            k = loop.index
+            base = builder.mul(k, ir.Constant(_I64, 512))
+            parts = [[ir.Constant(_V8I32, None)] * 2 for _ in range(2)]
+            for g in range(8):
+                x4 = builder.load(builder.gep(xa, [builder.add(builder.mul(k, ir.Constant(_I64, 8)), ir.Constant(_I64, g))],
+                                              source_etype=_I32), typ=_I32)
+                xv = builder.bitcast(splat(builder, x4, _V8I32), _V32I8)
+                for h in range(2):
+                    at = builder.add(base, ir.Constant(_I64, 64 * g + 32 * h))
+                    w = builder.xor(builder.load(builder.gep(p_row, [at], source_etype=_I8), typ=_V32I8, align=1), flip)
+                    pairs = builder.call(ubsw, [builder.call(absb, [w, ir.Constant(ir.IntType(1), 0)]),
+                                                builder.call(sign, [xv, w])])
+                    parts[h][g % 2] = builder.add(parts[h][g % 2], builder.call(wd, [pairs, ones]))
+            dxk = splat(builder, builder.load(builder.gep(da, [k], source_etype=_F32), typ=_F32), _V8F32)
+            for h in range(2):
+                s = builder.add(parts[h][0], parts[h][1])
+                d16 = builder.load(builder.gep(s_row, [builder.add(builder.mul(k, ir.Constant(_I64, 32)), ir.Constant(_I64, 16 * h))],
+                                               source_etype=_I8), typ=_V8F16, align=1)
+                scale = builder.fmul(builder.fpext(d16, _V8F32), dxk)
+                builder.store(builder.call(fma, [builder.sitofp(s, _V8F32), scale, builder.load(acc[h])]), acc[h])
+        v = [builder.load(acc[h]) for h in range(2)]
+        dst = builder.gep(oa, [builder.mul(args[4], ir.Constant(_I64, ROWS))], source_etype=_F32)
+        for h in range(2):
+            builder.store(v[h], builder.bitcast(builder.gep(dst, [ir.Constant(_I64, 8 * h)], source_etype=_F32),
+                                                _V8F32.as_pointer()), align=4)
+        m = builder.call(fmax, [v[0], v[1]])
+        for width in (4, 2, 1):  # the lanes' maximum: halve and compare
+            m = builder.call(fmax, [m, builder.shuffle_vector(m, m, ir.Constant(_V8I32, [(j + width) % 8 for j in range(8)]))])
+        return builder.extract_element(m, ir.Constant(_I32, 0))
+
+    return sig, codegen
+
+
 @njit(cache=True)
 def quantize_signed(x: NDArray[np.float32], xq: NDArray[np.int8], corr: NDArray[np.int32],
                     dx: NDArray[np.float32]) -> tuple[float, float]:  # pragma: no cover - numba
@@ -159,18 +226,13 @@ def scores(packed: NDArray[np.uint8], scales: NDArray[np.uint16], n_rows: int, x
 def candidates(packed: NDArray[np.uint8], scales: NDArray[np.uint16], n_rows: int, x: NDArray[np.float32],
                norms: NDArray[np.float64], chunk_norm: NDArray[np.float64], c: float
                ) -> NDArray[np.int64]:  # pragma: no cover - numba
-    """The rows of the tiled matrix that may hold the largest exact logit for x, ascending.
-
-    Every chunk of CHUNK tiles keeps the row of its largest A; m = the largest A_r - E_r over those
-    rows is at most max_r F_r (argmax.py: F_r >= A_r - E_r), so a row with A_r + E_r < m is not the
-    argmax. Only chunks whose best A plus their largest E (chunk_norm: the chunk's largest |w_r|)
-    reaches m are searched row by row, in float64 as argmax._select."""
+    """The rows of the tiled matrix that may hold the largest exact logit for x, ascending (the
+    VNNI kernel; `pick` has the selection)."""
     n = x.shape[0]
     xq = np.empty(n, dtype=np.int8)
     corr = np.empty(n // 32, dtype=np.int32)
     dx = np.empty(n // 32, dtype=np.float32)
     err, hat = quantize_signed(x, xq, corr, dx)
-    slack = bound_slack(x, err, hat, c)
     n_tiles = packed.shape[0]
     approx = np.empty(n_tiles * ROWS, dtype=np.float32)
     n_chunks = (n_tiles + CHUNK - 1) // CHUNK
@@ -186,6 +248,60 @@ def candidates(packed: NDArray[np.uint8], scales: NDArray[np.uint16], n_rows: in
                     if approx[r] > top or at < 0:
                         top, at = approx[r], r
         best_a[ch], best_r[ch] = top, at
+    return pick(approx, best_a, best_r, n_rows, norms, chunk_norm, bound_slack(x, err, hat, c))
+
+
+@njit(cache=True, parallel=True)
+def scores_avx2(packed: NDArray[np.uint8], scales: NDArray[np.uint16], n_rows: int, x: NDArray[np.float32],
+                out: NDArray[np.float32]) -> None:  # pragma: no cover - numba
+    """`scores` with the AVX2 kernel (the same A, bit for bit), for tests."""
+    n = x.shape[0]
+    xq = np.empty(n, dtype=np.int8)
+    corr = np.empty(n // 32, dtype=np.int32)
+    dx = np.empty(n // 32, dtype=np.float32)
+    quantize_signed(x, xq, corr, dx)
+    for t in prange(packed.shape[0]):
+        _tile_scores_avx2(packed, scales, xq.view(np.int32), dx, t, out)  # type: ignore[call-arg]
+
+
+@njit(cache=True, parallel=True)
+def candidates_avx2(packed: NDArray[np.uint8], scales: NDArray[np.uint16], n_rows: int, x: NDArray[np.float32],
+                    norms: NDArray[np.float64], chunk_norm: NDArray[np.float64], c: float
+                    ) -> NDArray[np.int64]:  # pragma: no cover - numba
+    """`candidates` with the AVX2 kernel: the same scores, so the same rows."""
+    n = x.shape[0]
+    xq = np.empty(n, dtype=np.int8)
+    corr = np.empty(n // 32, dtype=np.int32)
+    dx = np.empty(n // 32, dtype=np.float32)
+    err, hat = quantize_signed(x, xq, corr, dx)
+    n_tiles = packed.shape[0]
+    approx = np.empty(n_tiles * ROWS, dtype=np.float32)
+    n_chunks = (n_tiles + CHUNK - 1) // CHUNK
+    best_a = np.empty(n_chunks, dtype=np.float32)
+    best_r = np.empty(n_chunks, dtype=np.int64)
+    x32 = xq.view(np.int32)
+    for ch in prange(n_chunks):
+        top, at = np.float32(-np.inf), -1
+        for t in range(ch * CHUNK, min(n_tiles, (ch + 1) * CHUNK)):
+            v: float = _tile_scores_avx2(packed, scales, x32, dx, t, approx)  # type: ignore[call-arg]
+            if v > top or at < 0 or ROWS * t + ROWS > n_rows:
+                for r in range(ROWS * t, min(n_rows, ROWS * t + ROWS)):
+                    if approx[r] > top or at < 0:
+                        top, at = approx[r], r
+        best_a[ch], best_r[ch] = top, at
+    return pick(approx, best_a, best_r, n_rows, norms, chunk_norm, bound_slack(x, err, hat, c))
+
+
+@njit(cache=True)
+def pick(approx: NDArray[np.float32], best_a: NDArray[np.float32], best_r: NDArray[np.int64], n_rows: int,
+         norms: NDArray[np.float64], chunk_norm: NDArray[np.float64], slack: float
+         ) -> NDArray[np.int64]:  # pragma: no cover - numba
+    """The candidates from the scores A: every chunk of CHUNK tiles has kept the row of its largest
+    A (best_a, best_r); m = the largest A_r - E_r over those rows is at most max_r F_r (argmax.py:
+    F_r >= A_r - E_r), so a row with A_r + E_r < m is not the argmax. Only chunks whose best A plus
+    their largest E (chunk_norm: the chunk's largest |w_r|) reaches m are searched row by row, in
+    float64 as argmax._select."""
+    n_chunks = best_a.shape[0]
     m = -np.inf
     for ch in range(n_chunks):
         r = best_r[ch]
@@ -232,4 +348,5 @@ class Tiled:
 
     def candidates(self, x: NDArray[np.float32], c: float) -> NDArray[np.int64]:
         """argmax.candidate_rows on this copy: x `[n]` finite, c the rounding constant."""
-        return candidates(self.packed, self.scales, self.n_rows, x, self.norms, self.chunk_norm, c)
+        run = candidates_avx2 if isa.TIER == "avx2" else candidates  # the tier's kernel (isa)
+        return run(self.packed, self.scales, self.n_rows, x, self.norms, self.chunk_norm, c)

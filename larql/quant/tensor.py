@@ -245,7 +245,7 @@ class QuantMatrix:
         """`int(np.argmax(self.matmul(x)))` for one activation x `[n_cols]`, the same index always; for
         Q8_0 by a candidate pass of int8 dot products and exact rescoring (argmax.py), else in full."""
         x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
-        if self.qtype != GGMLType.Q8_0 or not argmax.HAVE_VNNI or x.shape[0] != self.n_cols:
+        if self.qtype != GGMLType.Q8_0 or not argmax.HAVE_TILED or x.shape[0] != self.n_cols:
             return int(np.argmax(self.matmul(x)))
         self._greedy_steps[0] += 1
         # the tiled copy costs ~0.35 s to make (Gemma's lm_head, mostly page faults) and saves ~3.5 ms a

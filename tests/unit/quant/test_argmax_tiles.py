@@ -20,6 +20,7 @@ from larql.quant import (
 from tests.unit.quant.test_kernels import random_matrix
 
 needs_vnni = pytest.mark.skipif(not argmax.HAVE_VNNI, reason="no AVX-512 VNNI: argmax_matvec is np.argmax of matmul")
+needs_tiled = pytest.mark.skipif(not argmax.HAVE_TILED, reason="float32 tier: no int8 candidate pass")
 
 
 def _exact(raw: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -54,7 +55,41 @@ def test_tiled_scores_are_within_the_bound(rows: int) -> None:
         assert np.all(np.abs(approx[:rows].astype(np.float64) - _exact(m.raw, x)) <= norms * slack)
 
 
-@needs_vnni
+@needs_tiled
+@pytest.mark.parametrize("rows", [3000, 1029])
+def test_avx2_scores_within_the_bound_and_vnnis(rows: int) -> None:
+    """The AVX2 kernel (it runs on either int8 tier): |A_r - F_r| <= E_r for every row, the same A
+    as the VNNI kernel bit for bit where that runs, and the same candidates; a row of codes -128
+    (which vpsignb cannot negate: the weight's sign moves to the activation) and one of +-127 against
+    an activation block of -+127 (the largest int16 pairs)."""
+    m = random_matrix(GGMLType.Q8_0, rows, 640, seed=rows)
+    raw = m.raw.copy()
+    blocks = raw.reshape(rows, 20, 34)
+    blocks[7, :, 2:] = 0x80  # every code -128
+    blocks[8, :, 2:] = np.where(np.arange(32) % 2, 127, 0x81)  # +127, -127 in turn
+    norms = argmax.row_norms(raw)
+    tiled = argmax_tiles.Tiled(raw, norms)
+    rng = np.random.default_rng(2)
+    for scale in (0.01, 1.0, 300.0):
+        x = (rng.standard_normal(640) * scale).astype(np.float32)
+        x[rng.integers(0, 640, 3)] *= 50
+        x[:32] = np.where(np.arange(32) % 2, -1.0, 1.0) * scale  # codes -127, 127 against row 8's
+        approx = np.empty(tiled.packed.shape[0] * argmax_tiles.ROWS, dtype=np.float32)
+        argmax_tiles.scores_avx2(tiled.packed, tiled.scales, rows, x, approx)
+        xu, dx = np.empty(640, dtype=np.uint8), np.empty(20, dtype=np.float32)
+        err, hat = argmax.quantize_activation(x, xu, dx)
+        slack = err + _c(640) * (np.linalg.norm(x) + hat)
+        assert np.all(np.abs(approx[:rows].astype(np.float64) - _exact(raw, x)) <= norms * slack)
+        if argmax.HAVE_VNNI:
+            vnni = np.empty_like(approx)
+            argmax_tiles.scores(tiled.packed, tiled.scales, rows, x, vnni)
+            assert np.array_equal(approx, vnni)
+            got = argmax_tiles.candidates_avx2(tiled.packed, tiled.scales, rows, x, norms, tiled.chunk_norm, _c(640))
+            want = argmax_tiles.candidates(tiled.packed, tiled.scales, rows, x, norms, tiled.chunk_norm, _c(640))
+            assert np.array_equal(got, want)
+
+
+@needs_tiled
 def test_tile_layout() -> None:
     """packed[t, 512 k + 64 g + 4 i + m] = q[16 t + i, 32 k + 4 g + m] + 128, scales the f16 bits."""
     m = random_matrix(GGMLType.Q8_0, 21, 64, seed=3)
@@ -80,7 +115,7 @@ def _matrix_of(rows: np.ndarray) -> QuantMatrix:
     return QuantMatrix("t", GGMLType.Q8_0, r, n, np.ascontiguousarray(raw))
 
 
-@needs_vnni
+@needs_tiled
 @pytest.mark.parametrize("seed", range(4))
 def test_near_ties_give_numpys_argmax(seed: int) -> None:
     """Many rows whose exact logits differ in the last bits (one code moved where x is tiny, some
@@ -115,7 +150,7 @@ def test_near_ties_give_numpys_argmax(seed: int) -> None:
     assert mn.argmax_matvec(x) == int(np.argmax(mn.matmul(x)))
 
 
-@needs_vnni
+@needs_tiled
 def test_identical_rows_take_the_lowest_index() -> None:
     m = random_matrix(GGMLType.Q8_0, 4000, 128, seed=9)
     raw = m.raw.copy()
@@ -136,7 +171,7 @@ def test_no_budget_or_other_types_use_the_row_pass(monkeypatch: pytest.MonkeyPat
     assert m.tiled() is None
 
 
-@needs_vnni
+@needs_tiled
 def test_real_gemma_hidden_states(gemma: larql.Model) -> None:
     """Gemma 3's 262,144 x 640 tied embedding and the final-norm states of every position of two
     prompts: the tiled pass's argmax is np.argmax of the full float32 logits each time, and the
@@ -158,7 +193,7 @@ def test_real_gemma_hidden_states(gemma: larql.Model) -> None:
             assert want in rows and len(rows) <= 50
 
 
-@needs_vnni
+@needs_tiled
 def test_the_copy_is_made_once_a_generation_is_long() -> None:
     """No tiled copy for the first TILE_AFTER_STEPS greedy steps (a short run does not pay for it),
     then made, and every step's id is np.argmax of the full matvec before and after."""
@@ -173,7 +208,7 @@ def test_the_copy_is_made_once_a_generation_is_long() -> None:
     assert m._tiled[0] is not None
 
 
-@needs_vnni
+@needs_tiled
 def test_the_copy_can_be_asked_for_before_any_greedy_step() -> None:
     """tiled() first (as `larql bench`'s warm-up may): it makes the row norms it needs, not a None."""
     m = random_matrix(GGMLType.Q8_0, 700, 128, seed=14)
