@@ -58,9 +58,11 @@ def test_use_show_and_drop(s: Session, known: tuple, tmp_path: Path) -> None:
     assert r.notes[0].startswith("Attached: SAE('blocks.2.hook_resid_post', standard, d_in=64, d_sae=24)")
     execute(f'USE SAE "{other}"', s)
     (shown,) = execute("SHOW SAES", s)
-    assert shown.columns == ["hook", "layer", "architecture", "d_in", "d_sae", "k", "labels", "path"]
-    assert shown.rows == [[HOOK, 2, "standard", 64, 24, None, 0, str(path)],
-                          ["blocks.1.hook_resid_post", 1, "standard", 64, 16, None, 0, str(other)]]
+    assert shown.columns == ["hook", "kind", "writes", "layer", "architecture", "d_in", "d_sae", "k", "labels",
+                             "path"]
+    assert shown.rows == [[HOOK, "SAE", HOOK, 2, "standard", 64, 24, None, 0, str(path)],
+                          ["blocks.1.hook_resid_post", "SAE", "blocks.1.hook_resid_post", 1, "standard", 64, 16,
+                           None, 0, str(other)]]
     (again,) = execute(f'USE SAE "{path}"', s)  # the same hook point: replaced
     assert f'(replaces "{path}")' in again.notes[0] and len(s.saes) == 2
     (dropped,) = execute(f'DROP SAE "{path}"', s)  # by its path
@@ -197,7 +199,7 @@ def test_labels_from_a_file_of_explanations(s: Session, known: tuple, tmp_path: 
         (r,) = execute(f'USE SAE "{path}" LABELS "{tmp_path / name}"', s)
         assert f"from {path}, 2 feature labels" in r.notes[0]
         assert dict(s.saes[HOOK].labels) == {0: "colour of zeta", 1: "greetings"}, name
-    assert execute("SHOW SAES", s)[0].rows[0][6] == 2
+    assert execute("SHOW SAES", s)[0].rows[0][8] == 2
     (r,) = execute(f'EXPLAIN INFER "{PROMPTS[1]}" LAYERS 2-2 TOP 3', s)
     first = next(row for row in r.rows if isinstance(row[1], str))
     assert first[1] == "SAE 1" and first[5] == "greetings"
