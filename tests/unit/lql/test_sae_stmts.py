@@ -17,7 +17,15 @@ from larql.lql.parser import parse
 from larql.lql.planner import plan
 from larql.lql.session import Session
 from larql.lql.unparse import unparse
-from tests.sae_files import encode64, known_directions, random_tensors, v6_cfg, write_sae
+from tests.sae_files import (
+    encode64,
+    known_directions,
+    random_tensors,
+    transcoder_cfg,
+    transcoder_tensors,
+    v6_cfg,
+    write_sae,
+)
 
 HOOK = "blocks.2.hook_resid_post"
 PROMPTS = ["The colour of zeta is", "hello there", "one two three four"]
@@ -262,3 +270,33 @@ def test_features_shows_each_positions_strongest_features(s: Session, known: tup
         assert r.rows[-2][3] == i  # the last position fires its prompt's feature most
         (last,) = execute(f'FEATURES "{prompt}" AT LAYER 2 TOP 2 POSITIONS LAST', s)
         assert last.rows == r.rows[-2:] and last.steps[-1].endswith("each with the 3 tokens its decoder row writes")
+
+
+def test_a_transcoder_attaches_lists_and_shows_its_features(s: Session, tmp_path: Path) -> None:
+    """USE SAE on a transcoder's directory: SHOW SAES lists its kind and output hook, FEATURES and
+    EXPLAIN INFER read it with the error term (the model's outputs unchanged), its features the
+    float64 reference's on the MLP's normed input."""
+    m = s.vindex.model()  # type: ignore[union-attr]
+    h, name = m.config.hidden, "blocks.2.ln2.hook_normalized"
+    t = transcoder_tensors(h, 24, seed=5, jumprelu=True, skip=True, scale=8.0)
+    path = write_sae(tmp_path / "tc", t, transcoder_cfg(h, 24, 2, jumprelu=True, skip=True))
+    with pytest.raises(LqlSemanticError, match=r"its hook point blocks.2.ln2.hook_normalized \(cfg.json\) is at "
+                                               r"layer 2, not layer 1"):
+        execute(f'USE SAE "{path}" AT LAYER 1', s)
+    plain = execute(f'EXPLAIN INFER "{PROMPTS[0]}" LAYERS 2-2 TOP 3', s)[0]
+    (r,) = execute(f'USE SAE "{path}" AT LAYER 2', s)
+    assert r.notes[0].startswith(f"Attached: Transcoder('{name}' -> 'blocks.2.hook_mlp_out', jumprelu, skip")
+    (shown,) = execute("SHOW SAES", s)
+    assert shown.rows == [[name, "skip transcoder", "blocks.2.hook_mlp_out", 2, "jumprelu", h, 24, None, 0, str(path)]]
+    (e,) = execute(f'EXPLAIN INFER "{PROMPTS[0]}" LAYERS 2-2 TOP 3', s)
+    assert e.title == plain.title and any(isinstance(row[1], str) and row[1].startswith("SAE ") for row in e.rows)
+    ids = m.tokenize(PROMPTS[0])
+    mid = m.run_with_cache(ids, names=["blocks.2.hook_resid_mid"])[1]["blocks.2.hook_resid_mid"].astype(np.float64)
+    x = mid / np.sqrt(np.mean(mid * mid, axis=-1, keepdims=True) + m.config.norm_eps) * \
+        np.asarray(m.weights.layers[2].ffn_norm, np.float64)
+    pre = x @ t["W_enc"].astype(np.float64) + t["b_enc"]
+    acts = np.maximum(pre, 0.0) * (pre > t["threshold"])
+    (f,) = execute(f'FEATURES "{PROMPTS[0]}" TOP 1 POSITIONS LAST', s)
+    assert f.rows[0][3] == int(np.argmax(acts[-1])) and f.rows[0][4] == pytest.approx(acts[-1].max(), rel=1e-4)
+    execute(f'DROP SAE "{path}"', s)
+    assert s.saes == {}
