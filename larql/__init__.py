@@ -73,6 +73,7 @@ if TYPE_CHECKING:
     from larql.model.crown import CrownReport
     from larql.model.model import Model
     from larql.model.sae import SAE
+    from larql.model.transcoder import Transcoder
     from larql.vindex.store import Vindex
 
 _threads.configure()
@@ -80,7 +81,7 @@ _threads.configure()
 _CLASSES = {"Model": "larql.model.model", "Vindex": "larql.vindex.store", "EditableVindex": "larql.edit.state.view",
             "Result": "larql.lql.result", "Session": "larql.lql.session", "Fact": "larql.edit.methods.facts",
             "InsertReport": "larql.edit.insert", "CrownReport": "larql.model.crown",
-            "SAE": "larql.model.sae"}
+            "SAE": "larql.model.sae", "Transcoder": "larql.model.transcoder"}
 # modules the facade names: `larql.hooks.Zero(...)`, `from larql import plot` (presentation code)
 _MODULES = {"hooks": "larql.model.hooks", "interp": "larql.model.interp", "plot": "larql.shell.plot"}
 
@@ -88,7 +89,7 @@ __all__ = [
     "SAE", "AccessError", "BuildError", "ContextLengthError", "CrownReport", "EditError", "EditableVindex",
     "EmptyTargetError", "Fact", "InsertReport", "LarqlError", "LimitError", "LqlError", "LqlSemanticError",
     "LqlSyntaxError", "Model", "ModelError", "ModelFormatError", "QuantError", "RemoteError", "Result",
-    "ServeError", "Session", "TokenizerError", "UnknownModelError", "UnsupportedError", "Vindex", "VindexError", "__version__",
+    "ServeError", "Session", "TokenizerError", "Transcoder", "UnknownModelError", "UnsupportedError", "Vindex", "VindexError", "__version__",
     "edit_vindex", "execute", "hooks", "interp", "load", "load_sae", "open_vindex", "parse", "plot", "use_ray",
 ]
 
@@ -131,12 +132,14 @@ def load_sae(path: str | Path) -> SAE:
     sae_weights.safetensors: ReLU, JumpReLU or top-k), or from a Hub repository's folder of one
     (`hf://org/name[@rev]/folder`), to run at its hook point with
     `m.forward(ids, saes=[sae])`, `m.run_with_cache(ids, saes=[sae])` or `m.generate(..., saes=[sae])`.
+    A transcoder's directory (ReLU or JumpReLU, with or without W_skip) gives a `Transcoder`, which
+    the same calls run in place of its layer's MLP.
 
     Example:
         >>> sae = larql.load_sae("saes/blocks.6.hook_resid_post")
         >>> _, cache = m.run_with_cache(ids, saes=[sae]); cache[f"{sae.hook_name}.hook_sae_acts_post"]
     """
-    from larql.model.sae import load_sae as load_dir
+    from larql.model.sae_load import load_sae as load_dir
 
     return load_dir(path)
 

@@ -60,3 +60,30 @@ def encode64(t: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
     """A ReLU SAE's feature activations in float64, from SAELens' equations."""
     w = {k: v.astype(np.float64) for k, v in t.items()}
     return np.maximum((x.astype(np.float64) - w["b_dec"]) @ w["W_enc"] + w["b_enc"], 0.0)
+
+
+def transcoder_tensors(d_in: int, d_sae: int, seed: int, jumprelu: bool = False, skip: bool = False,
+                       scale: float = 1.0) -> dict[str, np.ndarray]:
+    """A transcoder's tensors (d_out = d_in), random but of a plausible scale: `scale` is the size of
+    the input rows (the MLP's normed input), so that some features fire on a row and some do not."""
+    rng = np.random.default_rng(seed)
+    t = {"W_enc": (rng.standard_normal((d_in, d_sae)) / np.sqrt(d_in) / scale).astype(F32),
+         "W_dec": (rng.standard_normal((d_sae, d_in)) / np.sqrt(d_sae)).astype(F32),
+         "b_enc": (0.1 * rng.standard_normal(d_sae)).astype(F32),
+         "b_dec": (0.1 * rng.standard_normal(d_in)).astype(F32)}
+    if jumprelu:  # mostly positive thresholds, a few negative
+        t["threshold"] = (0.3 + 0.3 * rng.standard_normal(d_sae)).astype(F32)
+    if skip:
+        t["W_skip"] = (0.05 * rng.standard_normal((d_in, d_in)) / scale).astype(F32)
+    return t
+
+
+def transcoder_cfg(d_in: int, d_sae: int, layer: int, jumprelu: bool = False, skip: bool = False,
+                   hook_in: str = "ln2.hook_normalized", **extra: Any) -> dict[str, Any]:
+    """A transcoder's config as SAELens 6 saves it (hook names under metadata)."""
+    arch = ("jumprelu_" if jumprelu else "") + ("skip_" if skip else "") + "transcoder"
+    return {"d_in": d_in, "d_sae": d_sae, "d_out": d_in, "dtype": "float32", "device": "cpu",
+            "apply_b_dec_to_input": False, "normalize_activations": "none", "reshape_activations": "none",
+            "architecture": arch, "metadata": {"hook_name": f"blocks.{layer}.{hook_in}",
+                                               "hook_name_out": f"blocks.{layer}.hook_mlp_out",
+                                               "model_name": "tiny", "sae_lens_version": "6.5.0"}, **extra}

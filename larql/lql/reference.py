@@ -24,13 +24,13 @@ STATEMENTS: tuple[StatementHelp, ...] = (
                   'USE "g.vindex";', "open a vindex (or load a model) for the statements after it"),
     StatementHelp("USE SAE", 'USE SAE "dir" [AT LAYER n] [LABELS "explanations.json"]',
                   'USE SAE "saes/blocks.6.hook_resid_post" AT LAYER 6;',
-                  "attach a sparse autoencoder (SAELens' format) at the hook point its cfg.json names: EXPLAIN INFER "
-                  "and DESCRIBE then show its features (the model's outputs unchanged); LABELS: their "
-                  "explanations, as Neuronpedia exports them"),
+                  "attach a sparse autoencoder (SAELens' format) at the hook point its cfg.json names, or a "
+                  "transcoder at the MLP it stands in for: EXPLAIN INFER and DESCRIBE then show its features (the "
+                  "model's outputs unchanged); LABELS: their explanations, as Neuronpedia exports them"),
     StatementHelp("FEATURES", 'FEATURES "prompt" [AT LAYER n] [TOP k] [POSITIONS {LAST | ALL}]',
                   'FEATURES "The capital of France is" TOP 3;',
                   "the attached SAEs' strongest features at each position of the prompt, with the tokens each writes"),
-    StatementHelp("SHOW SAES", "SHOW SAES", "SHOW SAES;", "the SAEs attached: hook point, layer, architecture, width"),
+    StatementHelp("SHOW SAES", "SHOW SAES", "SHOW SAES;", "the SAEs and transcoders attached: hook point, kind, the hook point it writes, layer, architecture, width"),
     StatementHelp("DROP SAE", 'DROP SAE {"dir" | "hook"} | DROP SAES', 'DROP SAE "saes/blocks.6.hook_resid_post";',
                   "detach an SAE (by its USE SAE path or its hook point), or every one"),
     StatementHelp("EXTRACT", 'EXTRACT MODEL "src" INTO "dir.vindex" [WITH {INFERENCE | ALL}] [FORCE]',

@@ -13,7 +13,8 @@
     hooks.py            hook points, interventions, the activation cache; interp.py: interpretability
                         primitives on them; targets.py: target and subject tokens; crown.py: crown discovery;
                         trace_file.py: saved traces; sae.py: sparse autoencoders (SAELens' format) at a hook point;
-                        sae_labels.py: their features' labels (Neuronpedia's explanations)
+                        transcoder.py: transcoders in place of an MLP; sae_load.py: both read from their
+                        files; sae_labels.py: their features' labels (Neuronpedia's explanations)
     grad.py             gradients through the model's top for edits; packed_attention.py, activation_grad.py
     remote_ffn.py       an FFN computed elsewhere (layer or expert shards over HTTP)
     export_hf.py        a model written as an HF directory

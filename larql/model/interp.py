@@ -138,8 +138,8 @@ def feature_top_tokens(m: Model, sae: SAE, feature: int, k: int = 10) -> list[tu
     Example:
         >>> [m.detokenize([t]) for t, _ in interp.feature_top_tokens(m, sae, 123, 5)]
     """
-    if sae.d_in != m.config.hidden:
-        raise ModelError(f"{sae}: its decoder writes {sae.d_in}-wide vectors, not the residual stream "
+    if sae.d_out != m.config.hidden:
+        raise ModelError(f"{sae}: its decoder writes {sae.d_out}-wide vectors, not the residual stream "
                          f"({m.config.hidden}); top tokens need an SAE on a residual-width hook point")
     if not 0 <= feature < sae.d_sae:
         raise ModelError(f"{sae}: feature {feature} is out of range (0-{sae.d_sae - 1})")
@@ -179,7 +179,7 @@ def top_features(m: Model, sae: SAE, acts: F32, k: int, position: int | None = -
     for f in top_tokens(acts, k):
         if acts[f] <= 0:
             break
-        tokens = feature_top_tokens(m, sae, int(f), n_tokens) if sae.d_in == m.config.hidden and n_tokens else []
+        tokens = feature_top_tokens(m, sae, int(f), n_tokens) if sae.d_out == m.config.hidden and n_tokens else []
         out.append(FeatureActivation(sae.hook_name, position, int(f), float(acts[f]), tuple(tokens)))
     return out
 

@@ -26,6 +26,7 @@ from larql.model.hooks import (
 from larql.model.prefix import PrefixCache
 from larql.model.sae import SAE, SAE_POINTS, attach_saes, check_saes, feature_hook_names
 from larql.model.tokenizer import TextTokenizer
+from larql.model.transcoder import Transcoder, attach_transcoders, check_transcoders
 from larql.model.weights import Weights
 
 if TYPE_CHECKING:
@@ -148,16 +149,21 @@ class Model:
 
     def _hook_fns(self, hooks: HookSpec | None, saes: Sequence[SAE], use_error_term: bool,
                   sae_cache: dict[str, list[NDArray[np.float32]]] | None = None) -> dict[str, Any] | None:
-        """`hooks` compiled for the forward pass, then each SAE at its hook point (sae.py)."""
+        """`hooks` compiled for the forward pass, then each SAE at its hook point (sae.py) and each
+        transcoder in place of its layer's MLP (transcoder.py)."""
         c = self.config
         if not saes:
             return compile_spec(hooks, c.n_layers, c.n_experts)
-        check_saes(saes, c, self.hook_names())
+        tcs = [s for s in saes if isinstance(s, Transcoder)]
+        plain = [s for s in saes if not isinstance(s, Transcoder)]
+        check_saes(plain, c, self.hook_names())
+        check_transcoders(tcs, c)
         on_features = feature_hook_names(saes)  # `{hook}.hook_sae_acts_post`: edits of the features
         spec = {str(k): v for k, v in (hooks or {}).items()}
         feature_fns = {k: intervention_fn(v) for k, v in spec.items() if k in on_features}
         fns = compile_spec({k: v for k, v in spec.items() if k not in on_features}, c.n_layers, c.n_experts)
-        return attach_saes(saes, fns, use_error_term, sae_cache, feature_fns)
+        fns = attach_saes(plain, fns, use_error_term, sae_cache, feature_fns)
+        return attach_transcoders(tcs, fns, use_error_term, c, self.weights.layers, sae_cache, feature_fns)
 
     def forward(self, ids: list[int] | NDArray[np.int64], hooks: HookSpec | None = None,
                 saes: Sequence[SAE] = (), use_error_term: bool = False) -> NDArray[np.float32]:

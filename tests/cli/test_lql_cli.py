@@ -83,8 +83,8 @@ def test_use_sae_and_its_errors(tiny_gguf: Path, tmp_path: Path) -> None:
     good = write_sae(tmp_path / "good", random_tensors(64, 16, 1), v6_cfg(64, 16, hook="blocks.1.hook_resid_post"))
     r = larql("lql", "--json", f'USE MODEL "{tiny_gguf}"; USE SAE "{good}" AT LAYER 1; SHOW SAES;')
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout.splitlines()[-1])["rows"] == [["blocks.1.hook_resid_post", 1, "standard", 64, 16, None,
-                                                              0, str(good)]]
+    assert json.loads(r.stdout.splitlines()[-1])["rows"] == [["blocks.1.hook_resid_post", "SAE", "blocks.1.hook_resid_post",
+                                                              1, "standard", 64, 16, None, 0, str(good)]]
     wide = write_sae(tmp_path / "wide", random_tensors(32, 16, 1), v6_cfg(32, 16, hook="blocks.1.hook_resid_post"))
     for statement, message in [(f'USE SAE "{wide}"', "d_in = 32, but blocks.1.hook_resid_post of this model has "
                                                      "width 64 (an SAE trained for another model"),

@@ -12,8 +12,10 @@ from larql.lql.result import Result
 from larql.lql.session import AttachedSae, Session
 from larql.model.hooks import hook_name
 from larql.model.interp import sae_activations, top_features
-from larql.model.sae import check_saes, load_sae
+from larql.model.sae import check_saes
 from larql.model.sae_labels import load_feature_labels
+from larql.model.sae_load import load_sae
+from larql.model.transcoder import Transcoder, check_transcoders, mlp_layer
 
 
 def use_sae(stmt: ast.UseSaeStmt, session: Session, result: Result, run: PlanRun) -> None:
@@ -24,8 +26,17 @@ def use_sae(stmt: ast.UseSaeStmt, session: Session, result: Result, run: PlanRun
     labels = load_feature_labels(load["labels"], sae.d_sae) if load["labels"] is not None else {}
     want = run.take("check_sae")["layer"]
     cfg = m.config
-    check_saes([sae], cfg, m.hook_names())  # the hook point exists in this model and has the SAE's width
-    layer = hook_name(sae.hook_name, cfg.n_layers, cfg.n_experts).layer
+    if isinstance(sae, Transcoder):  # it replaces a layer's MLP of this model's width
+        check_transcoders([sae], cfg)
+        layer: int | None = mlp_layer(sae)
+    else:  # the hook point exists in this model and has the SAE's width
+        check_saes([sae], cfg, m.hook_names())
+        layer = hook_name(sae.hook_name, cfg.n_layers, cfg.n_experts).layer
+    clash = [h for h, a in session.saes.items() if isinstance(sae, Transcoder) and h != sae.hook_name
+             and isinstance(a.sae, Transcoder) and a.layer == layer]
+    if clash:
+        raise ModelError(f"{path}: a transcoder for layer {layer}'s MLP is attached already ({clash[0]}); "
+                         f"DROP SAE \"{clash[0]}\" first")
     if want is not None and layer != want:
         where = f"at layer {layer}" if layer is not None else "at no layer"
         raise ModelError(f"{path}: its hook point {sae.hook_name} (cfg.json) is {where}, not layer {want}; drop "
@@ -40,11 +51,12 @@ def use_sae(stmt: ast.UseSaeStmt, session: Session, result: Result, run: PlanRun
 def show_saes(stmt: ast.ShowSaesStmt, session: Session, result: Result, run: PlanRun) -> None:
     run.take("list_saes")
     result.title = "Attached SAEs"
-    result.columns = ["hook", "layer", "architecture", "d_in", "d_sae", "k", "labels", "path"]
+    result.columns = ["hook", "kind", "writes", "layer", "architecture", "d_in", "d_sae", "k", "labels", "path"]
     for h, a in session.saes.items():
         s = a.sae
-        result.rows.append([h, a.layer, s.architecture, s.d_in, s.d_sae, s.k if s.architecture == "topk" else None,
-                            len(a.labels), a.path])
+        writes = s.hook_name_out if isinstance(s, Transcoder) else h
+        result.rows.append([h, s.kind, writes, a.layer, s.architecture, s.d_in, s.d_sae,
+                            s.k if s.architecture == "topk" else None, len(a.labels), a.path])
     if not result.rows:
         result.notes.append('(none: USE SAE "dir" attaches one)')
 

@@ -17,7 +17,15 @@ from larql.lql.parser import parse
 from larql.lql.planner import plan
 from larql.lql.session import Session
 from larql.lql.unparse import unparse
-from tests.sae_files import encode64, known_directions, random_tensors, v6_cfg, write_sae
+from tests.sae_files import (
+    encode64,
+    known_directions,
+    random_tensors,
+    transcoder_cfg,
+    transcoder_tensors,
+    v6_cfg,
+    write_sae,
+)
 
 HOOK = "blocks.2.hook_resid_post"
 PROMPTS = ["The colour of zeta is", "hello there", "one two three four"]
@@ -58,9 +66,11 @@ def test_use_show_and_drop(s: Session, known: tuple, tmp_path: Path) -> None:
     assert r.notes[0].startswith("Attached: SAE('blocks.2.hook_resid_post', standard, d_in=64, d_sae=24)")
     execute(f'USE SAE "{other}"', s)
     (shown,) = execute("SHOW SAES", s)
-    assert shown.columns == ["hook", "layer", "architecture", "d_in", "d_sae", "k", "labels", "path"]
-    assert shown.rows == [[HOOK, 2, "standard", 64, 24, None, 0, str(path)],
-                          ["blocks.1.hook_resid_post", 1, "standard", 64, 16, None, 0, str(other)]]
+    assert shown.columns == ["hook", "kind", "writes", "layer", "architecture", "d_in", "d_sae", "k", "labels",
+                             "path"]
+    assert shown.rows == [[HOOK, "SAE", HOOK, 2, "standard", 64, 24, None, 0, str(path)],
+                          ["blocks.1.hook_resid_post", "SAE", "blocks.1.hook_resid_post", 1, "standard", 64, 16,
+                           None, 0, str(other)]]
     (again,) = execute(f'USE SAE "{path}"', s)  # the same hook point: replaced
     assert f'(replaces "{path}")' in again.notes[0] and len(s.saes) == 2
     (dropped,) = execute(f'DROP SAE "{path}"', s)  # by its path
@@ -197,7 +207,7 @@ def test_labels_from_a_file_of_explanations(s: Session, known: tuple, tmp_path: 
         (r,) = execute(f'USE SAE "{path}" LABELS "{tmp_path / name}"', s)
         assert f"from {path}, 2 feature labels" in r.notes[0]
         assert dict(s.saes[HOOK].labels) == {0: "colour of zeta", 1: "greetings"}, name
-    assert execute("SHOW SAES", s)[0].rows[0][6] == 2
+    assert execute("SHOW SAES", s)[0].rows[0][8] == 2
     (r,) = execute(f'EXPLAIN INFER "{PROMPTS[1]}" LAYERS 2-2 TOP 3', s)
     first = next(row for row in r.rows if isinstance(row[1], str))
     assert first[1] == "SAE 1" and first[5] == "greetings"
@@ -260,3 +270,33 @@ def test_features_shows_each_positions_strongest_features(s: Session, known: tup
         assert r.rows[-2][3] == i  # the last position fires its prompt's feature most
         (last,) = execute(f'FEATURES "{prompt}" AT LAYER 2 TOP 2 POSITIONS LAST', s)
         assert last.rows == r.rows[-2:] and last.steps[-1].endswith("each with the 3 tokens its decoder row writes")
+
+
+def test_a_transcoder_attaches_lists_and_shows_its_features(s: Session, tmp_path: Path) -> None:
+    """USE SAE on a transcoder's directory: SHOW SAES lists its kind and output hook, FEATURES and
+    EXPLAIN INFER read it with the error term (the model's outputs unchanged), its features the
+    float64 reference's on the MLP's normed input."""
+    m = s.vindex.model()  # type: ignore[union-attr]
+    h, name = m.config.hidden, "blocks.2.ln2.hook_normalized"
+    t = transcoder_tensors(h, 24, seed=5, jumprelu=True, skip=True, scale=8.0)
+    path = write_sae(tmp_path / "tc", t, transcoder_cfg(h, 24, 2, jumprelu=True, skip=True))
+    with pytest.raises(LqlSemanticError, match=r"its hook point blocks.2.ln2.hook_normalized \(cfg.json\) is at "
+                                               r"layer 2, not layer 1"):
+        execute(f'USE SAE "{path}" AT LAYER 1', s)
+    plain = execute(f'EXPLAIN INFER "{PROMPTS[0]}" LAYERS 2-2 TOP 3', s)[0]
+    (r,) = execute(f'USE SAE "{path}" AT LAYER 2', s)
+    assert r.notes[0].startswith(f"Attached: Transcoder('{name}' -> 'blocks.2.hook_mlp_out', jumprelu, skip")
+    (shown,) = execute("SHOW SAES", s)
+    assert shown.rows == [[name, "skip transcoder", "blocks.2.hook_mlp_out", 2, "jumprelu", h, 24, None, 0, str(path)]]
+    (e,) = execute(f'EXPLAIN INFER "{PROMPTS[0]}" LAYERS 2-2 TOP 3', s)
+    assert e.title == plain.title and any(isinstance(row[1], str) and row[1].startswith("SAE ") for row in e.rows)
+    ids = m.tokenize(PROMPTS[0])
+    mid = m.run_with_cache(ids, names=["blocks.2.hook_resid_mid"])[1]["blocks.2.hook_resid_mid"].astype(np.float64)
+    x = mid / np.sqrt(np.mean(mid * mid, axis=-1, keepdims=True) + m.config.norm_eps) * \
+        np.asarray(m.weights.layers[2].ffn_norm, np.float64)
+    pre = x @ t["W_enc"].astype(np.float64) + t["b_enc"]
+    acts = np.maximum(pre, 0.0) * (pre > t["threshold"])
+    (f,) = execute(f'FEATURES "{PROMPTS[0]}" TOP 1 POSITIONS LAST', s)
+    assert f.rows[0][3] == int(np.argmax(acts[-1])) and f.rows[0][4] == pytest.approx(acts[-1].max(), rel=1e-4)
+    execute(f'DROP SAE "{path}"', s)
+    assert s.saes == {}
