@@ -95,13 +95,18 @@ def main() -> None:
                  "method": args.method, "scored": args.scored, "held_out": args.held_out or "larql/edit/measure/data/held_out.txt", "machine": machine(), "checkpoints": [],
                  "insert_seconds": []}
 
+    base_scores: list = []  # the unedited model's scores of each of the first `scored` edits
+
     def score(made: int) -> dict:
         t0 = time.perf_counter()
         k = min(args.scored, made) if made else args.scored
-        row = summarise(score_records(model, records[:k], prefixes), base_unrelated, unrelated_logps(model))
-        row |= held_out_perplexity(model, text, base_ppl)
-        return {"after": made, "scored": k, **row, "scoring_seconds": time.perf_counter() - t0,
-                "load_average": os.getloadavg()}
+        scores = score_records(model, records[:k], prefixes)
+        row = summarise(scores, base_unrelated, unrelated_logps(model)) | held_out_perplexity(model, text, base_ppl)
+        # the same edits' scores unedited (NS and the like are not 0 before any edit)
+        before = summarise(base_scores[:k]) if made else {}
+        base_scores.extend([] if made else scores)
+        return {"after": made, "scored": k, **row, "unedited_same_edits": before,
+                "scoring_seconds": time.perf_counter() - t0, "load_average": os.getloadavg()}
 
     print(f"scoring the unedited model ({min(args.scored, len(records))} edits' prompts, held-out text)", flush=True)
     base_unrelated, base_ppl = unrelated_logps(model), None
