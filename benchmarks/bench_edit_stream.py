@@ -11,7 +11,8 @@ larql.edit.measure.evaluate, teacher-forced (ES / PS / NS) and by the model's ow
 of the held-out text (larql/edit/measure/data/held_out.txt) against the unedited model's. Paraphrases
 the value step optimises on (the prompt's own rewordings) are not held out and are dropped, as
 bench_editing.py does. Each INSERT's wall time (its report included, as a user waits for it) is kept,
-with a least-squares slope of seconds against the number of earlier edits.
+and its CPU time (this process's, less at the mercy of other jobs on the machine), each with a
+least-squares slope against the number of earlier edits.
 Writes benchmarks/results/NAME.json (after every checkpoint) with the machine, its kernel tier and
 the load average at the start and at each checkpoint.
 """
@@ -93,7 +94,7 @@ def main() -> None:
     text = held_out_text(args.held_out)
     out: dict = {"model": session.vindex.index["model"], "data": Path(args.data).name, "edits": len(records),
                  "method": args.method, "scored": args.scored, "held_out": args.held_out or "larql/edit/measure/data/held_out.txt", "machine": machine(), "checkpoints": [],
-                 "insert_seconds": []}
+                 "insert_seconds": [], "insert_cpu_seconds": []}
 
     base_scores: list = []  # the unedited model's scores of each of the first `scored` edits
 
@@ -113,20 +114,22 @@ def main() -> None:
     out["unedited"] = score(0)
     base_ppl = out["unedited"]["perplexity"]
     seconds: list[float] = out["insert_seconds"]
+    cpu: list[float] = out["insert_cpu_seconds"]  # this process's CPU time: less at the mercy of other jobs
     for i, r in enumerate(records):
         cols = "entity, relation, target, prompt"
         stmt = (f"INSERT INTO EDGES ({cols}) VALUES ({q(r.subject)}, {q(r.relation)}, {q(r.target_new)}, "
                 f"{q(r.prompt)}) METHOD {args.method.upper()}")
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         execute(stmt, session)
         seconds.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
         print(f"  INSERT {i + 1}/{len(records)} {r.subject}: {seconds[-1]:.1f} s", flush=True)
         if i + 1 in checkpoints:
             row = score(i + 1)
             last = checkpoints[checkpoints.index(i + 1) - 1] if checkpoints.index(i + 1) else 0
             row["insert_seconds_mean"] = float(np.mean(seconds[last:]))  # the INSERTs since the last checkpoint
             out["checkpoints"].append(row)
-            out["insert_seconds_slope"] = slope(seconds)
+            out["insert_seconds_slope"], out["insert_cpu_seconds_slope"] = slope(seconds), slope(cpu)
             save_results(args.name, out)
             print(f"after {i + 1}: first {row['scored']} " + " ".join(f"{c} {row.get(c, float('nan')):.2f}" for c in COLUMNS)
                   + f"; INSERT {row['insert_seconds_mean']:.1f} s on average since the last checkpoint", flush=True)
