@@ -13,7 +13,7 @@ the value step optimises on (the prompt's own rewordings) are not held out and a
 bench_editing.py does. Each INSERT's wall time (its report included, as a user waits for it) is kept,
 and its CPU time (this process's, less at the mercy of other jobs on the machine), each with a
 least-squares slope against the number of earlier edits.
-Writes benchmarks/results/NAME.json (after every checkpoint) with the machine, its kernel tier and
+Writes benchmarks/results/NAME.json (after every INSERT) with the machine, its kernel tier and
 the load average at the start and at each checkpoint.
 """
 
@@ -124,15 +124,16 @@ def main() -> None:
         seconds.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
         print(f"  INSERT {i + 1}/{len(records)} {r.subject}: {seconds[-1]:.1f} s", flush=True)
+        out["inserts_made"] = i + 1
         if i + 1 in checkpoints:
             row = score(i + 1)
             last = checkpoints[checkpoints.index(i + 1) - 1] if checkpoints.index(i + 1) else 0
             row["insert_seconds_mean"] = float(np.mean(seconds[last:]))  # the INSERTs since the last checkpoint
             out["checkpoints"].append(row)
-            out["insert_seconds_slope"], out["insert_cpu_seconds_slope"] = slope(seconds), slope(cpu)
-            save_results(args.name, out)
             print(f"after {i + 1}: first {row['scored']} " + " ".join(f"{c} {row.get(c, float('nan')):.2f}" for c in COLUMNS)
                   + f"; INSERT {row['insert_seconds_mean']:.1f} s on average since the last checkpoint", flush=True)
+        out["insert_seconds_slope"], out["insert_cpu_seconds_slope"] = slope(seconds), slope(cpu)
+        save_results(args.name, out)  # after every INSERT: a run stopped early keeps its timings
 
 
 if __name__ == "__main__":

@@ -316,9 +316,9 @@ def render_edit_stream() -> str:
     text = (f"{d['model']}, METHOD {d['method'].upper()}, `benchmarks/data/{d['data']}`, each edit its own INSERT "
             f"statement in one session (the first row: the unedited model; NS in brackets: the same edits' "
             f"neighbours unedited, where recorded).\n\n" + "\n".join(out) + "\n\n")
-    made = d["checkpoints"][-1]["after"] if d["checkpoints"] else 0
+    made = d.get("inserts_made", d["checkpoints"][-1]["after"] if d["checkpoints"] else 0)
     if made < d["edits"]:
-        text += f"The run was stopped after {made:,} of its {d['edits']:,} INSERTs (the last checkpoint reached). "
+        text += f"The run was stopped early: the results file holds {made:,} of its {d['edits']:,} INSERTs. "
     if slope is not None:
         text += (f"Time per INSERT, its report included: {_f(float(min(secs)))}-{_f(float(max(secs)))} s over "
                  f"{len(secs):,} INSERTs, a least-squares slope of {slope:+.3f} s per earlier edit "
