@@ -5,6 +5,7 @@ prefixes, neighbours, reverse prompts, unrelated prompts), single-edit and all-s
 
     python benchmarks/bench_editing.py --vindex g.vindex [--data benchmarks/data/counterfact_gemma3_270m.json]
         [--methods rome,feature] [--protocols single,stacked,sequential] [--limit N] [--every K] [--layers 2,3,4] [--stats-tokens N]
+        [--no-perplexity]
 
 The decoy subjects a weight edit holds still are filtered so that none appears in any prompt of the
 edit set (the neighbourhood score would otherwise be measured on keys the edit was told to keep).
@@ -31,7 +32,7 @@ larql.threads.configure()
 
 DATA = Path(__file__).parent / "data" / "counterfact_gemma3_270m.json"
 COLUMNS = ("S", "ES", "PS", "NS", "RS", "RelS", "ES_first", "PS_first", "NS_first", "token_acc", "para_token_acc", "GEN",
-           "unrelated_top1_kept", "unrelated_kl", "fluency")
+           "unrelated_top1_kept", "unrelated_kl", "fluency", "gen_ES", "gen_PS", "perplexity", "perplexity_change")
 
 
 def machine() -> dict:
@@ -63,9 +64,12 @@ def main() -> None:
     parser.add_argument("--key-on", default="subject", choices=("subject", "query"),
                         help="METHOD NEURON: key known subjects' neurons on the subject or on the fact's question")
     parser.add_argument("--stats-tokens", type=int, default=0, help="tokens of key statistics (default: larql's)")
+    parser.add_argument("--no-perplexity", action="store_true",
+                        help="skip the held-out text's perplexity (unedited, stacked and sequential)")
     args = parser.parse_args()
     from larql.edit.insert import insert_facts
     from larql.edit.measure.evaluate import EditRecord, evaluate, load_edit_set
+    from larql.edit.measure.perplexity import held_out_text
     from larql.edit.methods.facts import rewrites
     from larql.edit.methods.query_neuron import relation_forms
     from larql.edit.methods.weight_edit import DECOY_SUBJECTS
@@ -94,6 +98,7 @@ def main() -> None:
     out: dict = {"model": v.index["model"], "data": Path(args.data).name, "edits": len(records), "machine": machine(),
                  "paraphrases_dropped_as_trained": dropped, "hold_relations": not args.no_hold_relations, "key_on": args.key_on,
                  "decoys_used": decoys, "layers": layers, "stats_tokens": args.stats_tokens or None, "methods": {}}
+    out["held_out_text"] = None if args.no_perplexity else "larql/edit/measure/data/held_out.txt"
     for method in args.methods.split(","):
         def apply(batch: list[EditRecord], method: str = method):
             kept = len(v.patches.pending)
@@ -103,7 +108,8 @@ def main() -> None:
             return lambda: v.patches.undo(len(v.patches.pending) - kept)
 
         t0 = time.perf_counter()
-        rep = evaluate(m, records, apply, args.protocols.split(","), progress=lambda s: print("  ", s, flush=True))
+        rep = evaluate(m, records, apply, args.protocols.split(","), progress=lambda s: print("  ", s, flush=True),
+                       held_out=None if args.no_perplexity else held_out_text())
         out["methods"][method] = rep.to_json() | {"wall_seconds": time.perf_counter() - t0}
         save_results("editing" + (f"-{args.name}" if args.name else ""), out)  # before printing: keep the data
         print(f"\n{method}: {len(records)} edits of {out['model']} ({out['data']})")

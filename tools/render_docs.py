@@ -296,6 +296,38 @@ def render_editing_relations() -> str:
     return text + _source("editing-relations-query", "editing-relations-query-stacked", "editing-relations-single")
 
 
+def render_edit_stream() -> str:
+    """A stream of INSERT statements in one session: the first edits' scores after each checkpoint,
+    teacher-forced and by generation, held-out perplexity, and the time per INSERT as the stream grows."""
+    d = _load("edit-stream")
+    out = ["| edits made | first edits scored | ES | PS | NS | gen_ES | gen_PS | unrelated top-1 kept | "
+           "held-out perplexity (change) | s per INSERT since the row above | load average |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in [d["unedited"], *d["checkpoints"]]:
+        change = f" ({r['perplexity_change']:+.2f}%)" if r.get("perplexity_change") is not None else ""
+        before = r.get("unedited_same_edits") or {}  # NS of the same edits' prompts before any edit
+        ns = _f(r["NS"]) + (f" ({_f(before['NS'])})" if before.get("NS") is not None else "")
+        out.append(f"| {r['after']:,} | {r['scored']} | {_f(r['ES'])} | {_f(r['PS'])} | {ns} | "
+                   f"{_f(r['gen_ES'])} | {_f(r['gen_PS'])} | {_f(r.get('unrelated_top1_kept'))}% | "
+                   f"{_f(r.get('perplexity'), 2)}{change} | {_f(r.get('insert_seconds_mean'))} | "
+                   f"{_f(r['load_average'][0])} |")
+    slope = d.get("insert_seconds_slope")
+    secs = d["insert_seconds"]
+    text = (f"{d['model']}, METHOD {d['method'].upper()}, `benchmarks/data/{d['data']}`, each edit its own INSERT "
+            f"statement in one session (the first row: the unedited model; NS in brackets: the same edits' "
+            f"neighbours unedited, where recorded).\n\n" + "\n".join(out) + "\n\n")
+    made = d.get("inserts_made", d["checkpoints"][-1]["after"] if d["checkpoints"] else 0)
+    if made < d["edits"]:
+        text += f"The run was stopped early: the results file holds {made:,} of its {d['edits']:,} INSERTs. "
+    if slope is not None:
+        text += (f"Time per INSERT, its report included: {_f(float(min(secs)))}-{_f(float(max(secs)))} s over "
+                 f"{len(secs):,} INSERTs, a least-squares slope of {slope:+.3f} s per earlier edit "
+                 f"({_tier(d['machine'], d)})")
+        cpu = d.get("insert_cpu_seconds_slope")
+        text += (f"; in CPU seconds of the process, {cpu:+.3f} s per earlier edit. " if cpu is not None else ". ")
+    return text + _source("edit-stream")
+
+
 def render_fuzz() -> str:
     d = _load("fuzz")
     out = ["| stage | inputs | parsed and run | answered | LarqlError | crashes |",
@@ -439,6 +471,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "editing-scale": render_editing_scale,
     "editing-relations": render_editing_relations,
     "stacked-capitals": render_stacked_capitals,
+    "edit-stream": render_edit_stream,
     "fuzz": render_fuzz,
     "http-routes": lambda: render_routes()[0],
 }

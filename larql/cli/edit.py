@@ -4,7 +4,7 @@
     larql edit VINDEX --subject S --relation R --target T [--prompt P] [--method M] [--layer L] [--save P.vlp]
     larql memit VINDEX EDITS.json [--layer L] [--save P.vlp]   one joint MEMIT solve of an edit set
     larql apply-patch VINDEX PATCH.vlp [-o OUT.vindex]      APPLY PATCH (then COMPILE INTO VINDEX OUT)
-    larql eval-edits VINDEX EDITS.json [--method M] [--protocols single,stacked] [--json]
+    larql eval-edits VINDEX EDITS.json [--method M] [--protocols single,stacked] [--held-out TEXT] [--json]
 """
 
 from __future__ import annotations
@@ -104,10 +104,12 @@ def cmd_apply_patch(args: argparse.Namespace) -> int:
 def cmd_eval_edits(args: argparse.Namespace) -> int:
     from larql.edit.insert import insert_facts
     from larql.edit.measure.evaluate import EditRecord, evaluate, load_edit_set
+    from larql.edit.measure.perplexity import held_out_text
     from larql.edit.state.view import edit_vindex
     from larql.lql.result import Result
 
     records = load_edit_set(args.edits)
+    text = None if args.no_perplexity else held_out_text(args.held_out)
     v = edit_vindex(args.vindex)
 
     def apply(batch: Sequence[EditRecord]) -> Callable[[], None]:
@@ -118,19 +120,23 @@ def cmd_eval_edits(args: argparse.Namespace) -> int:
     def say(msg: str) -> None:
         sys.stderr.write(f"  {msg}\n")
 
-    report = evaluate(v.model(), records, apply, args.protocols.split(","), progress=None if args.json else say)
+    report = evaluate(v.model(), records, apply, args.protocols.split(","), progress=None if args.json else say,
+                      held_out=text)
     if args.json:
         json.dump(report.to_json(), sys.stdout)
         sys.stdout.write("\n")
         return 0
-    keys = ["S", "ES", "PS", "NS", "RS", "ES_first", "PS_first", "NS_first", "token_acc", "GEN",
-            "unrelated_top1_kept", "unrelated_kl", "fluency"]
+    keys = ["S", "ES", "PS", "NS", "RS", "ES_first", "PS_first", "NS_first", "token_acc", "GEN", "gen_ES", "gen_PS",
+            "unrelated_top1_kept", "unrelated_kl", "fluency", "perplexity", "perplexity_change"]
     result = Result(f"eval-edits {args.edits}", f"{len(records)} edits by {args.method}, scored on held-out prompts",
                     ["protocol", *keys])
-    for name, row in (("unedited", report.unedited), ("single", report.single), ("stacked", report.stacked)):
+    for name, row in (("unedited", report.unedited), ("single", report.single), ("stacked", report.stacked),
+                      ("sequential", report.sequential)):
         if row is not None:
             result.rows.append([name, *[row.get(k) for k in keys]])
     result.notes.append("ES/PS/NS/RS: whole-target NLL comparisons (x100); *_first: first tokens; unrelated_kl: mean KL")
+    result.notes.append("gen_ES/gen_PS: the greedy continuation of the prompt / paraphrases names the new target "
+                        "and not the old (x100); perplexity: of the held-out text, perplexity_change in % of the unedited")
     _render(result, False)
     return 0
 
@@ -171,5 +177,9 @@ def add_commands(sub: Any) -> None:
     ev.add_argument("vindex")
     ev.add_argument("edits", help="an edit-set JSON file (vindex_spec/EDITING.md)")
     ev.add_argument("--method", choices=METHODS, default="rome")
-    ev.add_argument("--protocols", default="single,stacked", help="single, stacked, or both (comma-separated)")
+    ev.add_argument("--protocols", default="single,stacked",
+                    help="single, stacked, sequential, or several (comma-separated)")
+    ev.add_argument("--held-out", default=None, metavar="TEXT",
+                    help="a text file whose perplexity is measured before and after (default: a shipped public-domain passage)")
+    ev.add_argument("--no-perplexity", action="store_true", help="skip the held-out perplexity (about a minute each time)")
     ev.set_defaults(func=cmd_eval_edits)

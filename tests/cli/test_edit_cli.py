@@ -63,3 +63,22 @@ def test_memit_and_eval_edits_read_an_edit_set(tiny_inference: Path, tmp_path: P
     path.write_text(json.dumps({"format": "larql-edit-set", "version": 1, "edits": [{"subject": "x"}]}))
     bad = larql("eval-edits", str(tiny_inference), str(path))
     assert bad.returncode == 1 and "fails its schema" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_eval_edits_scores_by_generation_and_held_out_perplexity(tiny_inference: Path, tmp_path: Path) -> None:
+    edits = {"format": "larql-edit-set", "version": 1, "edits": [
+        {"subject": "zeta", "prompt": "Colour of zeta", "target_new": "blue", "target_true": "red",
+         "paraphrases": ["The colour of zeta"]}]}
+    path, text = tmp_path / "edits.json", tmp_path / "held.txt"
+    path.write_text(json.dumps(edits))
+    text.write_text("The colour of omega is green, and the colour of kappa is gold. " * 4)
+    r = larql("eval-edits", str(tiny_inference), str(path), "--protocols", "stacked", "--held-out", str(text), "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    base, after = report["unedited"], report["stacked"]
+    for row in (base, after):
+        assert 0 <= row["gen_ES"] <= 100 and 0 <= row["gen_PS"] <= 100 and row["perplexity"] > 1
+    assert after["perplexity_change"] == pytest.approx(100 * (after["perplexity"] / base["perplexity"] - 1))
+    r = larql("eval-edits", str(tiny_inference), str(path), "--protocols", "stacked", "--no-perplexity")
+    assert r.returncode == 0, r.stderr
+    assert "gen_ES" in r.stdout and "perplexity_change" in r.stdout

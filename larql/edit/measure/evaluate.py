@@ -13,6 +13,9 @@ For each edit record (see `edit_set.schema.json` and vindex_spec/EDITING.md):
   accuracy (every target token the top-1, EasyEdit's "reliability");
 - magnitudes: mean probability of the whole new target on the prompt (product of its tokens);
 - GEN: the greedy continuation of the prompt (8 tokens) names the new target;
+- gen_ES / gen_PS, by generation (the "WILD" protocol, generation.py): the greedy continuation
+  (10 tokens) of the prompt / of each paraphrase names the new target and not the old object;
+- perplexity of a held-out text (perplexity.py), unedited and after the edits, when one is given;
 - unrelated prompts (a broad fixed set, `UNRELATED`): how many keep their top-1, and mean KL;
 - fluency (GE): ROME's n-gram entropy of greedy continuations of the generation prompts.
 S is the harmonic mean of ES, PS and NS. Every score is measured on prompts the edit did not optimise
@@ -39,6 +42,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from larql.edit.measure.generation import greedy_continuations, wild_hit
+from larql.edit.measure.perplexity import perplexity
 from larql.edit.measure.scoring import Scorer
 from larql.edit.methods.facts import Fact, model_prefixes
 from larql.errors import EditError
@@ -163,6 +168,8 @@ class EditScores:
     para_acc: list[float] = field(default_factory=list)
     p_new: float = 0.0
     gen: float = 0.0
+    gen_es: float = 0.0  # the prompt's greedy continuation names the new target, not the old
+    gen_ps: list[float] = field(default_factory=list)  # the same for each paraphrase
 
 
 def _paraphrases(rec: EditRecord, prefixes: Sequence[str]) -> list[str]:
@@ -187,9 +194,13 @@ def score_records(model: Model, records: Sequence[EditRecord], prefixes: Sequenc
     sc = Scorer(model)
     sc.prefetch(pair for rec in records for pair in _pairs(rec, prefixes))
     gens = model.generate_batch([model.tokenize(r.prompt) for r in records], GEN_TOKENS)
+    wild_prompts = [p for rec in records for p in [rec.prompt, *_paraphrases(rec, prefixes)]]
+    wild = iter(greedy_continuations(model, wild_prompts))
     out = []
     for rec, gen in zip(records, gens):
         s = EditScores()
+        s.gen_es = wild_hit(next(wild), rec.target_new, rec.target_true)
+        s.gen_ps = [wild_hit(next(wild), rec.target_new, rec.target_true) for _ in _paraphrases(rec, prefixes)]
         s.acc, s.p_new = _accuracy(sc, rec.prompt, rec.target_new)
         paras = _paraphrases(rec, prefixes)
         for p in paras:
@@ -271,7 +282,8 @@ def summarise(scores: Sequence[EditScores], unrelated_before: list[NDArray[np.fl
            "ES_first": _mean([s.es_first for s in scores]),
            "PS_first": _mean(per_edit("ps_first")), "NS_first": _mean(per_edit("ns_first")),
            "token_acc": _mean([s.acc for s in scores]), "para_token_acc": _mean(per_edit("para_acc")),
-           "p_new": float(np.mean([s.p_new for s in scores])), "GEN": _mean([s.gen for s in scores])}
+           "p_new": float(np.mean([s.p_new for s in scores])), "GEN": _mean([s.gen for s in scores]),
+           "gen_ES": _mean([s.gen_es for s in scores]), "gen_PS": _mean(per_edit("gen_ps"))}
     if unrelated_before is not None and unrelated_after is not None:
         kls = [kl(b, a) for b, a in zip(unrelated_before, unrelated_after)]
         out["unrelated_top1_kept"] = _mean([float(np.argmax(b) == np.argmax(a))
@@ -299,10 +311,20 @@ class EvalReport:
                 "per_edit": self.per_edit}
 
 
+def held_out_perplexity(model: Model, text: str | None, base: float | None = None) -> dict[str, float]:
+    """{"perplexity": exp(mean NLL) of `text`} (nothing without a text), and with the unedited
+    model's `base`, "perplexity_change": the edited model's change from it in percent."""
+    if text is None:
+        return {}
+    ppl = perplexity(model, text).ppl
+    return {"perplexity": ppl} | ({} if base is None else {"perplexity_change": 100.0 * (ppl / base - 1.0)})
+
+
 def evaluate(model: Model, records: Sequence[EditRecord], apply: Apply, protocols: Sequence[str] = ("single", "stacked"),
-             progress: Callable[[str], None] | None = None) -> EvalReport:
+             progress: Callable[[str], None] | None = None, held_out: str | None = None) -> EvalReport:
     """Score `records` unedited, then under each protocol. `apply(records)` edits `model` (in place,
-    e.g. through its overlay) and returns a function that undoes exactly those edits."""
+    e.g. through its overlay) and returns a function that undoes exactly those edits. With a
+    `held_out` text, its perplexity is measured unedited and after the stacked and sequential edits."""
     if not records:
         raise EditError("the edit set is empty")
     for p in protocols:
@@ -314,7 +336,8 @@ def evaluate(model: Model, records: Sequence[EditRecord], apply: Apply, protocol
     say("scoring the unedited model")
     base_scores = score_records(model, records, prefixes)
     base_unrelated = unrelated_logps(model)
-    unedited = summarise(base_scores) | {"fluency": fluency(model, gen_prompts)}
+    unedited = summarise(base_scores) | {"fluency": fluency(model, gen_prompts)} | held_out_perplexity(model, held_out)
+    base_ppl = unedited.get("perplexity")
     report = EvalReport(len(records), unedited, None, None)
     if "single" in protocols:
         scores, kls, kept, times = [], [], [], []
@@ -345,7 +368,7 @@ def evaluate(model: Model, records: Sequence[EditRecord], apply: Apply, protocol
         try:
             scores = score_records(model, records, prefixes)
             report.stacked = summarise(scores, base_unrelated, unrelated_logps(model)) | {
-                "fluency": fluency(model, gen_prompts)}
+                "fluency": fluency(model, gen_prompts)} | held_out_perplexity(model, held_out, base_ppl)
         finally:
             undo()
     if "sequential" in protocols:
@@ -359,7 +382,7 @@ def evaluate(model: Model, records: Sequence[EditRecord], apply: Apply, protocol
             report.seconds_sequential = time.perf_counter() - t0
             scores = score_records(model, records, prefixes)
             report.sequential = summarise(scores, base_unrelated, unrelated_logps(model)) | {
-                "fluency": fluency(model, gen_prompts)}
+                "fluency": fluency(model, gen_prompts)} | held_out_perplexity(model, held_out, base_ppl)
         finally:
             for undo in reversed(undos):
                 undo()

@@ -1,0 +1,56 @@
+"""Scoring an edit by the model's own greedy continuation, no teacher forcing (the "WILD" protocol):
+a prompt counts when its continuation names the new target and no longer the old object.
+
+Teacher-forced scores (ES / PS) ask whether the new target is likelier than the old one when both
+are handed to the model; a model that prefers the target by a hair may still never say it. Here the
+model writes WILD_TOKENS tokens greedily after each prompt and the text is read for the words.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from functools import lru_cache
+
+from larql.model.model import Model
+
+WILD_TOKENS = 10  # new tokens per continuation: room for a multi-token answer after a short lead-in
+BATCH = 64  # continuations stepped together (each step returns only their top-1s, no logit rows)
+
+
+def greedy_continuations(model: Model, prompts: Sequence[str], max_new_tokens: int = WILD_TOKENS,
+                         batch: int = BATCH) -> list[str]:
+    """Each prompt's greedy continuation (text of up to `max_new_tokens` new tokens; an EOS ends it),
+    `batch` prompts stepped together through `Model.next_top1_batch` (the exact argmax)."""
+    out: list[str] = []
+    eos = set(model.tokenizer.eos_ids)
+    for at in range(0, len(prompts), batch):
+        ids = [model.tokenize(p) for p in prompts[at: at + batch]]
+        caches = [model.new_cache(len(p) + max_new_tokens) for p in ids]
+        new: list[list[int]] = [[] for _ in ids]
+        running, feed = list(range(len(ids))), ids
+        for _ in range(max_new_tokens):
+            if not running:
+                break
+            tops, _ = model.next_top1_batch(feed, [caches[b] for b in running])
+            for b, tok in zip(running, tops):
+                new[b].append(int(tok))
+            running = [b for b in running if new[b][-1] not in eos]
+            feed = [[new[b][-1]] for b in running]
+        out += [model.detokenize([t for t in n if t not in eos]) for n in new]
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _word(target: str) -> re.Pattern[str]:
+    """`target` as a whole word (or phrase), any case: "Rome" is not found in "Romeo"."""
+    return re.compile(r"(?<!\w)" + re.escape(target.strip()) + r"(?!\w)", re.IGNORECASE)
+
+
+def names(text: str, target: str) -> bool:
+    return bool(target.strip()) and _word(target).search(text) is not None
+
+
+def wild_hit(text: str, target_new: str, target_true: str | None) -> float:
+    """1 if the continuation names the new target and not the old object (when there is one)."""
+    return float(names(text, target_new) and not (target_true is not None and names(text, target_true)))
