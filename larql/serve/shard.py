@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from larql.errors import ServeError
+from larql.grid.layout import parse_range
 from larql.serve.http import ServerState
 
 if TYPE_CHECKING:
@@ -15,17 +16,8 @@ if TYPE_CHECKING:
 
 
 def parse_layers(text: str, flag: str = "--layers") -> tuple[int, int]:
-    """'4-11' -> (4, 11); '7' -> (7, 7)."""
-    what = "layer" if flag == "--layers" else "expert"
-    lo, _, hi = text.partition("-")
-    try:
-        a, b = int(lo), int(hi or lo)
-    except ValueError:
-        raise ServeError(f"{flag} must be a{'n' if what == 'expert' else ''} {what} range such as 4-11, "
-                         f"got {text!r}") from None
-    if not 0 <= a <= b:
-        raise ServeError(f"{flag} {text}: the range must run upwards from {what} 0 or later")
-    return a, b
+    """'4-11' -> (4, 11); '7' -> (7, 7): `--layers` or `--experts` of an FFN server."""
+    return parse_range(text, flag, "layer" if flag == "--layers" else "expert")
 
 
 def served_model(server: ServerState) -> Model:

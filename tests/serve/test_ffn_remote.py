@@ -109,6 +109,6 @@ def test_command_line_serve_and_run(tmp_path: Path) -> None:
     assert bad.returncode == 1 and bad.stderr.strip().endswith("--layers 4-40: gemma3-270m has layers 0..17")
     for args, message in ((["--ffn-only"], "--ffn-only needs --layers A-B"),
                           (["--layers", "1-2"], "--layers goes with --ffn-only"),
-                          (["--ffn-only", "--layers", "x"], "--layers must be a layer range such as 4-11")):
+                          (["--ffn-only", "--layers", "x"], "--layers: 'x' is not a layer range such as 4-7")):
         r = run_larql("serve", "gemma3-270m", *args, "--port", "0")
         assert r.returncode == 1 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
