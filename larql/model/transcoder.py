@@ -54,7 +54,8 @@ class Transcoder(SAE):
     Example:
         >>> tc = larql.load_sae("transcoders/layer_6")
         >>> m.forward(ids, saes=[tc])                        # layer 6's MLP replaced by the transcoder
-        >>> m.run_with_cache(ids, saes=[tc], use_error_term=True)[1][f"{tc.hook_name}.hook_sae_acts_post"]
+        >>> _, cache = m.run_with_cache(ids, saes=[tc], use_error_term=True)
+        >>> cache[tc.hook_name + ".hook_sae_acts_post"]          # its feature activations
     """
 
     hook_name_out: str = ""
