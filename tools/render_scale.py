@@ -14,13 +14,20 @@ def _ratio(ours: float | None, theirs: float | None) -> str:
     return f"**{ours / theirs:.2f}x**" if ours and theirs else "—"
 
 
+def _figure(engine: dict[str, Any], key: str, digits: int) -> str:
+    """A median with its lowest and highest round in brackets: a disturbed round shows."""
+    rounds = engine.get(key.replace("_tok_s", "_rounds"), [])
+    text = f"{engine[key]:.{digits}f}"
+    return text + (f" [{min(rounds):.{digits}f}-{max(rounds):.{digits}f}]" if len(rounds) > 1 else "")
+
+
 def _speed(row: dict[str, Any], key: str, digits: int) -> str:
     s = row["speed"]
     ours, theirs = s.get("larql", {}).get(key), s.get("llama.cpp", {}).get(key)
     if ours is None:
         return "not measured"
-    text = f"{ours:.{digits}f} ({_ratio(ours, theirs)}"
-    return text + (f"; llama.cpp {theirs:.{digits}f})" if theirs else ")")
+    text = f"{_figure(s['larql'], key, digits)} ({_ratio(ours, theirs)}"
+    return text + (f"; llama.cpp {_figure(s['llama.cpp'], key, digits)})" if theirs else ")")
 
 
 def _floor(row: dict[str, Any], copy_gb_s: float) -> str:
@@ -71,6 +78,8 @@ def render_scale() -> str:
             f"llama-cpp-python {d.get('llama_cpp') or 'not installed'}; the shapes {d['quant'].upper()} by "
             f"llama.cpp's quantizer (gemma3-270m: the bundled file); bandwidth floor: the bytes one token reads "
             f"over a one-thread numpy copy's GB/s (bytes read plus written); decode "
-            f"{d['decode']} greedy tokens, medians of {d['rounds']} rounds with llama.cpp in turn. Load average "
+            f"{d['decode']} greedy tokens, medians of {d['rounds']} rounds with llama.cpp in turn, the lowest and "
+            f"highest round in brackets (llama.cpp's threads wait for each other by spinning, so one busy "
+            f"moment elsewhere costs it a whole round). Load average "
             f"during each model's runs (the machine was shared): {loads}.")
     return "\n".join(head + body) + "\n\n" + note + "\n\nSource: `benchmarks/results/scale.json`."
