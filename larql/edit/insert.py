@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from larql.edit.measure.evaluate import EVAL_PREFIX_SEED, EVAL_PREFIXES, Scorer, unrelated_logps
+from larql.edit.measure.evaluate import EVAL_PREFIX_SEED, EVAL_PREFIXES, UNRELATED, Scorer, unrelated_logps
+from larql.edit.measure.features import FeatureShift, feature_shift, last_token_features, with_tokens
 from larql.edit.methods.defaults import METHODS, N_NEIGHBOURS, default_method
 from larql.edit.methods.facts import Fact, model_prefixes
 from larql.edit.methods.relations import RelationCheck, known_edges, known_relations, recheck
@@ -32,6 +33,7 @@ from larql.edit.state.edited import EditTarget
 from larql.errors import EditError
 from larql.model.grad import require_backward
 from larql.model.interp import kl
+from larql.model.sae import SAE
 from larql.vindex.tokens import Edge
 
 
@@ -60,6 +62,7 @@ class InsertReport:
     notes: list[str] = field(default_factory=list)
     plan: WeightEditPlan | None = None
     relations: list[RelationCheck] = field(default_factory=list)  # the subjects' other relations, before and after
+    features: list[FeatureShift] = field(default_factory=list)  # the edit seen through each SAE given
 
     @property
     def relations_kept(self) -> int:
@@ -93,7 +96,7 @@ def insert_facts(v: EditTarget, facts: Sequence[Fact], method: str | None = None
                  measure: bool = True, decoys: Sequence[str] | None = None,
                  n_neighbours: int = N_NEIGHBOURS, exclude: Collection[str] = (),
                  stats_tokens: int | None = None, hold_objects: bool = True,
-                 hold_relations: bool = True, key_on: str = "subject") -> InsertReport:
+                 hold_relations: bool = True, key_on: str = "subject", saes: Sequence[SAE] = ()) -> InsertReport:
     """Teach `facts` to the vindex's model through its overlay (recorded on its patch stack, all or
     nothing) and measure the result on held-out prompts.
 
@@ -102,7 +105,9 @@ def insert_facts(v: EditTarget, facts: Sequence[Fact], method: str | None = None
     by key statistics over `stats_tokens` tokens (default `stats.token_budget`), and with
     `hold_objects` the keys of what the model says each subject relates to (`known_objects_many`).
     `key_on="query"` keys METHOD NEURON's neurons for subjects the model knows on the fact's question
-    (edit/methods/query_neuron.py), on models with a measured query layer."""
+    (edit/methods/query_neuron.py), on models with a measured query layer. With `saes` (SAEs or
+    transcoders that fit the model), the report also reads their features on the edited prompts and on
+    the unrelated ones, before and after (`measure/features.py`)."""
     method = method or default_method(v.index["model"])
     if method not in METHODS:
         raise EditError(f"unknown edit method {method!r} (one of {', '.join(METHODS)})")
@@ -144,6 +149,9 @@ def insert_facts(v: EditTarget, facts: Sequence[Fact], method: str | None = None
         sibling_before = {f: _probe(sc, [s], f.target)[1] for f, s in siblings.items()}
         unrelated_before = unrelated_logps(model)
         relations_before = known_relations(model, facts, probed())
+        edited_prompts = list(dict.fromkeys(f.prompt for f in facts))
+        features_before = (last_token_features(model, saes, edited_prompts),
+                           last_token_features(model, saes, UNRELATED)) if saes else None
     recorded = len(v.patches.pending)
     request = EditRequest(v, model, list(facts), method, layers, progress, decoys, n_neighbours, exclude, stats_tokens,
                           hold_objects, hold_relations, probed, key_on)
@@ -168,6 +176,12 @@ def insert_facts(v: EditTarget, facts: Sequence[Fact], method: str | None = None
     report.unrelated_kept = sum(int(np.argmax(b) == np.argmax(a)) for b, a in zip(unrelated_before, after))
     report.unrelated_total, report.unrelated_kl = len(after), float(np.mean(kls))
     report.relations = recheck(model, relations_before)
+    if features_before is not None:
+        edited_after = last_token_features(model, saes, edited_prompts)
+        unrelated_after = last_token_features(model, saes, UNRELATED)
+        report.features = [with_tokens(model, s, feature_shift(
+            s.hook_name, features_before[0][s.hook_name], edited_after[s.hook_name],
+            features_before[1][s.hook_name], unrelated_after[s.hook_name])) for s in saes]
     moved = [c for c in report.relations if not c.kept]
     if moved:
         report.notes.append("other relations of the subject that moved: " + "; ".join(

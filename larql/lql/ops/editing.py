@@ -3,8 +3,10 @@ files) and are recorded on its patch stack until SAVE PATCH writes them out."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from larql.edit.measure.features import TOP_K, FeatureChange, FeatureShift
 from larql.edit.methods import feature as feature_method
 from larql.edit.patches.overlay import MetaOverride
 from larql.edit.patches.patch import PatchOp
@@ -86,13 +88,15 @@ def _insert_facts(stmt: ast.InsertStmt, session: Session, result: Result, run: P
     for row in rows:
         prompt = row.get("prompt") or feature_method.relation_prompt(row["entity"], row["relation"])
         facts.append(Fact(row["entity"], prompt, row["target"], row["relation"], key=row.get("key") or None))
-    r = insert_facts(v, facts, method, layers, progress=session.progress)
-    insert_result(r, result)
+    r = insert_facts(v, facts, method, layers, progress=session.progress,
+                     saes=[a.sae for a in session.saes.values()])
+    insert_result(r, result, {h: a.labels for h, a in session.saes.items()})
     recording_note(v, result)
 
 
-def insert_result(r: InsertReport, result: Result) -> None:
-    """The table an INSERT of facts shows (LQL and `larql edit` / `larql memit`)."""
+def insert_result(r: InsertReport, result: Result, labels: Mapping[str, Mapping[int, str]] | None = None) -> None:
+    """The table an INSERT of facts shows (LQL and `larql edit` / `larql memit`); `labels`: per SAE
+    hook, its features' labels (USE SAE ... LABELS) for the feature-level notes."""
     facts = r.facts
     method = r.method
     how = {"rome": "ROME weight edit", "memit": "MEMIT weight edit (one joint solve)", "feature": "feature insert",
@@ -111,9 +115,28 @@ def insert_result(r: InsertReport, result: Result) -> None:
                             + ", ".join(f"{c.subject} {c.relation} {c.before}"
                                         + ("" if c.kept else f" -> {c.after or '?'}") for c in r.relations[:8])
                             + (", ..." if len(r.relations) > 8 else "") + ")")
+    result.notes += [feature_note(f, (labels or {}).get(f.hook, {})) for f in r.features]
     result.notes.append("held out: the prompt behind model-written prefixes the edit never saw; p is the whole "
                         "target's probability (every token)")
     result.notes += r.notes
+
+
+def feature_note(f: FeatureShift, labels: Mapping[int, str]) -> str:
+    """One SAE's line of an INSERT's notes: the features that rose and fell on the edited prompts, and
+    how much of the unrelated prompts' strongest features stayed."""
+    if f.edited_change == 0 and f.unrelated_change == 0:
+        return f"SAE features at {f.hook}: unchanged (the hook point reads the model before the edit's layers)"
+
+    def named(c: FeatureChange) -> str:
+        name = labels.get(c.feature) or (" ".join(repr(t) for t in c.tokens) if c.tokens else "")
+        return f"{c.feature}{f' ({name})' if name else ''} {c.before:.2f} -> {c.after:.2f}"
+
+    parts = [f"rose {', '.join(map(named, f.rose))}" if f.rose else "", f"fell {', '.join(map(named, f.fell))}"
+             if f.fell else ""]
+    moved = "; ".join(p for p in parts if p)
+    return (f"SAE features at {f.hook} on the edited prompts: {moved or 'none moved'} (activations changed "
+            f"{100 * f.edited_change:.1f}% of their size); unrelated prompts keep {100 * f.unrelated_kept:.0f}% of "
+            f"their top-{TOP_K} features (activations changed {100 * f.unrelated_change:.1f}%)")
 
 
 def _slots(stmt: ast.DeleteStmt | ast.UpdateStmt, session: Session, run: PlanRun) -> list[tuple[int, int]]:
