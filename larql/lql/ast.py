@@ -136,6 +136,17 @@ class SaeFeaturesStmt(Statement):
 
 
 @dataclass(frozen=True)
+class SaeFeatureStmt(Statement):
+    """SAE ["sae"] FEATURE n [TOP k]: where one feature fires most in larql's statistics corpus (the
+    SAE by its USE SAE path or hook point; None: the one attached)."""
+
+    sae: str | None
+    feature: int
+    top: int | None = None
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
 class ShowSaesStmt(Statement):
     span: Span = _span()
 

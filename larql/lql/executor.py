@@ -33,7 +33,7 @@ HANDLERS: dict[type, Callable[..., None]] = {
     ast.MergeStmt: maintenance.merge_stmt, ast.RebalanceStmt: maintenance.rebalance_stmt,
     ast.CompactStmt: maintenance.compact_stmt, ast.ShowCompactStatusStmt: maintenance.show_compact_status,
     ast.UseSaeStmt: sae.use_sae, ast.ShowSaesStmt: sae.show_saes, ast.DropSaeStmt: sae.drop_sae,
-    ast.SaeFeaturesStmt: sae.sae_features,
+    ast.SaeFeaturesStmt: sae.sae_features, ast.SaeFeatureStmt: sae.sae_feature,
 }
 
 

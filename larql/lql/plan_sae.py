@@ -1,9 +1,10 @@
-"""The plans of USE SAE, SHOW SAES, DROP SAE and FEATURES, and the SAE steps EXPLAIN INFER, DESCRIBE
+"""The plans of USE SAE, SHOW SAES, DROP SAE, FEATURES and SAE FEATURE, and the SAE steps EXPLAIN INFER, DESCRIBE
 and INFER ... STEER add when SAEs are attached (an attached SAE is read beside the model: the
 model's outputs stay its own, unless INFER steers by one of its features)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from larql.errors import LqlSemanticError
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
 
 # what EXPLAIN INFER and DESCRIBE show of each attached SAE without TOP: features, tokens per feature
 SAE_DEFAULTS = {"explain_infer_features": 5, "describe_features": 5, "features_per_position": 3,
-                "feature_tokens": 3}
+                "feature_tokens": 3, "feature_examples": 10, "corpus_tokens": 2048}
 
 
 def use_sae_steps(stmt: ast.UseSaeStmt, session: Session) -> list[Step]:
@@ -74,25 +75,51 @@ def steer_step(stmt: ast.InferStmt, session: Session) -> list[Step]:
     if stmt.compare:
         raise error("INFER ... STEER takes no COMPARE: COMPARE sets the walk FFN against the dense one",
                     "run the two apart")
+    hook = pick_sae(session, steer.sae, steer.feature, "STEER",
+                    lambda h: f'INFER "..." STEER "{h}" FEATURE {steer.feature} BY {steer.scale:g}', error)
+    return [Step("steer", f"{steer.scale:+g} x feature {steer.feature}'s decoder row at {hook}, every position",
+                 {"hook": hook, "feature": steer.feature, "scale": steer.scale})]
+
+
+def pick_sae(session: Session, name: str | None, feature: int, what: str, example: Callable[[str], str],
+             error: Callable[[str, str], LqlSemanticError]) -> str:
+    """The hook of the attached SAE a statement's feature belongs to: the one `name` names (its USE SAE
+    path or hook point), or the only one attached; `error(message, hint)` for none, several, or a
+    feature out of its range; `example(hook)`: the statement spelled with an SAE named."""
     named = ", ".join(f'"{h}"' for h in session.saes)
-    if steer.sae is not None:
-        hook = find_sae(session, steer.sae)
+    if name is not None:
+        hook = find_sae(session, name)
         if hook is None:
-            raise error(f'no SAE "{steer.sae}" is attached (attached: {named or "none"})',
+            raise error(f'no SAE "{name}" is attached (attached: {named or "none"})',
                         "name it by its USE SAE path or its hook point; SHOW SAES lists them")
     elif len(session.saes) == 1:
         hook = next(iter(session.saes))
     else:
-        raise error("STEER needs an attached SAE: USE SAE \"dir\" first" if not session.saes else
-                    f"STEER: several SAEs are attached ({named}); name the one to steer by",
-                    f'e.g. INFER "..." STEER {next(iter(session.saes), "blocks.6.hook_resid_post")!r} FEATURE '
-                    f"{steer.feature} BY {steer.scale:g}".replace("'", '"'))
+        raise error(f"{what} needs an attached SAE: USE SAE \"dir\" first" if not session.saes else
+                    f"{what}: several SAEs are attached ({named}); name the one to read",
+                    "e.g. " + example(next(iter(session.saes), "blocks.6.hook_resid_post")))
     d_sae = session.saes[hook].sae.d_sae
-    if steer.feature >= d_sae:
-        raise error(f"feature {steer.feature} is out of range: the SAE at {hook} has features 0-{d_sae - 1}",
+    if feature >= d_sae:
+        raise error(f"feature {feature} is out of range: the SAE at {hook} has features 0-{d_sae - 1}",
                     "SHOW SAES lists each SAE's d_sae")
-    return [Step("steer", f"{steer.scale:+g} x feature {steer.feature}'s decoder row at {hook}, every position",
-                 {"hook": hook, "feature": steer.feature, "scale": steer.scale})]
+    return hook
+
+
+def sae_feature_steps(stmt: ast.SaeFeatureStmt, session: Session) -> list[Step]:
+    """SAE FEATURE's plan: the SAE read over larql's statistics corpus, the contexts where the feature
+    fires most."""
+    def error(message: str, hint: str) -> LqlSemanticError:
+        return LqlSemanticError(message, session.source, stmt.span.line, stmt.span.column, hint)
+
+    hook = pick_sae(session, stmt.sae, stmt.feature, "SAE FEATURE",
+                    lambda h: f'SAE "{h}" FEATURE {stmt.feature}', error)
+    k = stmt.top or SAE_DEFAULTS["feature_examples"]
+    return [Step("read_corpus", f"{SAE_DEFAULTS['corpus_tokens']} tokens of larql's statistics corpus",
+                 {"tokens": SAE_DEFAULTS["corpus_tokens"]}),
+            Step("feature_examples", f"{hook} (error term added back): feature {stmt.feature}'s {k} strongest "
+                                     f"activations, each in its context; its label and the "
+                                     f"{SAE_DEFAULTS['feature_tokens']} tokens it writes",
+                 {"hook": hook, "feature": stmt.feature, "k": k, "n_tokens": SAE_DEFAULTS["feature_tokens"]})]
 
 
 def find_sae(session: Session, target: str) -> str | None:

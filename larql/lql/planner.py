@@ -31,6 +31,7 @@ from larql.lql.plan_sae import (
     describe_sae_step,
     drop_sae_steps,
     explain_sae_step,
+    sae_feature_steps,
     sae_features_steps,
     show_saes_steps,
     steer_step,
@@ -164,7 +165,8 @@ NEEDS_WEIGHTS = {ast.InsertStmt: ("INSERT", "extract it WITH INFERENCE: the fact
                                                   "by running the model")}
 # statements that run the model: a USE MODEL session needs no vindex, a browse-level vindex cannot run them
 RUNS_MODEL = {ast.InferStmt: "INFER", ast.TraceStmt: "TRACE", ast.ExplainInferStmt: "EXPLAIN INFER",
-              ast.CrownStmt: "CROWN", ast.UseSaeStmt: "USE SAE", ast.SaeFeaturesStmt: "FEATURES"}
+              ast.CrownStmt: "CROWN", ast.UseSaeStmt: "USE SAE", ast.SaeFeaturesStmt: "FEATURES",
+              ast.SaeFeatureStmt: "SAE FEATURE"}
 # the defaults statements take when a clause is left out, one place for each
 DEFAULTS = {"infer_top": 5, "select_limit": 20, "select_entities_limit": 50, "show_entities_limit": 50,
             "show_relations_limit": 30, "show_relations_verbose_limit": 50, "diff_limit": 20,
@@ -503,7 +505,7 @@ STEPS: dict[type, StepsFn] = {
     ast.DeleteStmt: _delete_or_update, ast.UpdateStmt: _delete_or_update,
     ast.CompileStmt: _compile_steps, ast.DiffStmt: _diff,
     ast.UseSaeStmt: use_sae_steps, ast.ShowSaesStmt: show_saes_steps, ast.DropSaeStmt: drop_sae_steps,
-    ast.SaeFeaturesStmt: sae_features_steps,
+    ast.SaeFeaturesStmt: sae_features_steps, ast.SaeFeatureStmt: sae_feature_steps,
     **dict.fromkeys((ast.MergeStmt, ast.RebalanceStmt, ast.CompactStmt, ast.ShowCompactStatusStmt), _maintenance),
     **dict.fromkeys(PATCH_STEPS, _patch),
 }

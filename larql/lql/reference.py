@@ -30,6 +30,9 @@ STATEMENTS: tuple[StatementHelp, ...] = (
     StatementHelp("FEATURES", 'FEATURES "prompt" [AT LAYER n] [TOP k] [POSITIONS {LAST | ALL}]',
                   'FEATURES "The capital of France is" TOP 3;',
                   "the attached SAEs' strongest features at each position of the prompt, with the tokens each writes"),
+    StatementHelp("SAE FEATURE", 'SAE ["dir" | "hook"] FEATURE n [TOP k]', "SAE FEATURE 123 TOP 5;",
+                  "where one feature of an attached SAE fires most in larql's statistics corpus: each context "
+                  "with its activation, and the feature's label and the tokens it writes"),
     StatementHelp("SHOW SAES", "SHOW SAES", "SHOW SAES;", "the SAEs and transcoders attached: hook point, kind, the hook point it writes, layer, architecture, width"),
     StatementHelp("DROP SAE", 'DROP SAE {"dir" | "hook"} | DROP SAES', 'DROP SAE "saes/blocks.6.hook_resid_post";',
                   "detach an SAE (by its USE SAE path or its hook point), or every one"),

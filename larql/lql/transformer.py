@@ -407,6 +407,13 @@ class ToAst(Transformer):
                                    span=_span(meta))
 
     @v_args(meta=True)
+    def sae_feature(self, meta: Meta, children: list[Any]) -> ast.SaeFeatureStmt:
+        strings = self._strings(children)
+        o = self._options(children, "SAE FEATURE")
+        return ast.SaeFeatureStmt(strings[0] if strings else None, self._ints(children)[0], o.get("top"),
+                                  span=_span(meta))
+
+    @v_args(meta=True)
     def show_saes(self, meta: Meta, children: list[Any]) -> ast.ShowSaesStmt:
         return ast.ShowSaesStmt(span=_span(meta))
 

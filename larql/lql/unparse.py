@@ -193,6 +193,8 @@ UNPARSERS: dict[type, Callable[..., str]] = {
     ast.SaeFeaturesStmt: lambda s: _join(f"FEATURES {q(s.prompt)}", (s.layer is not None and f"AT LAYER {s.layer}") or None,
                                          (s.top is not None and f"TOP {s.top}") or None,
                                          s.positions and "POSITIONS " + s.positions.upper()),
+    ast.SaeFeatureStmt: lambda s: _join("SAE", (s.sae is not None and q(s.sae)) or None, f"FEATURE {s.feature}",
+                                        (s.top is not None and f"TOP {s.top}") or None),
     ast.DropSaeStmt: lambda s: f"DROP SAE {q(s.target)}" if s.target is not None else "DROP SAES",
     ast.PipeStmt: lambda s: " |> ".join(unparse(x) for x in s.stages),
 }

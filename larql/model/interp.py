@@ -20,6 +20,7 @@ from larql.model.generate import log_softmax
 from larql.model.hooks import Replace, hook_name
 from larql.model.sae import SAE
 from larql.model.targets import first_target_token, target_token_ids
+from larql.model.transcoder import Transcoder, mlp_layer
 
 __all__ = ["AttentionPatterns", "FeatureActivation", "attention_patterns", "attribution", "copy_kv", "direct_logit_attribution", "embedding_neighbours", "feature_top_tokens", "first_target_token", "kl", "layer_attribution", "layer_deltas", "log_softmax", "logit_attribution", "logit_lens", "patch_activation", "patching_sweep", "rank_of", "residual_hook_names", "sae_activations", "steering_vector", "target_token_ids", "token_trajectory", "top_features", "top_tokens"]
 
@@ -182,6 +183,50 @@ def top_features(m: Model, sae: SAE, acts: F32, k: int, position: int | None = -
         tokens = feature_top_tokens(m, sae, int(f), n_tokens) if sae.d_out == m.config.hidden and n_tokens else []
         out.append(FeatureActivation(sae.hook_name, position, int(f), float(acts[f]), tuple(tokens)))
     return out
+
+
+@dataclass(frozen=True)
+class FeatureExample:
+    """Where a feature fired on a text: the text's index, the position, the activation there, and the
+    token at that position with the tokens before it."""
+
+    text: int
+    position: int
+    activation: float
+    token: str
+    before: str
+
+
+def sae_inputs(m: Model, sae: SAE, texts: Sequence[list[int]]) -> list[F32]:
+    """What `sae` encodes at every position of each text `(T, d_in)`, from one packed pass that stops
+    at its layer: its hook point's activations, or a transcoder's MLP input (the normed hook_resid_mid)."""
+    if isinstance(sae, Transcoder):
+        layer = mlp_layer(sae)
+        mid = f"blocks.{layer}.hook_resid_mid"
+        lw = m.weights.layers[layer]
+        return [norm(m.config, got[mid], lw.ffn_norm, lw.ffn_norm_bias)
+                for got in m.capture_batch([list(t) for t in texts], [mid])]
+    h = hook_name(sae.hook_name, m.config.n_layers, m.config.n_experts)
+    if h.layer is None or h.kind.startswith("attn."):  # a point the packed pass does not offer
+        return [m.run_with_cache(list(t), names=[sae.hook_name])[1][sae.hook_name] for t in texts]
+    return [got[sae.hook_name] for got in m.capture_batch([list(t) for t in texts], [sae.hook_name])]
+
+
+def feature_examples(m: Model, sae: SAE, feature: int, texts: Sequence[list[int]], k: int = 10,
+                     context: int = 8) -> list[FeatureExample]:
+    """The k positions over `texts` (token id lists) where SAE feature `feature` fires most (above 0;
+    ties to the earlier text and position), each with up to `context` tokens before it. BOS is left
+    out: the attention sink's activations are far larger than any token's and the same in every text."""
+    if not 0 <= feature < sae.d_sae:
+        raise ModelError(f"{sae}: feature {feature} is out of range (0-{sae.d_sae - 1})")
+    bos = m.tokenizer.bos_id
+    found: list[tuple[float, int, int]] = []
+    for i, x in enumerate(sae_inputs(m, sae, texts)):
+        acts = sae.encode(x)[:, feature]  # (T,)
+        found += [(float(a), i, p) for p, a in enumerate(acts) if a > 0 and texts[i][p] != bos]
+    found.sort(key=lambda x: (-x[0], x[1], x[2]))
+    return [FeatureExample(i, p, a, m.detokenize([texts[i][p]]), m.detokenize(list(texts[i][max(0, p - context): p])))
+            for a, i, p in found[:k]]
 
 
 def embedding_neighbours(m: Model, vector: F32, k: int = 10) -> list[tuple[int, float]]:

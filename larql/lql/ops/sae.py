@@ -1,8 +1,9 @@
 """USE SAE, SHOW SAES and DROP SAE: the SAEs attached to the session; FEATURES: their features
-position by position (ops/sae_rows.py makes the rows, EXPLAIN INFER's and DESCRIBE's too)."""
+position by position; SAE FEATURE: where one feature fires most in a corpus (ops/sae_rows.py makes the rows, EXPLAIN INFER's and DESCRIBE's too)."""
 
 from __future__ import annotations
 
+from larql.edit.methods.stats import corpus_chunks
 from larql.errors import ModelError
 from larql.lql import ast
 from larql.lql.ops.inference import model_of
@@ -11,7 +12,7 @@ from larql.lql.plan import PlanRun
 from larql.lql.result import Result
 from larql.lql.session import AttachedSae, Session
 from larql.model.hooks import hook_name
-from larql.model.interp import sae_activations, top_features
+from larql.model.interp import feature_examples, feature_top_tokens, sae_activations, top_features
 from larql.model.sae import check_saes
 from larql.model.sae_labels import load_feature_labels
 from larql.model.sae_load import load_sae
@@ -89,6 +90,28 @@ def sae_features(stmt: ast.SaeFeaturesStmt, session: Session, result: Result, ru
                 result.rows.append([p, text(ids[p]), a.layer, f, act, top, more, label])
     if len(read) > 1:
         result.notes.append("SAEs in the order attached: " + ", ".join(a.sae.hook_name for a in read))
+
+
+def sae_feature(stmt: ast.SaeFeatureStmt, session: Session, result: Result, run: PlanRun) -> None:
+    m = model_of(session, stmt)
+    chunks = corpus_chunks(m, run.take("read_corpus")["tokens"])
+    step = run.take("feature_examples")
+    a = session.saes[step["hook"]]
+    feature = step["feature"]
+    examples = feature_examples(m, a.sae, feature, chunks, step["k"])
+    result.title = f"Where feature {feature} of {a.sae.hook_name} fires most"
+    result.columns = ["rank", "activation", "token", "context"]
+    result.rows = [[i + 1, e.activation, e.token, f"{e.before}[{e.token}]".replace("\n", "\\n")]
+                   for i, e in enumerate(examples)]
+    label = a.labels.get(feature)
+    if label:
+        result.notes.append(f"label: {label}")
+    if a.sae.d_out == m.config.hidden:
+        writes = feature_top_tokens(m, a.sae, feature, step["n_tokens"])
+        result.notes.append("writes: " + ", ".join(repr(m.detokenize([t])) for t, _ in writes))
+    total = sum(len(c) for c in chunks)
+    result.notes.append(f"read over {total:,} tokens of larql's statistics corpus"
+                        + ("" if examples else "; the feature never fired there"))
 
 
 def detach_all(session: Session, result: Result) -> None:

@@ -122,7 +122,7 @@ def test_plans_are_golden(vx: Path, vxi: Path, update_golden: bool) -> None:
     sae_texts = ['EXPLAIN INFER "x" LAYERS 1-2', 'EXPLAIN INFER "x" TOP 2', 'DESCRIBE "France"',
                  'DESCRIBE "France" AT LAYER 1', 'DROP SAE "saes/l1"', 'DROP SAE "blocks.1.hook_resid_post"',
                  'INFER "x" TOP 3 STEER FEATURE 2 BY 40', 'FEATURES "The capital" TOP 2',
-                 'FEATURES "x" AT LAYER 1 POSITIONS LAST']
+                 'FEATURES "x" AT LAYER 1 POSITIONS LAST', 'SAE FEATURE 3 TOP 5']
     got = "\n".join([plan(parse(t)[0], session).to_text() for t in texts]
                     + [plan(parse(t)[0], with_weights).to_text() for t in weights]
                     + [plan(parse(t)[0], with_sae).to_text() for t in sae_texts]) + "\n"
@@ -151,4 +151,4 @@ def test_every_statement_kind_has_a_golden_plan() -> None:
             for sub in tree.children:
                 seen |= {sub.data} if sub.data != "pipe" else {c.data for c in sub.children}
     assert kinds - seen == set(), f"statement kinds without a golden plan: {sorted(kinds - seen)}"
-    assert len(kinds) == 38  # a new statement kind: add its golden plan above
+    assert len(kinds) == 39  # a new statement kind: add its golden plan above

@@ -43,7 +43,7 @@ def _script(vx: Path, vxi: Path) -> list[str]:
         "SELECT * FROM ENTITIES LIMIT 3", "SHOW LAYERS 0-1", "SHOW FEATURES 2 LIMIT 4", "SHOW ENTITIES AT LAYER 1",
         "SHOW RELATIONS", 'INFER "The colour of zeta is" TOP 3', 'INFER "x" TOP 3 COMPARE',
         'EXPLAIN INFER "x" LAYERS 1-2 VERBOSE TOP 4 WITH ATTENTION', 'USE SAE "sae" AT LAYER 1', "SHOW SAES",
-        'EXPLAIN INFER "x" LAYERS 1-2 WITH ATTENTION', 'FEATURES "x y" TOP 2', 'DROP SAE "sae"', 'TRACE "x"',
+        'EXPLAIN INFER "x" LAYERS 1-2 WITH ATTENTION', 'FEATURES "x y" TOP 2', 'SAE FEATURE 1 TOP 2', 'DROP SAE "sae"', 'TRACE "x"',
         'TRACE "x" FOR "blue" LAYERS 0-2 POSITIONS ALL', 'TRACE "x" DECOMPOSE', 'TRACE "x" POSITIONS ALL SAVE "t.trace"',
         'CROWN "The colour of zeta is" FOR "blue" SUBJECT "zeta"', 'BEGIN PATCH "p.vlp"',
         f"INSERT INTO EDGES (entity, relation, target) VALUES {row} AT LAYER 2 METHOD FEATURE",

@@ -300,3 +300,31 @@ def test_a_transcoder_attaches_lists_and_shows_its_features(s: Session, tmp_path
     assert f.rows[0][3] == int(np.argmax(acts[-1])) and f.rows[0][4] == pytest.approx(acts[-1].max(), rel=1e-4)
     execute(f'DROP SAE "{path}"', s)
     assert s.saes == {}
+
+
+def test_sae_feature_lists_where_the_feature_fires_most_in_the_corpus(
+        s: Session, known: tuple[Path, dict[str, np.ndarray], np.ndarray]) -> None:
+    from larql.edit.methods.stats import corpus_chunks
+    from larql.lql.plan_sae import SAE_DEFAULTS
+
+    path, t, _ = known
+    for text in ("SAE FEATURE 3 TOP 4", f'sae "{path}" feature 0'):
+        (stmt,) = parse(text)
+        assert parse(unparse(stmt)) == [stmt]
+    with pytest.raises(LqlSemanticError, match='SAE FEATURE needs an attached SAE: USE SAE "dir" first'):
+        execute("SAE FEATURE 0", s)
+    execute(f'USE SAE "{path}"', s)
+    with pytest.raises(LqlSemanticError, match="feature 24 is out of range: the SAE at "):
+        execute("SAE FEATURE 24", s)
+    (r,) = execute("SAE FEATURE 1 TOP 4", s)
+    m = s.vindex.model()  # type: ignore[union-attr]
+    chunks = corpus_chunks(m, SAE_DEFAULTS["corpus_tokens"])
+    # float64 from SAELens' equations on the model's own activations at every corpus position
+    acts = [encode64(t, m.run_with_cache(c, names=[HOOK])[1][HOOK])[:, 1] for c in chunks]
+    flat = sorted(((a, i, p) for i, row in enumerate(acts) for p, a in enumerate(row) if a > 0),
+                  key=lambda x: (-x[0], x[1], x[2]))[:4]
+    assert [row[0] for row in r.rows] == [1, 2, 3, 4]
+    assert np.allclose([row[1] for row in r.rows], [a for a, _, _ in flat], rtol=1e-4, atol=1e-5)
+    assert [row[2] for row in r.rows] == [m.detokenize([chunks[i][p]]) for _, i, p in flat]
+    assert all(row[3].endswith(f"[{row[2]}]") for row in r.rows)
+    assert any(n.startswith("writes: ") for n in r.notes) and any("statistics corpus" in n for n in r.notes)
