@@ -1,8 +1,8 @@
 """The CPU tier the int8 kernels are built for, chosen once at import:
 
     avx512vnni   vpdpbusd / vpdpwssd (AVX-512 VNNI, with AVX-512 VL for the 256-bit forms): every int8 pass
-    avx2         vpmaddubsw + vpmaddwd: extraction's down_meta pass and greedy decode's tiled candidate
-                 pass; the other passes (the row candidate pass, the editing top-k, the gate KNN)
+    avx2         vpmaddubsw + vpmaddwd: extraction's down_meta pass, greedy decode's tiled candidate
+                 pass and the gate KNN; the other passes (the row candidate pass, the editing top-k)
                  take their float32 form
     float32      no int8 pass: the float32 forms, with the same answers
 

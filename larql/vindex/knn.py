@@ -11,7 +11,8 @@ At Gemma-3-4B shapes (10,240 x 2,560 f16) that reads 26 MB instead of two scans 
 AVX-512 VNNI the scores are integer dot products: the query too is quantized (per 32 values a
 scale, two int8 digits per value held as an int16, so its rounding error, a third term of e, is
 ~1/50 of the row's) and vpdpwssd multiplies it by the int8 rows (approx_bounds has the bound's
-derivation); without VNNI the int8 codes are widened to float32 and multiplied by q.
+derivation); AVX2 forms the same int32 sums with vpmaddwd; on the float32 tier the int8 codes are
+widened to float32 and multiplied by q.
 
 A process that only browses keeps faiss, so that opening a vindex and a KNN load no numba (the
 cold start, tests/test_facade.py): faiss's flat inner-product index returns the largest scores;
@@ -87,11 +88,13 @@ def build_int8(gates: NDArray[np.floating]) -> Int8Gates:
     return Int8Gates(codes, scales, err, absmax, gnorm)
 
 
-def approx_bounds(index: Int8Gates, q: NDArray[np.float32], vnni: bool | None = None) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+def approx_bounds(index: Int8Gates, q: NDArray[np.float32],
+                  tier: str | None = None) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """(lo, hi) per feature: |approx| -/+ a bound on |approx - F|, F the float32 score the rescoring
     computes from the stored row (so lo <= |F| <= hi). q: `(hidden,)` float32, finite.
 
-    int8 x int16 (`vnni`, default: the CPU has AVX-512 VNNI; vpdpwssd): with g the stored row, g^ =
+    int8 x int16 (`tier` "avx512vnni", vpdpwssd, or "avx2", vpmaddwd: the same sums, so the same lo
+    and hi; default: the tier larql runs, `isa.TIER`): with g the stored row, g^ =
     c * s its int8 copy, q^ the query in two int8 digits per value held as one int16 (per 32 values
     a scale, knn_kernels.quantize_query) and A the pass's score (every block's int32 dot exact, times the
     query block's scale, summed in float32 over 4 x 8 lanes and n_b = hp/32 blocks, each term
@@ -109,7 +112,7 @@ def approx_bounds(index: Int8Gates, q: NDArray[np.float32], vnni: bool | None = 
     on its own. With q^ off q by ~1/512 of a block's scale per value, the second term is ~1/50 of
     the first, and the bound is narrower than the int8 x float32 pass's (below): fewer rows rescored.
 
-    int8 x float32 (no VNNI, or a query too large or not finite): A = s * sum_j c_j q_j in float32,
+    int8 x float32 (the float32 tier, or a query too large or not finite): A = s * sum_j c_j q_j in float32,
     whose summation error and the rescoring's are within h 2^-21 max|g^| ||q||_1 (8x the worst of
     one), plus the first term above."""
     from larql.vindex import knn_kernels
@@ -119,25 +122,27 @@ def approx_bounds(index: Int8Gates, q: NDArray[np.float32], vnni: bool | None = 
     qp[:len(q)] = q
     q_l1, q_l2 = float(np.abs(q).sum(dtype=np.float64)), float(np.linalg.norm(q.astype(np.float64)))
     lo, hi = np.empty(n), np.empty(n)
-    if (knn_kernels.HAVE_VNNI if vnni is None else vnni) and q_l1 < 2.0 ** 100:  # finite, no float32 overflow
+    tier = knn_kernels.TIER if tier is None else tier
+    if tier in ("avx512vnni", "avx2") and q_l1 < 2.0 ** 100:  # finite, no float32 overflow
         nb = hp // 32
         q16, dq = np.empty(hp, np.int16), np.empty(nb, np.float32)
         q_err, q_hat = knn_kernels.quantize_query(qp, q16, dq)
         q_term = q_err + 1.01 * (nb + 16) * 2.0 ** -24 * q_hat
-        knn_kernels.vnni_bounds(index.codes, index.scales, index.err, index.gnorm, q16, dq, q_l2, q_term,
-                                q_l2 * hp * 2.0 ** -23, (16 * nb + 32) * 2.0 ** -150, lo, hi)
+        bounds = knn_kernels.vnni_bounds if tier == "avx512vnni" else knn_kernels.avx2_bounds
+        bounds(index.codes, index.scales, index.err, index.gnorm, q16, dq, q_l2, q_term,
+               q_l2 * hp * 2.0 ** -23, (16 * nb + 32) * 2.0 ** -150, lo, hi)
     else:
         knn_kernels.int8_bounds(index.codes, index.scales, index.err, index.absmax, qp, q_l2, q_l1 * hp * 2.0 ** -21, lo, hi)
     return lo, hi
 
 
 def top_abs(gates: NDArray[np.floating], index: Int8Gates, q: NDArray[np.float32], k: int,
-            vnni: bool | None = None) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-    """(feature ids, exact float32 scores) of at least the k largest |gate . q|, unsorted; `vnni`:
-    approx_bounds's (None: whether the CPU has AVX-512 VNNI)."""
+            tier: str | None = None) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    """(feature ids, exact float32 scores) of at least the k largest |gate . q|, unsorted; `tier`:
+    approx_bounds's (None: the tier larql runs)."""
     from larql.vindex import knn_kernels
     n = index.codes.shape[0]
-    lo, hi = approx_bounds(index, q, vnni)
+    lo, hi = approx_bounds(index, q, tier)
     if k >= n:
         cand = np.arange(n)
     else:

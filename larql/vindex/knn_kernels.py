@@ -1,6 +1,7 @@
 """The gate KNN's numba kernels (knn.py): int8 rows with their error terms, the bounded int8 pass
-(int8 x int16 with AVX-512 VNNI, or int8 x float32 without), exact rescoring of f16 rows. A module of
-its own so that opening a vindex loads no numba."""
+(int8 x int16 with AVX-512 VNNI's vpdpwssd or AVX2's vpmaddwd — the same int32 sums — or int8 x
+float32 on the float32 tier), exact rescoring of f16 rows. A module of its own so that opening a
+vindex loads no numba."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numpy.typing import NDArray
 
-from larql.quant.argmax import HAVE_VNNI, ir_add_scaled, ir_row, ir_sum8
+from larql.quant.argmax import ir_add_scaled, ir_row, ir_sum8
+from larql.quant.isa import TIER
 
-__all__ = ["HAVE_VNNI", "int8_bounds", "quantize_query", "quantize_rows", "rescore_f16", "vnni_bounds"]
+__all__ = ["TIER", "avx2_bounds", "int8_bounds", "quantize_query", "quantize_rows", "rescore_f16", "vnni_bounds"]
 
 _BLOCKS = 64  # row blocks per pass (numba's threads take them in turn)
 _I8, _I16, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
@@ -64,25 +66,37 @@ def int8_bounds(codes: NDArray[np.int8], scales: NDArray[np.float32], err: NDArr
             lo[f], hi[f] = mag - bound, mag + bound
 
 
-@intrinsic
-def _i8_row_dot_i16(typingctx, codes, r, q16, dq):  # type: ignore[no-untyped-def]
-    """sum_k dq[k] * (the int32 dot of block k (32 columns) of int8 codes row r with the int16
-    query q16's block k), float32: 4 x 8 lanes, each summing every 4th block's int32 dots times
-    dq[k] (the remainder into the first 8), then the 32 added.
+def _row_dot_i16(vnni: bool):  # type: ignore[no-untyped-def]
+    """The intrinsic sum_k dq[k] * (the int32 dot of block k (32 columns) of int8 codes row r with
+    the int16 query q16's block k), float32: 4 x 8 lanes, each summing every 4th block's int32 dots
+    times dq[k] (the remainder into the first 8), then the 32 added.
 
-    A block's 32 codes are sign-extended to two 16 x int16 vectors and multiplied by the query's
-    with vpdpwssd (AVX-512 VNNI: pairs of int16 products added to an int32 lane): a lane holds 4
+    A block's 32 codes are sign-extended to two 16 x int16 vectors and multiplied by the query's in
+    pairs of int16 products added to an int32 lane: vpdpwssd (AVX-512 VNNI) accumulates them, or
+    vpmaddwd then vpaddd (AVX2: the same sums, as no product pair reaches 2^31). A lane holds 4
     products, |.| <= 4 * 127 * 32639 < 2^24, exact in int32 and in float32.
     """
-    sig = types.float32(codes, r, q16, dq)
+    def dot(typingctx, codes, r, q16, dq):  # type: ignore[no-untyped-def]
+        return types.float32(codes, r, q16, dq), codegen
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         c_v, r_v, q_v, d_v = args
         qa = context.make_array(signature.args[2])(context, builder, q_v)
         da = context.make_array(signature.args[3])(context, builder, d_v)
         row, n_blocks = ir_row(context, builder, signature.args[0], c_v, r_v, 32)
-        fnty = ir.FunctionType(_V8I32, [_V8I32, _V16I16, _V16I16])
-        dpwssd = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpwssd.256")
+        if vnni:
+            fnty = ir.FunctionType(_V8I32, [_V8I32, _V16I16, _V16I16])
+            dpwssd = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpwssd.256")
+
+            def pairs(acc, a, b):  # type: ignore[no-untyped-def]
+                return builder.call(dpwssd, [acc, a, b])
+        else:
+            fnty = ir.FunctionType(_V8I32, [_V16I16, _V16I16])
+            maddwd = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx2.pmadd.wd")
+
+            def pairs(acc, a, b):  # type: ignore[no-untyped-def]
+                return builder.add(acc, builder.call(maddwd, [a, b]))
+
         accs = [cgutils.alloca_once_value(builder, ir.Constant(_V8F32, None)) for _ in range(4)]
         first = ir.Constant(ir.VectorType(_I32, 16), list(range(16)))
         second = ir.Constant(ir.VectorType(_I32, 16), list(range(16, 32)))
@@ -93,8 +107,8 @@ def _i8_row_dot_i16(typingctx, codes, r, q16, dq):  # type: ignore[no-untyped-de
             qp = builder.gep(qa.data, [off], source_etype=_I16)
             q_lo = builder.load(qp, typ=_V16I16, align=2)
             q_hi = builder.load(builder.gep(qp, [ir.Constant(_I64, 16)], source_etype=_I16), typ=_V16I16, align=2)
-            s = builder.call(dpwssd, [ir.Constant(_V8I32, None), builder.sext(builder.shuffle_vector(cv, cv, first), _V16I16), q_lo])
-            s = builder.call(dpwssd, [s, builder.sext(builder.shuffle_vector(cv, cv, second), _V16I16), q_hi])
+            s = pairs(ir.Constant(_V8I32, None), builder.sext(builder.shuffle_vector(cv, cv, first), _V16I16), q_lo)
+            s = pairs(s, builder.sext(builder.shuffle_vector(cv, cv, second), _V16I16), q_hi)
             ir_add_scaled(builder, acc, s, builder.load(builder.gep(da.data, [k], source_etype=_F32), typ=_F32))
 
         # four accumulators, independent chains: blocks 4g + i into the i-th, the rest into the first
@@ -108,7 +122,13 @@ def _i8_row_dot_i16(typingctx, codes, r, q16, dq):  # type: ignore[no-untyped-de
         a = [builder.load(x) for x in accs]
         return ir_sum8(builder, builder.fadd(builder.fadd(a[0], a[1]), builder.fadd(a[2], a[3])))
 
-    return sig, codegen
+    return intrinsic(dot)
+
+
+# one intrinsic and one kernel per tier: numba's cache never serves one tier's code to the other,
+# and the VNNI instruction is compiled only where it is called
+_i8_row_dot_i16 = _row_dot_i16(vnni=True)
+_i8_row_dot_i16_avx2 = _row_dot_i16(vnni=False)
 
 
 @njit(cache=True)
@@ -152,7 +172,24 @@ def vnni_bounds(codes: NDArray[np.int8], scales: NDArray[np.float32], err: NDArr
     per = (n + _BLOCKS - 1) // _BLOCKS
     for b in prange(_BLOCKS):
         for f in range(b * per, min(n, (b + 1) * per)):
-            s = _i8_row_dot_i16(codes, f, q16, dq)  # type: ignore[call-arg, var-annotated]
+            s = _i8_row_dot_i16(codes, f, q16, dq)
+            mag = abs(np.float64(s) * np.float64(scales[f]))
+            bound = (err[f] * q_l2 + gnorm[f] * q_term + (gnorm[f] + err[f]) * slack
+                     + np.float64(scales[f]) * tiny) * (1.0 + 1e-9)
+            lo[f], hi[f] = mag - bound, mag + bound
+
+
+@njit(cache=True, parallel=True)
+def avx2_bounds(codes: NDArray[np.int8], scales: NDArray[np.float32], err: NDArray[np.float64],
+                gnorm: NDArray[np.float64], q16: NDArray[np.int16], dq: NDArray[np.float32], q_l2: float,
+                q_term: float, slack: float, tiny: float, lo: NDArray[np.float64],
+                hi: NDArray[np.float64]) -> None:  # pragma: no cover - numba
+    """vnni_bounds on the AVX2 tier: the same int32 sums (vpmaddwd + vpaddd), so the same lo and hi."""
+    n = codes.shape[0]
+    per = (n + _BLOCKS - 1) // _BLOCKS
+    for b in prange(_BLOCKS):
+        for f in range(b * per, min(n, (b + 1) * per)):
+            s = _i8_row_dot_i16_avx2(codes, f, q16, dq)
             mag = abs(np.float64(s) * np.float64(scales[f]))
             bound = (err[f] * q_l2 + gnorm[f] * q_term + (gnorm[f] + err[f]) * slack
                      + np.float64(scales[f]) * tiny) * (1.0 + 1e-9)

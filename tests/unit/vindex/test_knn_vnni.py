@@ -1,20 +1,23 @@
-"""The gate KNN's int8 x int8 pass (AVX-512 VNNI, knn.approx_bounds): the top-k is brute force's on
-random and adversarial gates and queries, the bound holds for every row and is reached, the int32
-dots are exact at the largest codes, and the int8 x float32 fallback returns the same features."""
+"""The gate KNN's int8 x int16 pass (AVX-512 VNNI's vpdpwssd, AVX2's vpmaddwd; knn.approx_bounds): the
+top-k is brute force's on random and adversarial gates and queries, the bound holds for every row and
+is reached, the int32 dots are exact at the largest codes, the two tiers' bounds are the same bits,
+and the float32 tier's int8 x float32 pass returns the same features."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from larql.quant import isa
 from larql.vindex import knn, knn_kernels
 from tests.unit.vindex.test_knn_bound import awkward_gates, brute
 
-needs_vnni = pytest.mark.skipif(not knn_kernels.HAVE_VNNI, reason="no AVX-512 VNNI: the int8 x float32 pass runs")
+INT16_TIERS = [t for t in ("avx512vnni", "avx2") if isa.runs(t)]
+needs_int16 = pytest.mark.skipif(not INT16_TIERS, reason="the float32 tier: only the int8 x float32 pass runs")
 
 
-def ranked(gates: np.ndarray, index: knn.Int8Gates, q: np.ndarray, k: int, vnni: bool) -> tuple[list[int], int]:
-    ids, scores = knn.top_abs(gates, index, q, k, vnni)
+def ranked(gates: np.ndarray, index: knn.Int8Gates, q: np.ndarray, k: int, tier: str) -> tuple[list[int], int]:
+    ids, scores = knn.top_abs(gates, index, q, k, tier)
     order = np.lexsort((ids, -np.abs(scores)))[:k]
     return [int(ids[i]) for i in order], len(ids)
 
@@ -56,7 +59,7 @@ def same_scores(gates: np.ndarray, q: np.ndarray, got: list[int], want: list[int
     return bool(np.allclose(s[got], s[want], rtol=1e-6, atol=1e-300))
 
 
-@needs_vnni
+@needs_int16
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 @pytest.mark.parametrize("h", [256, 100])  # 100: rows and query padded to 128 columns
 def test_top_k_equals_brute_force_both_passes(dtype: type, h: int) -> None:
@@ -67,21 +70,21 @@ def test_top_k_equals_brute_force_both_passes(dtype: type, h: int) -> None:
     for i, q in enumerate(queries(rng, gates)):
         for k in (1, 10, 100):
             want = brute(gates, q, k)
-            new, considered_new = ranked(gates, index, q, k, vnni=True)
-            old, _ = ranked(gates, index, q, k, vnni=False)
-            assert same_scores(gates, q, new, want), (i, k)
+            for tier in INT16_TIERS:
+                new, considered_new = ranked(gates, index, q, k, tier)
+                assert same_scores(gates, q, new, want), (tier, i, k)
+            old, _ = ranked(gates, index, q, k, "float32")
             assert same_scores(gates, q, old, want), (i, k)
             if k == 10 and np.any(q) and i < 24:  # not for the zero query (every row ties at 0)
                 assert considered_new < len(gates) // 4, f"query {i}: the bound kept {considered_new} rows"
 
 
-def bounds(index: knn.Int8Gates, q: np.ndarray, vnni: bool) -> tuple[np.ndarray, np.ndarray]:
-    return knn.approx_bounds(index, q, vnni)
+def bounds(index: knn.Int8Gates, q: np.ndarray, tier: str) -> tuple[np.ndarray, np.ndarray]:
+    return knn.approx_bounds(index, q, tier)
 
 
-@needs_vnni
-@pytest.mark.parametrize("vnni", [True, False])
-def test_the_bound_holds_for_every_row_and_is_reached(vnni: bool) -> None:
+@pytest.mark.parametrize("tier", [*INT16_TIERS, "float32"])
+def test_the_bound_holds_for_every_row_and_is_reached(tier: str) -> None:
     """lo <= |exact| <= hi for every row; for a query along one row's rounding error (orthogonal to
     its int8 row, so nearly all of the exact score is error) a bound 0.8x as wide fails."""
     rng = np.random.default_rng(9)
@@ -92,14 +95,14 @@ def test_the_bound_holds_for_every_row_and_is_reached(vnni: bool) -> None:
     resid = g64[7] - row8
     resid -= (row8 @ resid) / (row8 @ row8) * row8
     for q in [*queries(rng, gates)[:8], resid.astype(np.float32)]:
-        lo, hi = bounds(index, q, vnni)
+        lo, hi = bounds(index, q, tier)
         exact = np.abs(g64 @ q.astype(np.float64))
         assert np.all(lo <= exact) and np.all(exact <= hi)
     mid, half = (lo + hi) / 2, (hi - lo) / 2
     assert not (mid[7] - 0.8 * half[7] <= exact[7] <= mid[7] + 0.8 * half[7]), "a 0.8x bound still held"
 
 
-@needs_vnni
+@needs_int16
 def test_query_digits_and_the_int32_dots_are_exact() -> None:
     """quantize_query's ||q - q^|| and ||q^|| are those of the codes it wrote; rows of +-127 codes
     against a query of +-127 first digits (each lane near 4 * 127 * 32639, the most the kernel sums
@@ -126,21 +129,33 @@ def test_query_digits_and_the_int32_dots_are_exact() -> None:
         assert np.all(np.abs(q16) // 256 == 127 * np.abs(q))  # first digit +-127: lanes near 4 * 127 * 32639
         qhat = q16.astype(np.float64).reshape(nb, 32) * dq[:, None].astype(np.float64)
         want = np.abs(index.codes.astype(np.float64) * index.scales[:, None].astype(np.float64) @ qhat.ravel())
-        lo, hi = bounds(index, q, True)
+        lo, hi = bounds(index, q, INT16_TIERS[0])
         # the int32 dots are exact; only the float32 sum of nb scaled dots rounds
         assert np.allclose((lo + hi) / 2, want, rtol=1.01 * (nb + 16) * 2.0 ** -24, atol=0)
         assert np.all(lo <= np.abs(gates.astype(np.float64) @ q)) and np.all(np.abs(gates.astype(np.float64) @ q) <= hi)
 
 
-def test_the_fallback_is_the_default_without_vnni(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without VNNI (or LARQL_NO_VNNI) top_abs runs the int8 x float32 pass: the same features."""
+@pytest.mark.skipif(len(INT16_TIERS) < 2, reason="needs a CPU with AVX-512 VNNI to run both int16 forms")
+def test_the_avx2_pass_gives_the_vnni_passs_bounds_bit_for_bit() -> None:
+    rng = np.random.default_rng(4)
+    for h in (256, 100, 640):
+        gates = adversarial_gates(rng, 1500, h, np.float16)
+        index = knn.build_int8(gates)
+        for q in queries(rng, gates):
+            v_lo, v_hi = bounds(index, q, "avx512vnni")
+            a_lo, a_hi = bounds(index, q, "avx2")
+            assert np.array_equal(v_lo, a_lo) and np.array_equal(v_hi, a_hi)
+
+
+def test_the_float32_tier_runs_the_int8_x_float32_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the float32 tier (or LARQL_ISA=float32) top_abs runs the int8 x float32 pass: the same features."""
     rng = np.random.default_rng(6)
     gates = adversarial_gates(rng, 1000, 96, np.float16)
     index = knn.build_int8(gates)
-    monkeypatch.setattr(knn_kernels, "HAVE_VNNI", False)
+    monkeypatch.setattr(knn_kernels, "TIER", "float32")
     for q in queries(rng, gates)[:8]:
         lo, hi = knn.approx_bounds(index, q)
-        old_lo, old_hi = knn.approx_bounds(index, q, False)
+        old_lo, old_hi = knn.approx_bounds(index, q, "float32")
         assert np.array_equal(lo, old_lo) and np.array_equal(hi, old_hi)
         ids, scores = knn.top_abs(gates, index, q, 10)
         got = [int(ids[i]) for i in np.lexsort((ids, -np.abs(scores)))[:10]]
