@@ -5,7 +5,7 @@ What it writes, so nothing is typed twice:
 - docs/reference/cli.md: every `larql` command and option, from the argument parser (larql/cli/parser.py);
 - docs/reference/lql.md: every LQL statement's syntax, example and summary, from the table the REPL's
   `.help` uses (larql/lql/reference.py);
-- the routes table of docs/reference/http-api.md, from the server's route modules (larql/serve/);
+- the routes table of docs/reference/http-api.md, from the server's route list (larql/serve/app.py);
 - every block between `<!-- render: NAME -->` and `<!-- /render -->` in docs/ and README.md: a table
   built from benchmarks/results/*.json (RENDERERS below), so a figure has one source.
 
@@ -144,10 +144,14 @@ ROUTES: dict[str, str] = {
     "/v1/walk": "one WALK from parameters: `prompt`, `top`, `layers`",
     "/v1/infer": "one INFER from parameters: `prompt`, `top`",
     "/v1/trace": "one TRACE from parameters: `prompt`, `for`, `decompose`, `layers`, `positions`",
+    "/v1/models": "OpenAI: the served model as the one entry of the model list",
+    "/v1/models/{model:path}": "OpenAI: the served model's card (404 for any other id)",
+    "/v1/embeddings": "OpenAI embeddings: one vector per input, the mean of the final normed residual over "
+                      "its positions (`encoding_format` `float` or `base64`)",
     "/v1/completions": "OpenAI completions (`prompt`, `max_tokens`, `temperature`, `top_p`, `top_k`, `seed`, "
-                       "`stop`, `stream`: server-sent events)",
+                       "`stop`, `n`, `echo`, `logprobs`, `stream`: server-sent events)",
     "/v1/chat/completions": "OpenAI chat completions (`messages`, rendered with the model's chat template; "
-                            "the same sampling fields)",
+                            "the same sampling fields, `logprobs` and `top_logprobs`)",
     "/v1/stream": "WebSocket: send a prompt or messages with the sampling fields, receive `{\"type\": \"token\"}` frames "
                   "and a `{\"type\": \"done\"}` frame; `{\"type\": \"cancel\"}` stops",
     "/v1/attention": "`{\"prompt\", \"layer\"}`: every head's attention pattern at that layer (or every layer)",
@@ -161,29 +165,29 @@ ROUTES: dict[str, str] = {
 }
 
 
-def _route_rows(modules: list[Any]) -> list[tuple[str, str]]:
+def _route_rows(ffn_only: bool) -> list[tuple[str, str]]:
+    """(path, methods) of every route the app serves (larql/serve/app.py app_routes)."""
+    from larql.serve.app import app_routes
+
     rows = []
-    for m in modules:
-        for r in m.routes():
-            methods = getattr(r, "methods", None)
-            kind = "WS" if type(r).__name__ == "WebSocketRoute" else (
-                "GET (files)" if methods is None else " ".join(sorted(set(methods) - {"HEAD"})))
-            rows.append((r.path, kind))
+    for r in app_routes(ffn_only):
+        methods = getattr(r, "methods", None)
+        kind = "WS" if type(r).__name__ == "WebSocketRoute" else (
+            "GET (files)" if methods is None else " ".join(sorted(set(methods) - {"HEAD"})))
+        rows.append((getattr(r, "path", ""), kind))
     return rows
 
 
 def render_routes() -> tuple[str, list[str]]:
-    from larql.serve import attention, console, ffn_remote, generation, lql_routes
-
     missing: list[str] = []
     out = ["| method | path | what |", "|---|---|---|"]
-    for path, kind in _route_rows([lql_routes, generation, attention, console]):
+    for path, kind in _route_rows(ffn_only=False):
         if path not in ROUTES:
             missing.append(path)
         out.append(f"| {kind} | `{path}` | {ROUTES.get(path, '**undocumented**')} |")
     out += ["", "A server started with `--ffn-only` answers these alone:", "",
             "| method | path | what |", "|---|---|---|"]
-    for path, kind in _route_rows([ffn_remote]):
+    for path, kind in _route_rows(ffn_only=True):
         what = ROUTES.get(f"ffn {path}", ROUTES.get(path))
         if what is None:
             missing.append(path)
