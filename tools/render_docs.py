@@ -110,7 +110,8 @@ def render_cli() -> str:
 
 
 def render_lql() -> str:
-    from larql.lql.reference import STATEMENTS
+    from larql.lql.clauses import REFUSALS
+    from larql.lql.reference import PIPE, SPELLINGS, STATEMENTS
 
     out = ["# LQL statement reference", "", GENERATED.strip(), "",
            "Every statement the grammar (`grammar/lql.lark`) accepts, from the table the REPL's `.help`",
@@ -127,7 +128,28 @@ def render_lql() -> str:
                 "```text", s.syntax, "```", "", "Example:", "", "```sql", s.example, "```"]
         if not s.implemented:
             out += ["", "The statement parses but is not run yet: it is refused with the reason."]
+    out += ["", "## Pipes", "", "`statement |> statement [|> ...]`: " + PIPE[1] + ".", "",
+            "```sql", PIPE[0], "```",
+            "", "## Refused clauses", "",
+            "Clauses of LARQL's grammar that parse but that larql does not carry out. Each is refused before",
+            "anything runs, with the reason and what to write instead (`larql/lql/clauses.py`):", "",
+            "| refused | instead |", "|---|---|"]
+    out += [f"| {_cell(r.message)} | {_cell(r.hint)} |" for rs in REFUSALS.values() for r in rs]
+    out += ["", "## Other spellings", "",
+            "Spellings the grammar accepts that say what the default already does, or name another spelling:", "",
+            "| written | means |", "|---|---|"]
+    out += [f"| `{written}` | {_cell(means)} |" for written, means in SPELLINGS]
     return "\n".join(out) + "\n"
+
+
+def render_repl_commands() -> str:
+    """The REPL's dot-commands, from their registry (larql/shell/meta_commands.py)."""
+    from larql.shell.meta_commands import _SHELL_WORDS, META
+
+    out = ["| command | what |", "|---|---|"]
+    out += [f"| {_code(c.usage)} | {_cell(c.help)} |" for c in META.commands.values()]
+    words = ", ".join(_code(w) for w in _SHELL_WORDS)
+    return "\n".join(out) + f"\n\nThe psql-style words {words} stand for `.help` and `.quit` (with or without `;`)."
 
 
 # --------------------------------------------------------------------------------------------- HTTP
@@ -478,6 +500,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "edit-stream": render_edit_stream,
     "fuzz": render_fuzz,
     "http-routes": lambda: render_routes()[0],
+    "repl-commands": render_repl_commands,
 }
 
 _BLOCK = re.compile(r"(<!-- render: ([\w-]+) -->\n)(.*?)(<!-- /render -->)", re.S)
