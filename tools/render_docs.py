@@ -297,6 +297,23 @@ def render_editing_scale() -> str:
     return "\n".join(out) + "\n\n" + _source(*sorted({r[2] for r in rows}))
 
 
+def render_editing_smollm2_methods() -> str:
+    """SmolLM2-135M's 35-fact CounterFact set: NEURON beside ROME and MEMIT, each alone and all in one INSERT."""
+    rows = [("NEURON", "single", "editing-counterfact35-smollm2-neuron", "neuron"),
+            ("NEURON", "stacked", "editing-counterfact35-smollm2-neuron", "neuron"),
+            ("ROME", "single", "editing-smollm2-rome-single", "rome"),
+            ("ROME", "stacked", "editing-smollm2-stacked", "rome"),
+            ("MEMIT", "stacked", "editing-smollm2-stacked", "memit")]
+    out = ["| METHOD | protocol | S | ES | PS | NS | unrelated top-1 kept |", "|---|---|---:|---:|---:|---:|---:|"]
+    for method, protocol, name, key in rows:
+        r = _load(name)["methods"][key][protocol]
+        label = "each edit alone" if protocol == "single" else "all 35 in one INSERT"
+        out.append(f"| {method} | {label} | {_f(r['S'])} | {_f(r['ES'])} | {_f(r['PS'])} | {_f(r['NS'])} | "
+                   f"{_f(r.get('unrelated_top1_kept'))}% |")
+    return ("smollm2-135m, `benchmarks/data/counterfact_smollm2_135m.json` (35 facts):\n\n" + "\n".join(out)
+            + "\n\n" + _source(*sorted({r[2] for r in rows})))
+
+
 def render_editing_relations() -> str:
     """RelS: whether an edit keeps what the model says about the subject's other relations, keyed on
     the query (METHOD NEURON's default for subjects the model knows) beside keyed on the subject."""
@@ -495,6 +512,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "runtime-runs": render_runtime_runs,
     "editing-methods": render_editing_methods,
     "editing-scale": render_editing_scale,
+    "editing-smollm2-methods": render_editing_smollm2_methods,
     "editing-relations": render_editing_relations,
     "stacked-capitals": render_stacked_capitals,
     "edit-stream": render_edit_stream,
