@@ -371,6 +371,41 @@ def render_edit_stream() -> str:
     return text + _source("edit-stream")
 
 
+def _g(x: float) -> str:
+    return f"{x:.1e}".replace("e-0", "e-") if x < 0.01 else f"{x:.2g}" if x < 10 else f"{x:.0f}"
+
+
+def render_sae_lens() -> str:
+    """larql's SAEs and transcoders beside sae-lens on the same directories and activations."""
+    d = _load("sae_lens")
+
+    def worst(rows: list[dict[str, Any]], key: str) -> tuple[float, float, int]:
+        parts = [r[k] for r in rows for k in (key, f"forward_pass_{key}") if k in r]
+        return (max(p["max_abs_diff"] for p in parts), max(p["max_abs"] for p in parts),
+                sum(p["fires_in_one_only"] for p in parts))
+
+    plain = [r for r in d["rows"] if "rescaled" not in r["sae"]]
+    rescaled = [r for r in d["rows"] if "rescaled" in r["sae"]]
+    diff, top, only = worst(plain, "acts")
+    text = (f"With sae-lens {d['peer']['sae_lens']} (torch {d['peer']['torch'].split('+')[0]}, "
+            f"{d['rows'][0]['tokens']} tokens of {d['model']} at `{d['hook']}`, {d['d_sae']:,} features), "
+            + ("the same (position, feature) pairs fire in every SAE" if only == 0 else
+               f"{only} (position, feature) pairs fire in one only")
+            + f", and the activations differ by at most {_g(diff)} (of up to {_g(top)}")
+    if rescaled:
+        rd, rt, _ = worst(rescaled, "acts")
+        text += f"; {_g(rd)} of {_g(rt)} with decoder-norm rescaling"
+    text += "), float32 rounding, alone and inside the forward pass."
+    if d.get("transcoders"):
+        td, tt, tonly = worst(d["transcoders"], "acts")
+        od, ot, _ = worst(d["transcoders"], "output")
+        text += (f" The {len(d['transcoders'])} transcoder classes at `{d['transcoder_hooks'][0]}`: "
+                 + ("the same pairs fire" if tonly == 0 else f"{tonly} pairs fire in one only")
+                 + f", the activations differ by at most {_g(td)} (of up to {_g(tt)}) and the outputs by "
+                 f"{_g(od)} (of up to {_g(ot)}).")
+    return text + " " + _source("sae_lens")
+
+
 def render_fuzz() -> str:
     d = _load("fuzz")
     out = ["| stage | inputs | parsed and run | answered | LarqlError | crashes |",
@@ -517,6 +552,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "stacked-capitals": render_stacked_capitals,
     "edit-stream": render_edit_stream,
     "fuzz": render_fuzz,
+    "sae-lens": render_sae_lens,
     "http-routes": lambda: render_routes()[0],
     "repl-commands": render_repl_commands,
 }
