@@ -317,11 +317,15 @@ def render_editing_smollm2_methods() -> str:
 def render_editing_relations() -> str:
     """RelS: whether an edit keeps what the model says about the subject's other relations, keyed on
     the query (METHOD NEURON's default for subjects the model knows) beside keyed on the subject."""
-    held = _load("editing-relations-single")
+    held_file = _load("editing-relations-single")
+    # bench_editing.py's layout (methods.neuron), or the per-edit lines of a run collected by hand
+    held = held_file["methods"]["neuron"] if "methods" in held_file else held_file
+    held_secs = held.get("seconds_per_edit", held["single"].get("seconds_per_edit"))
     query = _load("editing-relations-query")
     q = query["methods"]["neuron"]
     stacked = _load("editing-relations-query-stacked")["methods"]["neuron"]
-    out = ["| gemma3-270m, 40 NEURON edits of real subjects | ES | PS | NS | RelS | GEN | unrelated top-1 kept |",
+    out = [f"| {query['model']}, {query['edits']} NEURON edits of real subjects | ES | PS | NS | RelS | GEN | "
+           "unrelated top-1 kept |",
            "|---|---:|---:|---:|---:|---:|---:|"]
     rows = [("keyed on the query, each alone", q["single"]), ("keyed on the query, all 40 in one INSERT", stacked["stacked"]),
             ("keyed on the subject with relation holds, each alone", held["single"])]
@@ -329,10 +333,10 @@ def render_editing_relations() -> str:
         if r is not None:
             out.append(f"| {what} | {_f(r['ES'])} | {_f(r['PS'])} | {_f(r['NS'])} | {_f(r['RelS'])} | "
                        f"{_f(r['GEN'])} | {_f(r['unrelated_top1_kept'])}% |")
-    text = "\n".join(out) + "\n\n"
+    text = (f"`benchmarks/data/{query['data']}`, its first {query['edits']} records:\n\n" + "\n".join(out) + "\n\n")
     times = [(what, t, _tier(d["machine"], d)) for what, t, d in (
         ("keyed on the query", q.get("seconds_per_edit"), query),
-        ("keyed on the subject", held["single"].get("seconds_per_edit"), held)) if t is not None]
+        ("keyed on the subject", held_secs, held_file)) if t is not None]
     if times:
         text += "Time per edit alone with its full report: " + "; ".join(
             f"{what} {_f(t)} s ({tier or 'tier not recorded'})" for what, t, tier in times) + ". "
