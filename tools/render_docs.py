@@ -500,7 +500,7 @@ def render_runtime_runs() -> str:
             + _source(*RUNTIME_RUNS))
 
 
-TIERS_RUN = "tiers-2026-11-28"
+TIERS_RUN = "tiers"
 
 
 def render_tiers() -> str:
