@@ -69,10 +69,22 @@ def _cell(text: str | None) -> str:
     return (text or "").replace("|", "\\|").replace("\n", " ").replace("%%", "%")
 
 
-def _options_table(actions: list[argparse.Action]) -> list[str]:
+def _required(a: argparse.Action, groups: list[Any]) -> str:
+    """'required' for an option that must be given (or one of a required group's); '' otherwise."""
+    if a.option_strings and a.required:
+        return "required"
+    for g in groups:
+        if g.required and a in g._group_actions:
+            others = [o.option_strings[0] for o in g._group_actions if o is not a]
+            return "required: this or " + " or ".join(f"`{o}`" for o in others)
+    return ""
+
+
+def _options_table(actions: list[argparse.Action], groups: list[Any] | None = None) -> list[str]:
     rows = ["| argument | default | what |", "|---|---|---|"]
     for a in actions:
-        rows.append(f"| {_flags(a)} | {_default(a)} | {_cell(a.help)} |")
+        default = "; ".join(x for x in (_required(a, groups or []), _default(a)) if x)
+        rows.append(f"| {_flags(a)} | {default} | {_cell(a.help)} |")
     return rows
 
 
@@ -93,14 +105,26 @@ def render_cli() -> str:
     globals_ = [a for a in parser._actions if set(a.option_strings) & (global_flags | {"--version"})
                 and "-h" not in a.option_strings]
     out += _options_table(globals_)
-    out += ["", "| command | what |", "|---|---|"]
-    out += [f"| [`{name}`](#{name}) | {_cell(helps.get(name))} |" for name in sub.choices]
+    # an alias (LARQL's name of a command) is the same parser under a second name: shown on its command's row
+    first: dict[int, str] = {}
+    aliases: dict[str, list[str]] = {}
     for name, sp in sub.choices.items():
+        if id(sp) in first:
+            aliases.setdefault(first[id(sp)], []).append(name)
+        else:
+            first[id(sp)] = name
+    commands = {name: sp for name, sp in sub.choices.items() if first[id(sp)] == name}
+    out += ["", "| command | what |", "|---|---|"]
+    out += [f"| [`{name}`](#{name})" + "".join(f", `{a}` (alias)" for a in aliases.get(name, []))
+            + f" | {_cell(helps.get(name))} |" for name in commands]
+    for name, sp in commands.items():
         actions = [a for a in sp._actions if not set(a.option_strings) & global_flags]
         out += ["", f"## {name}", "", _cell(helps.get(name)) + ("." if helps.get(name) else ""), ""]
+        if aliases.get(name):
+            out += [f"Also spelled {', '.join(f'`larql {a}`' for a in aliases[name])} (LARQL's name).", ""]
         if sp.description:
             out += [sp.description, ""]
-        out += _options_table(actions) if actions else ["No arguments."]
+        out += _options_table(actions, sp._mutually_exclusive_groups) if actions else ["No arguments."]
         if sp.epilog:
             out += ["", sp.epilog]
     return "\n".join(out) + "\n"

@@ -146,7 +146,7 @@ def cmd_eval_edits(args: argparse.Namespace) -> int:
 def add_commands(sub: Any) -> None:
     cr = sub.add_parser("crown", help="which layer's MLP carries a fact (ablation per layer)")
     cr.add_argument("source", help="a vindex (inference level) or a model: alias, .gguf or HF directory")
-    cr.add_argument("prompt")
+    cr.add_argument("prompt", help="a prompt the model answers with the fact")
     cr.add_argument("--expect", required=True, help="the token the prompt should produce")
     cr.add_argument("--subject", help="also ablate at the subject's last token (where weight edits key)")
     cr.set_defaults(func=cmd_crown)
@@ -172,8 +172,8 @@ def add_commands(sub: Any) -> None:
     me.set_defaults(func=cmd_memit)
 
     ap = sub.add_parser("apply-patch", help="apply a .vlp patch to a vindex (and compile it into a new one with -o)")
-    ap.add_argument("vindex")
-    ap.add_argument("patch")
+    ap.add_argument("vindex", help="the vindex to patch (never written)")
+    ap.add_argument("patch", help="a .vlp patch file")
     ap.add_argument("-o", "--output", help="compile the patched vindex into this new vindex directory")
     ap.set_defaults(func=cmd_apply_patch)
 
