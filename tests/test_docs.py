@@ -39,3 +39,16 @@ def test_routes_table_lists_every_route_of_the_app() -> None:
         assert f"`{path}`" in table
     render_docs.ROUTES.pop("/v1/embeddings")
     assert "/v1/embeddings" in render_docs.render_routes()[1]
+
+
+def test_every_cli_argument_has_its_help() -> None:
+    """The CLI reference has no empty 'what' cell: every argument of every command says what it is."""
+    import argparse
+
+    from larql.cli.parser import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"{name} {a.option_strings or a.dest}" for name, sp in sub.choices.items() for a in sp._actions
+               if not a.help]
+    assert missing == []
