@@ -69,7 +69,7 @@ STATEMENTS: tuple[StatementHelp, ...] = (
                   'INSERT INTO EDGES (entity, relation, target) VALUES ("France", "capital", "Rome");',
                   "teach the model a fact (measured on prompts the edit never saw); METHOD: the model's default "
                   "when none is named (NEURON on the bundled models); CONFIDENCE: the p(target) METHOD FEATURE "
-                  "searches for, with one row only (refused otherwise)"),
+                  "searches for, with one row and no prompt column (refused otherwise)"),
     StatementHelp("DELETE", "DELETE FROM EDGES WHERE cond [AND cond ...]",
                   "DELETE FROM EDGES WHERE layer = 3 AND feature = 17;", "silence features"),
     StatementHelp("UPDATE", "UPDATE EDGES SET col = value [, ...] WHERE cond [AND cond ...]",
