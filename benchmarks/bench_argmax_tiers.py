@@ -9,7 +9,6 @@ activations), the load average beside each round.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import subprocess
@@ -65,7 +64,7 @@ def main() -> None:
         row = json.loads(done.stdout.strip().splitlines()[-1])
         out["tiers"][name] = {"env": env, **row}  # type: ignore[index]
         print(name, row["median_ms"], row["load_before"], flush=True)
-    print("wrote", save_results(f"argmax-tiers-{datetime.date.today().isoformat()}", out))
+    print("wrote", save_results("argmax-tiers", out))
 
 
 if __name__ == "__main__":

@@ -158,11 +158,20 @@ def measure(label: str, model: str, path: Path, args: argparse.Namespace, peer: 
     return row
 
 
+def scale_dir() -> Path:
+    """tools/make_scale_models.py's default output: scale/ in larql's cache directory."""
+    from larql.io.cachedir import cache_dir
+
+    return cache_dir() / "scale"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", nargs="*", default=["gemma3-1b", "gemma3-4b", "llama3-8b"],
                     help="shapes made by tools/make_scale_models.py; those missing from --dir are skipped")
-    ap.add_argument("--dir", type=Path, default=Path("/work/data/scale"))
+    ap.add_argument("--dir", type=Path, default=None,
+                    help="where tools/make_scale_models.py wrote them (default: its default, scale/ in larql's "
+                         "cache directory)")
     ap.add_argument("--type", default="q4_k_m")
     ap.add_argument("--no-bundled", action="store_true", help="skip the bundled gemma3-270m")
     ap.add_argument("--rounds", type=int, default=2)
@@ -183,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     models: list[tuple[str, str, Path]] = [] if args.no_bundled else [("gemma3-270m", "gemma3-270m",
                                                                           resolve("gemma3-270m")[1])]
     for shape in args.shapes:
-        path = args.dir / f"{shape}-{args.type}.gguf"
+        path = (args.dir or scale_dir()) / f"{shape}-{args.type}.gguf"
         if path.is_file():
             models.append((f"{shape} shape", str(path), path))
         else:

@@ -13,13 +13,12 @@ random tokens x 640), the median of --rounds after a compiling call, wall and CP
 seconds mean more on a busy machine). Extraction: stage seconds from its progress reports, with
 topk.prepare and topk.top_tokens timed apart; the first run compiles and is reported apart; the
 sha256 of each tier's down_meta.bin (all must be equal). The load average is recorded with every
-figure. Writes benchmarks/results/tiers-DATE.json.
+figure. Writes benchmarks/results/tiers.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import subprocess
@@ -122,7 +121,7 @@ def main() -> None:
         row["extract_first_run"], row["extract"] = runs[0], runs[1:]
         row["down_meta_sha256"] = down_meta_hash(tmp / f"{name}.vindex")
         out["tiers"][name] = row  # type: ignore[index]
-    path = save_results(f"tiers-{datetime.date.today().isoformat()}", out)
+    path = save_results("tiers", out)
     print(f"wrote {path}")
 
 

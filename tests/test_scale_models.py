@@ -59,3 +59,20 @@ def test_every_shape_has_its_real_numbers() -> None:
     assert (g4.hidden, g4.layers, g4.ffn, g4.heads, g4.kv_heads, g4.head_dim) == (2560, 34, 10240, 8, 4, 256)
     assert (l8.hidden, l8.layers, l8.ffn, l8.heads, l8.kv_heads, l8.head_dim, l8.tied) == (4096, 32, 14336, 32, 8,
                                                                                            128, False)
+
+
+def test_the_models_go_to_larqls_cache_by_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Neither tool defaults to a path of one machine: both read scale/ in larql's cache directory."""
+    monkeypatch.setenv("LARQL_CACHE", str(tmp_path))
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for path, fn in ((root / "tools" / "make_scale_models.py", "default_dir"),
+                     (root / "benchmarks" / "bench_scale.py", "scale_dir")):
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.syspath_prepend(str(path.parent))
+        monkeypatch.setitem(sys.modules, path.stem, module)  # its dataclasses look their module up
+        spec.loader.exec_module(module)
+        found.append(getattr(module, fn)())
+    assert found == [tmp_path / "scale", tmp_path / "scale"]

@@ -1,7 +1,9 @@
 """Random-weight GGUFs in the shapes of real models (Gemma 3 1B / 4B, Llama 3 1B / 3B / 8B), quantized
 by llama.cpp's own quantizer, for measuring speed and memory at the sizes users bring.
 
-    python tools/make_scale_models.py [SHAPE ...] [--out /work/data/scale] [--types q4_k_m q8_0] [--seed 0]
+    python tools/make_scale_models.py [SHAPE ...] [--out DIR] [--types q4_k_m q8_0] [--seed 0]
+
+--out defaults to scale/ in larql's cache directory ($LARQL_CACHE, else ~/.cache/larql: larql/io/cachedir.py).
 
 Speed, memory and time depend on the shapes and quant types, not on what the weights say, so the
 weights are seeded normals (matrices * 0.02, norms 1: activations stay in range over every layer).
@@ -197,6 +199,13 @@ def quantize(src: Path, dst: Path, ftype: str, threads: int) -> None:
         raise RuntimeError(f"llama_model_quantize({src.name} -> {dst.name}) returned {rc}")
 
 
+def default_dir() -> Path:
+    """Where the models go unless --out says otherwise (benchmarks/bench_scale.py's --dir default too)."""
+    from larql.io.cachedir import cache_dir
+
+    return cache_dir() / "scale"
+
+
 def model_path(out: Path, shape: str, ftype: str) -> Path:
     """Where a shape's quantized file is (benchmarks/bench_scale.py finds them here)."""
     return out / f"{shape}-{ftype}.gguf"
@@ -239,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("shapes", nargs="*", default=["gemma3-1b", "gemma3-4b"], metavar="SHAPE",
                     help=f"default: gemma3-1b gemma3-4b; any of {', '.join(SHAPES)}")
-    ap.add_argument("--out", type=Path, default=Path("/work/data/scale"))
+    ap.add_argument("--out", type=Path, default=None, help="where to write the models (default: scale/ in larql's "
+                    "cache directory, $LARQL_CACHE or ~/.cache/larql)")
     ap.add_argument("--types", nargs="+", default=["q4_k_m"], choices=list(FTYPES))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp quantizer threads")
@@ -249,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown shape {', '.join(unknown)} (known: {', '.join(SHAPES)})")
     for shape in args.shapes:
-        make(shape, args.out, args.types, args.seed, args.threads, args.f16_only)
+        make(shape, args.out or default_dir(), args.types, args.seed, args.threads, args.f16_only)
     return 0
 
 

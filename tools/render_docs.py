@@ -5,7 +5,7 @@ What it writes, so nothing is typed twice:
 - docs/reference/cli.md: every `larql` command and option, from the argument parser (larql/cli/parser.py);
 - docs/reference/lql.md: every LQL statement's syntax, example and summary, from the table the REPL's
   `.help` uses (larql/lql/reference.py);
-- the routes table of docs/reference/http-api.md, from the server's route modules (larql/serve/);
+- the routes table of docs/reference/http-api.md, from the server's route list (larql/serve/app.py);
 - every block between `<!-- render: NAME -->` and `<!-- /render -->` in docs/ and README.md: a table
   built from benchmarks/results/*.json (RENDERERS below), so a figure has one source.
 
@@ -69,10 +69,22 @@ def _cell(text: str | None) -> str:
     return (text or "").replace("|", "\\|").replace("\n", " ").replace("%%", "%")
 
 
-def _options_table(actions: list[argparse.Action]) -> list[str]:
+def _required(a: argparse.Action, groups: list[Any]) -> str:
+    """'required' for an option that must be given (or one of a required group's); '' otherwise."""
+    if a.option_strings and a.required:
+        return "required"
+    for g in groups:
+        if g.required and a in g._group_actions:
+            others = [o.option_strings[0] for o in g._group_actions if o is not a]
+            return "required: this or " + " or ".join(f"`{o}`" for o in others)
+    return ""
+
+
+def _options_table(actions: list[argparse.Action], groups: list[Any] | None = None) -> list[str]:
     rows = ["| argument | default | what |", "|---|---|---|"]
     for a in actions:
-        rows.append(f"| {_flags(a)} | {_default(a)} | {_cell(a.help)} |")
+        default = "; ".join(x for x in (_required(a, groups or []), _default(a)) if x)
+        rows.append(f"| {_flags(a)} | {default} | {_cell(a.help)} |")
     return rows
 
 
@@ -93,14 +105,26 @@ def render_cli() -> str:
     globals_ = [a for a in parser._actions if set(a.option_strings) & (global_flags | {"--version"})
                 and "-h" not in a.option_strings]
     out += _options_table(globals_)
-    out += ["", "| command | what |", "|---|---|"]
-    out += [f"| [`{name}`](#{name}) | {_cell(helps.get(name))} |" for name in sub.choices]
+    # an alias (LARQL's name of a command) is the same parser under a second name: shown on its command's row
+    first: dict[int, str] = {}
+    aliases: dict[str, list[str]] = {}
     for name, sp in sub.choices.items():
+        if id(sp) in first:
+            aliases.setdefault(first[id(sp)], []).append(name)
+        else:
+            first[id(sp)] = name
+    commands = {name: sp for name, sp in sub.choices.items() if first[id(sp)] == name}
+    out += ["", "| command | what |", "|---|---|"]
+    out += [f"| [`{name}`](#{name})" + "".join(f", `{a}` (alias)" for a in aliases.get(name, []))
+            + f" | {_cell(helps.get(name))} |" for name in commands]
+    for name, sp in commands.items():
         actions = [a for a in sp._actions if not set(a.option_strings) & global_flags]
         out += ["", f"## {name}", "", _cell(helps.get(name)) + ("." if helps.get(name) else ""), ""]
+        if aliases.get(name):
+            out += [f"Also spelled {', '.join(f'`larql {a}`' for a in aliases[name])} (LARQL's name).", ""]
         if sp.description:
             out += [sp.description, ""]
-        out += _options_table(actions) if actions else ["No arguments."]
+        out += _options_table(actions, sp._mutually_exclusive_groups) if actions else ["No arguments."]
         if sp.epilog:
             out += ["", sp.epilog]
     return "\n".join(out) + "\n"
@@ -110,7 +134,8 @@ def render_cli() -> str:
 
 
 def render_lql() -> str:
-    from larql.lql.reference import STATEMENTS
+    from larql.lql.clauses import REFUSALS
+    from larql.lql.reference import PIPE, SPELLINGS, STATEMENTS
 
     out = ["# LQL statement reference", "", GENERATED.strip(), "",
            "Every statement the grammar (`grammar/lql.lark`) accepts, from the table the REPL's `.help`",
@@ -127,7 +152,28 @@ def render_lql() -> str:
                 "```text", s.syntax, "```", "", "Example:", "", "```sql", s.example, "```"]
         if not s.implemented:
             out += ["", "The statement parses but is not run yet: it is refused with the reason."]
+    out += ["", "## Pipes", "", "`statement |> statement [|> ...]`: " + PIPE[1] + ".", "",
+            "```sql", PIPE[0], "```",
+            "", "## Refused clauses", "",
+            "Clauses of LARQL's grammar that parse but that larql does not carry out. Each is refused before",
+            "anything runs, with the reason and what to write instead (`larql/lql/clauses.py`):", "",
+            "| refused | instead |", "|---|---|"]
+    out += [f"| {_cell(r.message)} | {_cell(r.hint)} |" for rs in REFUSALS.values() for r in rs]
+    out += ["", "## Other spellings", "",
+            "Spellings the grammar accepts that say what the default already does, or name another spelling:", "",
+            "| written | means |", "|---|---|"]
+    out += [f"| `{written}` | {_cell(means)} |" for written, means in SPELLINGS]
     return "\n".join(out) + "\n"
+
+
+def render_repl_commands() -> str:
+    """The REPL's dot-commands, from their registry (larql/shell/meta_commands.py)."""
+    from larql.shell.meta_commands import _SHELL_WORDS, META
+
+    out = ["| command | what |", "|---|---|"]
+    out += [f"| {_code(c.usage)} | {_cell(c.help)} |" for c in META.commands.values()]
+    words = ", ".join(_code(w) for w in _SHELL_WORDS)
+    return "\n".join(out) + f"\n\nThe psql-style words {words} stand for `.help` and `.quit` (with or without `;`)."
 
 
 # --------------------------------------------------------------------------------------------- HTTP
@@ -144,10 +190,14 @@ ROUTES: dict[str, str] = {
     "/v1/walk": "one WALK from parameters: `prompt`, `top`, `layers`",
     "/v1/infer": "one INFER from parameters: `prompt`, `top`",
     "/v1/trace": "one TRACE from parameters: `prompt`, `for`, `decompose`, `layers`, `positions`",
+    "/v1/models": "OpenAI: the served model as the one entry of the model list",
+    "/v1/models/{model:path}": "OpenAI: the served model's card (404 for any other id)",
+    "/v1/embeddings": "OpenAI embeddings: one vector per input, the mean of the final normed residual over "
+                      "its positions (`encoding_format` `float` or `base64`)",
     "/v1/completions": "OpenAI completions (`prompt`, `max_tokens`, `temperature`, `top_p`, `top_k`, `seed`, "
-                       "`stop`, `stream`: server-sent events)",
+                       "`stop`, `n`, `echo`, `logprobs`, `stream`: server-sent events)",
     "/v1/chat/completions": "OpenAI chat completions (`messages`, rendered with the model's chat template; "
-                            "the same sampling fields)",
+                            "the same sampling fields, `logprobs` and `top_logprobs`)",
     "/v1/stream": "WebSocket: send a prompt or messages with the sampling fields, receive `{\"type\": \"token\"}` frames "
                   "and a `{\"type\": \"done\"}` frame; `{\"type\": \"cancel\"}` stops",
     "/v1/attention": "`{\"prompt\", \"layer\"}`: every head's attention pattern at that layer (or every layer)",
@@ -161,29 +211,29 @@ ROUTES: dict[str, str] = {
 }
 
 
-def _route_rows(modules: list[Any]) -> list[tuple[str, str]]:
+def _route_rows(ffn_only: bool) -> list[tuple[str, str]]:
+    """(path, methods) of every route the app serves (larql/serve/app.py app_routes)."""
+    from larql.serve.app import app_routes
+
     rows = []
-    for m in modules:
-        for r in m.routes():
-            methods = getattr(r, "methods", None)
-            kind = "WS" if type(r).__name__ == "WebSocketRoute" else (
-                "GET (files)" if methods is None else " ".join(sorted(set(methods) - {"HEAD"})))
-            rows.append((r.path, kind))
+    for r in app_routes(ffn_only):
+        methods = getattr(r, "methods", None)
+        kind = "WS" if type(r).__name__ == "WebSocketRoute" else (
+            "GET (files)" if methods is None else " ".join(sorted(set(methods) - {"HEAD"})))
+        rows.append((getattr(r, "path", ""), kind))
     return rows
 
 
 def render_routes() -> tuple[str, list[str]]:
-    from larql.serve import attention, console, ffn_remote, generation, lql_routes
-
     missing: list[str] = []
     out = ["| method | path | what |", "|---|---|---|"]
-    for path, kind in _route_rows([lql_routes, generation, attention, console]):
+    for path, kind in _route_rows(ffn_only=False):
         if path not in ROUTES:
             missing.append(path)
         out.append(f"| {kind} | `{path}` | {ROUTES.get(path, '**undocumented**')} |")
     out += ["", "A server started with `--ffn-only` answers these alone:", "",
             "| method | path | what |", "|---|---|---|"]
-    for path, kind in _route_rows([ffn_remote]):
+    for path, kind in _route_rows(ffn_only=True):
         what = ROUTES.get(f"ffn {path}", ROUTES.get(path))
         if what is None:
             missing.append(path)
@@ -271,14 +321,35 @@ def render_editing_scale() -> str:
     return "\n".join(out) + "\n\n" + _source(*sorted({r[2] for r in rows}))
 
 
+def render_editing_smollm2_methods() -> str:
+    """SmolLM2-135M's 35-fact CounterFact set: NEURON beside ROME and MEMIT, each alone and all in one INSERT."""
+    rows = [("NEURON", "single", "editing-counterfact35-smollm2-neuron", "neuron"),
+            ("NEURON", "stacked", "editing-counterfact35-smollm2-neuron", "neuron"),
+            ("ROME", "single", "editing-smollm2-rome-single", "rome"),
+            ("ROME", "stacked", "editing-smollm2-stacked", "rome"),
+            ("MEMIT", "stacked", "editing-smollm2-stacked", "memit")]
+    out = ["| METHOD | protocol | S | ES | PS | NS | unrelated top-1 kept |", "|---|---|---:|---:|---:|---:|---:|"]
+    for method, protocol, name, key in rows:
+        r = _load(name)["methods"][key][protocol]
+        label = "each edit alone" if protocol == "single" else "all 35 in one INSERT"
+        out.append(f"| {method} | {label} | {_f(r['S'])} | {_f(r['ES'])} | {_f(r['PS'])} | {_f(r['NS'])} | "
+                   f"{_f(r.get('unrelated_top1_kept'))}% |")
+    return ("smollm2-135m, `benchmarks/data/counterfact_smollm2_135m.json` (35 facts):\n\n" + "\n".join(out)
+            + "\n\n" + _source(*sorted({r[2] for r in rows})))
+
+
 def render_editing_relations() -> str:
     """RelS: whether an edit keeps what the model says about the subject's other relations, keyed on
     the query (METHOD NEURON's default for subjects the model knows) beside keyed on the subject."""
-    held = _load("editing-relations-single")
+    held_file = _load("editing-relations-single")
+    # bench_editing.py's layout (methods.neuron), or the per-edit lines of a run collected by hand
+    held = held_file["methods"]["neuron"] if "methods" in held_file else held_file
+    held_secs = held.get("seconds_per_edit", held["single"].get("seconds_per_edit"))
     query = _load("editing-relations-query")
     q = query["methods"]["neuron"]
     stacked = _load("editing-relations-query-stacked")["methods"]["neuron"]
-    out = ["| gemma3-270m, 40 NEURON edits of real subjects | ES | PS | NS | RelS | GEN | unrelated top-1 kept |",
+    out = [f"| {query['model']}, {query['edits']} NEURON edits of real subjects | ES | PS | NS | RelS | GEN | "
+           "unrelated top-1 kept |",
            "|---|---:|---:|---:|---:|---:|---:|"]
     rows = [("keyed on the query, each alone", q["single"]), ("keyed on the query, all 40 in one INSERT", stacked["stacked"]),
             ("keyed on the subject with relation holds, each alone", held["single"])]
@@ -286,10 +357,10 @@ def render_editing_relations() -> str:
         if r is not None:
             out.append(f"| {what} | {_f(r['ES'])} | {_f(r['PS'])} | {_f(r['NS'])} | {_f(r['RelS'])} | "
                        f"{_f(r['GEN'])} | {_f(r['unrelated_top1_kept'])}% |")
-    text = "\n".join(out) + "\n\n"
+    text = (f"`benchmarks/data/{query['data']}`, its first {query['edits']} records:\n\n" + "\n".join(out) + "\n\n")
     times = [(what, t, _tier(d["machine"], d)) for what, t, d in (
         ("keyed on the query", q.get("seconds_per_edit"), query),
-        ("keyed on the subject", held["single"].get("seconds_per_edit"), held)) if t is not None]
+        ("keyed on the subject", held_secs, held_file)) if t is not None]
     if times:
         text += "Time per edit alone with its full report: " + "; ".join(
             f"{what} {_f(t)} s ({tier or 'tier not recorded'})" for what, t, tier in times) + ". "
@@ -326,6 +397,41 @@ def render_edit_stream() -> str:
         cpu = d.get("insert_cpu_seconds_slope")
         text += (f"; in CPU seconds of the process, {cpu:+.3f} s per earlier edit. " if cpu is not None else ". ")
     return text + _source("edit-stream")
+
+
+def _g(x: float) -> str:
+    return f"{x:.1e}".replace("e-0", "e-") if x < 0.01 else f"{x:.2g}" if x < 10 else f"{x:.0f}"
+
+
+def render_sae_lens() -> str:
+    """larql's SAEs and transcoders beside sae-lens on the same directories and activations."""
+    d = _load("sae_lens")
+
+    def worst(rows: list[dict[str, Any]], key: str) -> tuple[float, float, int]:
+        parts = [r[k] for r in rows for k in (key, f"forward_pass_{key}") if k in r]
+        return (max(p["max_abs_diff"] for p in parts), max(p["max_abs"] for p in parts),
+                sum(p["fires_in_one_only"] for p in parts))
+
+    plain = [r for r in d["rows"] if "rescaled" not in r["sae"]]
+    rescaled = [r for r in d["rows"] if "rescaled" in r["sae"]]
+    diff, top, only = worst(plain, "acts")
+    text = (f"With sae-lens {d['peer']['sae_lens']} (torch {d['peer']['torch'].split('+')[0]}, "
+            f"{d['rows'][0]['tokens']} tokens of {d['model']} at `{d['hook']}`, {d['d_sae']:,} features), "
+            + ("the same (position, feature) pairs fire in every SAE" if only == 0 else
+               f"{only} (position, feature) pairs fire in one only")
+            + f", and the activations differ by at most {_g(diff)} (of up to {_g(top)}")
+    if rescaled:
+        rd, rt, _ = worst(rescaled, "acts")
+        text += f"; {_g(rd)} of {_g(rt)} with decoder-norm rescaling"
+    text += "), float32 rounding, alone and inside the forward pass."
+    if d.get("transcoders"):
+        td, tt, tonly = worst(d["transcoders"], "acts")
+        od, ot, _ = worst(d["transcoders"], "output")
+        text += (f" The {len(d['transcoders'])} transcoder classes at `{d['transcoder_hooks'][0]}`: "
+                 + ("the same pairs fire" if tonly == 0 else f"{tonly} pairs fire in one only")
+                 + f", the activations differ by at most {_g(td)} (of up to {_g(tt)}) and the outputs by "
+                 f"{_g(od)} (of up to {_g(ot)}).")
+    return text + " " + _source("sae_lens")
 
 
 def render_fuzz() -> str:
@@ -418,7 +524,7 @@ def render_runtime_runs() -> str:
             + _source(*RUNTIME_RUNS))
 
 
-TIERS_RUN = "tiers-2026-11-28"
+TIERS_RUN = "tiers"
 
 
 def render_tiers() -> str:
@@ -469,11 +575,14 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "runtime-runs": render_runtime_runs,
     "editing-methods": render_editing_methods,
     "editing-scale": render_editing_scale,
+    "editing-smollm2-methods": render_editing_smollm2_methods,
     "editing-relations": render_editing_relations,
     "stacked-capitals": render_stacked_capitals,
     "edit-stream": render_edit_stream,
     "fuzz": render_fuzz,
+    "sae-lens": render_sae_lens,
     "http-routes": lambda: render_routes()[0],
+    "repl-commands": render_repl_commands,
 }
 
 _BLOCK = re.compile(r"(<!-- render: ([\w-]+) -->\n)(.*?)(<!-- /render -->)", re.S)

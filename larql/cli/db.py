@@ -158,7 +158,7 @@ def add_extract(sub: argparse._SubParsersAction) -> None:
 def add_verify(sub: argparse._SubParsersAction) -> None:
     ve = sub.add_parser("verify", help="check a vindex: index.json's seal and consistency, every file's sha256, "
                                        "model_config against the source model")
-    ve.add_argument("path")
+    ve.add_argument("path", help="the vindex directory")
     ve.add_argument("--repair", action="store_true", help="re-extract a damaged vindex from its (unchanged) source")
     ve.set_defaults(func=cmd_verify)
 
@@ -187,7 +187,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     cv.set_defaults(func=cmd_convert)
 
     sl = sub.add_parser("slice", help="copy the parts of a vindex a deployment needs into a new vindex")
-    sl.add_argument("vindex")
+    sl.add_argument("vindex", help="the vindex to copy from")
     sl.add_argument("output", nargs="?", help="the vindex to create")
     sl.add_argument("-o", "--output", dest="output_flag", metavar="OUT", help="the vindex to create, LARQL's way (instead of OUT)")
     how = sl.add_mutually_exclusive_group(required=True)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from larql.edit.methods.defaults import METHODS
+from larql.edit.methods.defaults import METHODS, default_method
 
 
 def _lql(args: argparse.Namespace, text: str) -> int:
@@ -56,7 +56,8 @@ def cmd_edit(args: argparse.Namespace) -> int:
     text = f"{_use(args.vindex)}; "
     text += f"BEGIN PATCH {q(args.save)}; " if args.save else ""
     text += (f"INSERT INTO EDGES ({', '.join(cols)}) VALUES ({', '.join(q(v) for v in vals)})"
-             + (f" AT LAYER {args.layer}" if args.layer is not None else "") + f" METHOD {args.method.upper()};")
+             + (f" AT LAYER {args.layer}" if args.layer is not None else "")
+             + (f" METHOD {args.method.upper()}" if args.method else "") + ";")  # none: INSERT's, the model's default
     text += " SAVE PATCH;" if args.save else ""
     return _lql(args, text)
 
@@ -111,10 +112,11 @@ def cmd_eval_edits(args: argparse.Namespace) -> int:
     records = load_edit_set(args.edits)
     text = None if args.no_perplexity else held_out_text(args.held_out)
     v = edit_vindex(args.vindex)
+    method = args.method or default_method(v.index["model"])
 
     def apply(batch: Sequence[EditRecord]) -> Callable[[], None]:
         kept = len(v.patches.pending)
-        insert_facts(v, [r.fact() for r in batch], args.method, measure=False)
+        insert_facts(v, [r.fact() for r in batch], method, measure=False)
         return lambda: v.patches.undo(len(v.patches.pending) - kept)
 
     def say(msg: str) -> None:
@@ -128,7 +130,7 @@ def cmd_eval_edits(args: argparse.Namespace) -> int:
         return 0
     keys = ["S", "ES", "PS", "NS", "RS", "ES_first", "PS_first", "NS_first", "token_acc", "GEN", "gen_ES", "gen_PS",
             "unrelated_top1_kept", "unrelated_kl", "fluency", "perplexity", "perplexity_change"]
-    result = Result(f"eval-edits {args.edits}", f"{len(records)} edits by {args.method}, scored on held-out prompts",
+    result = Result(f"eval-edits {args.edits}", f"{len(records)} edits by {method}, scored on held-out prompts",
                     ["protocol", *keys])
     for name, row in (("unedited", report.unedited), ("single", report.single), ("stacked", report.stacked),
                       ("sequential", report.sequential)):
@@ -144,39 +146,42 @@ def cmd_eval_edits(args: argparse.Namespace) -> int:
 def add_commands(sub: Any) -> None:
     cr = sub.add_parser("crown", help="which layer's MLP carries a fact (ablation per layer)")
     cr.add_argument("source", help="a vindex (inference level) or a model: alias, .gguf or HF directory")
-    cr.add_argument("prompt")
+    cr.add_argument("prompt", help="a prompt the model answers with the fact")
     cr.add_argument("--expect", required=True, help="the token the prompt should produce")
     cr.add_argument("--subject", help="also ablate at the subject's last token (where weight edits key)")
     cr.set_defaults(func=cmd_crown)
 
-    ed = sub.add_parser("edit", help="teach one fact (ROME by default) through the vindex's patch overlay")
-    ed.add_argument("vindex")
-    ed.add_argument("--subject", required=True)
-    ed.add_argument("--relation", required=True)
-    ed.add_argument("--target", required=True)
+    ed = sub.add_parser("edit", help="teach one fact through the vindex's patch overlay (an LQL INSERT)")
+    ed.add_argument("vindex", help="a vindex directory (inference level or above) or a model: alias, .gguf or HF directory")
+    ed.add_argument("--subject", required=True, help="the entity the fact is about")
+    ed.add_argument("--relation", required=True, help="the relation, e.g. capital (it picks the default prompt)")
+    ed.add_argument("--target", required=True, help="the new answer")
     ed.add_argument("--prompt", help="the prompt to edit on (must contain the subject; default: the relation's)")
-    ed.add_argument("--method", choices=METHODS, default="rome")
-    ed.add_argument("--layer", type=int, default=None)
+    ed.add_argument("--method", choices=METHODS, default=None,
+                    help="the edit method (default: INSERT's, the model's measured default: NEURON on the "
+                         "bundled models, ROME elsewhere)")
+    ed.add_argument("--layer", type=int, default=None, help="the layer to edit (default: the method's for the model)")
     ed.add_argument("--save", help="write the edit to this .vlp patch")
     ed.set_defaults(func=cmd_edit)
 
     me = sub.add_parser("memit", help="teach every fact of an edit-set JSON in one joint MEMIT solve")
-    me.add_argument("vindex")
+    me.add_argument("vindex", help="a vindex directory (inference level or above)")
     me.add_argument("edits", help="an edit-set JSON file (vindex_spec/EDITING.md)")
-    me.add_argument("--layer", type=int, default=None)
+    me.add_argument("--layer", type=int, default=None, help="the layer to edit (default: MEMIT's for the model)")
     me.add_argument("--save", help="write the edit to this .vlp patch")
     me.set_defaults(func=cmd_memit)
 
     ap = sub.add_parser("apply-patch", help="apply a .vlp patch to a vindex (and compile it into a new one with -o)")
-    ap.add_argument("vindex")
-    ap.add_argument("patch")
+    ap.add_argument("vindex", help="the vindex to patch (never written)")
+    ap.add_argument("patch", help="a .vlp patch file")
     ap.add_argument("-o", "--output", help="compile the patched vindex into this new vindex directory")
     ap.set_defaults(func=cmd_apply_patch)
 
     ev = sub.add_parser("eval-edits", help="score an edit set before and after editing (CounterFact measures)")
-    ev.add_argument("vindex")
+    ev.add_argument("vindex", help="a vindex directory (inference level or above)")
     ev.add_argument("edits", help="an edit-set JSON file (vindex_spec/EDITING.md)")
-    ev.add_argument("--method", choices=METHODS, default="rome")
+    ev.add_argument("--method", choices=METHODS, default=None,
+                    help="the edit method (default: the model's measured default, as INSERT's)")
     ev.add_argument("--protocols", default="single,stacked",
                     help="single, stacked, sequential, or several (comma-separated)")
     ev.add_argument("--held-out", default=None, metavar="TEXT",

@@ -91,7 +91,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     pb = sub.add_parser("publish", help="upload a vindex (or a slice of it) and a model card to the Hugging Face Hub, "
                                         "only the files the repository does not already have")
-    pb.add_argument("vindex")
+    pb.add_argument("vindex", help="the vindex directory to upload")
     pb.add_argument("repo", help="org/name or hf://org/name[@revision]")
     pb.add_argument("--slice", choices=list(PRESETS), default=None, help="publish this slice of the vindex")
     pb.add_argument("--revision", help="the branch to commit to (default main)")

@@ -97,16 +97,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     run = sub.add_parser("run", help="generate text from a model (streams tokens as they come); no prompt: a chat")
-    run.add_argument("model", help="alias (gemma3-270m, smollm2-135m), a .gguf file, an HF directory, or a Hugging "
-                                    "Face Hub id (org/name, hf://org/name@rev)")
+    run.add_argument("model", help="alias (gemma3-270m, smollm2-135m), a .gguf file, an HF directory, an "
+                                    "inference-level vindex, or a Hugging Face Hub id (org/name, hf://org/name@rev)")
     run.add_argument("prompt", nargs="?", help="the text to continue; without it, a chat in the terminal (the model's "
                      "chat template, /reset, /exit)")
     run.add_argument("--max-tokens", type=int, default=32, help="tokens to generate (default 32; in a chat, a reply's)")
     run.add_argument("--top", type=int, default=0, metavar="K", help="print the next-token distribution instead")
     run.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    run.add_argument("--top-k", type=int, default=0)
-    run.add_argument("--top-p", type=float, default=1.0)
-    run.add_argument("--seed", type=int, default=None)
+    run.add_argument("--top-k", type=int, default=0, help="sample from the K most likely tokens only (0: all)")
+    run.add_argument("--top-p", type=float, default=1.0,
+                     help="sample from the smallest set of tokens whose probability reaches P (1: all)")
+    run.add_argument("--seed", type=int, default=None, help="the sampler's seed, for a repeatable sample")
     run.add_argument("--stats", action="store_true", help="print token count and speed to stderr")
     run.add_argument("--ffn", action="append", default=None, metavar="URL",
                      help="compute the FFN of the layers (or experts) an FFN server serves there (larql serve "

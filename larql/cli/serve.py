@@ -83,6 +83,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--experts", default=None, metavar="E1-E2",
                     help="with --ffn-only: serve these experts of a mixture of experts (of --layers, or every layer)")
     add_ray_options(sv)
-    sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                    help="uvicorn's log level")
     sv.set_defaults(func=cmd_serve)
 

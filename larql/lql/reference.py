@@ -20,8 +20,9 @@ class StatementHelp:
 
 
 STATEMENTS: tuple[StatementHelp, ...] = (
-    StatementHelp("USE", 'USE "path.vindex" | USE MODEL "alias|file.gguf|hf-dir" [AUTO_EXTRACT]',
-                  'USE "g.vindex";', "open a vindex (or load a model) for the statements after it"),
+    StatementHelp("USE", 'USE "path.vindex" | USE MODEL "alias|file.gguf|hf-dir" | USE REMOTE "http://host:port"',
+                  'USE "g.vindex";', "open a vindex (or load a model) for the statements after it; REMOTE: send "
+                  "them to a `larql serve`"),
     StatementHelp("USE SAE", 'USE SAE "dir" [AT LAYER n] [LABELS "explanations.json"]',
                   'USE SAE "saes/blocks.6.hook_resid_post" AT LAYER 6;',
                   "attach a sparse autoencoder (SAELens' format) at the hook point its cfg.json names, or a "
@@ -44,7 +45,7 @@ STATEMENTS: tuple[StatementHelp, ...] = (
     StatementHelp("DESCRIBE", 'DESCRIBE "entity" [ALL LAYERS | SYNTAX | KNOWLEDGE | OUTPUT] [AT LAYER n] '
                   "[RELATIONS ONLY] [VERBOSE | BRIEF | RAW]", 'DESCRIBE "France";',
                   "an entity's edges: probe edges through the model, feature edges by layer band"),
-    StatementHelp("WALK", 'WALK "prompt" [TOP n] [LAYERS a-b | LAYERS ALL] [MODE {HYBRID | PURE | DENSE}] [COMPARE]',
+    StatementHelp("WALK", 'WALK "prompt" [TOP n] [LAYERS a-b | LAYERS ALL]',
                   'WALK "The capital of France is" TOP 5;',
                   "a per-layer feature scan of the prompt's last token (TOP features per layer)"),
     StatementHelp("EXPLAIN WALK", 'EXPLAIN WALK "prompt" [LAYERS a-b] [VERBOSE] [TOP n] [band] [RELATIONS ONLY]',
@@ -67,9 +68,11 @@ STATEMENTS: tuple[StatementHelp, ...] = (
                   'CROWN "The capital of France is" FOR "Paris" SUBJECT "France";',
                   "which layer's MLP carries the fact (ablation per layer)"),
     StatementHelp("INSERT", 'INSERT INTO EDGES (entity, relation, target [, prompt] [, key]) VALUES ("...", ...) [, (...)] '
-                  "[AT LAYER n | LAYERS a-b] [CONFIDENCE x] [METHOD {ROME | MEMIT | FEATURE | NEURON}]",
+                  "[AT LAYER n | LAYERS a-b] [METHOD {ROME | MEMIT | FEATURE | NEURON}] [CONFIDENCE x]",
                   'INSERT INTO EDGES (entity, relation, target) VALUES ("France", "capital", "Rome");',
-                  "teach the model a fact (measured on prompts the edit never saw)"),
+                  "teach the model a fact (measured on prompts the edit never saw); METHOD: the model's default "
+                  "when none is named (NEURON on the bundled models); CONFIDENCE: the p(target) METHOD FEATURE "
+                  "searches for, with one row and no prompt column (refused otherwise)"),
     StatementHelp("DELETE", "DELETE FROM EDGES WHERE cond [AND cond ...]",
                   "DELETE FROM EDGES WHERE layer = 3 AND feature = 17;", "silence features"),
     StatementHelp("UPDATE", "UPDATE EDGES SET col = value [, ...] WHERE cond [AND cond ...]",
@@ -92,7 +95,7 @@ STATEMENTS: tuple[StatementHelp, ...] = (
                   'SHOW FEATURES 12 WHERE token = "Paris" LIMIT 5;', "one layer's features"),
     StatementHelp("SHOW ENTITIES", "SHOW ENTITIES [[AT LAYER] n] [LIMIT n]", "SHOW ENTITIES AT LAYER 12 LIMIT 10;",
                   "the tokens most features write"),
-    StatementHelp("SHOW RELATIONS", "SHOW RELATIONS [AT LAYER n] [WITH EXAMPLES] [VERBOSE | BRIEF | RAW]",
+    StatementHelp("SHOW RELATIONS", "SHOW RELATIONS [AT LAYER n] [WITH EXAMPLES] [VERBOSE | BRIEF]",
                   "SHOW RELATIONS WITH EXAMPLES;", "the relation clusters of the features"),
     StatementHelp("DIFF", 'DIFF {CURRENT | "a.vindex"} {CURRENT | "b.vindex"} [LAYER n] [RELATION "r"] [LIMIT n] '
                   '[INTO PATCH "file.vlp"]', 'DIFF "a.vindex" CURRENT LIMIT 20;',
@@ -106,6 +109,27 @@ STATEMENTS: tuple[StatementHelp, ...] = (
                   "fold the patch stack into fewer operations (every answer unchanged)"),
     StatementHelp("SHOW COMPACT STATUS", "SHOW COMPACT STATUS", "SHOW COMPACT STATUS;",
                   "what COMPACT MINOR / MAJOR would fold: patches, operations, bytes"),
+)
+
+
+# `a |> b |> c`: one statement whose stages run in order, each planned when its turn comes (after the
+# ones before it ran), its results those of every stage; a stage's output is not passed to the next.
+PIPE = ('WALK "The capital of France is" TOP 3 |> INFER "The capital of France is" TOP 3;',
+        "one statement of several stages, run in order; its results are every stage's, in order (a stage's "
+        "output is not an input of the next)")
+
+# Spellings the grammar accepts that say what the default already does, or name another spelling
+SPELLINGS: tuple[tuple[str, str], ...] = (
+    ("EXTRACT ... WITH WEIGHTS", "WITH INFERENCE (LARQL's spelling)"),
+    ("WALK ... LAYERS ALL", "the default: every layer"),
+    ("DESCRIBE ... BRIEF, SHOW RELATIONS ... BRIEF", "the default mode"),
+    ("SELECT ... ORDER BY col ASC", "the default order"),
+    ("INSERT ... MODE COMPOSE (or MODE = COMPOSE)", "the only mode: the edit is in the FFN itself"),
+    ("SHOW LAYERS RANGE a-b", "SHOW LAYERS a-b"),
+    ("SHOW ENTITIES n", "SHOW ENTITIES AT LAYER n"),
+    ("COMPACT", "COMPACT MAJOR"),
+    ("ON CONFLICT LAST_WINS", "the default policy of MERGE and COMPILE ... INTO VINDEX"),
+    ("MERGE ... ON CONFLICT KEEP_SOURCE / KEEP_TARGET", "LAST_WINS / KEEP_CURRENT (LARQL's spellings)"),
 )
 
 

@@ -15,7 +15,7 @@ Measured on an AVX-512 Zen 4 EPYC with numba built for haswell, this form only t
 sgemm pass (OpenBLAS's Haswell kernel), where the VNNI kernel is ~2.4x faster: each 32 products
 cost a broadcast, vpsignb, vpmaddubsw, vpmaddwd and vpaddd where VNNI spends one instruction on 64;
 summing two or four vpmaddubsw results in int16 first (narrower feature codes) gained under 10%.
-benchmarks/results/tiers-2026-11-28.json has the figures.
+benchmarks/results/tiers.json has the figures.
 """
 
 from __future__ import annotations

@@ -82,3 +82,23 @@ def test_eval_edits_scores_by_generation_and_held_out_perplexity(tiny_inference:
     r = larql("eval-edits", str(tiny_inference), str(path), "--protocols", "stacked", "--no-perplexity")
     assert r.returncode == 0, r.stderr
     assert "gen_ES" in r.stdout and "perplexity_change" in r.stdout
+
+
+def test_edit_without_method_uses_inserts_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`larql edit` without --method writes an INSERT without METHOD, so it edits as LQL's INSERT
+    does: the model's default (NEURON on gemma3-270m), not a CLI default of its own."""
+    import larql.cli.edit as edit_cli
+    from larql.cli.parser import build_parser
+    from larql.edit.methods.defaults import default_method
+    from larql.lql import ast
+    from larql.lql.parser import parse
+
+    texts: list[str] = []
+    monkeypatch.setattr(edit_cli, "_lql", lambda args, text: texts.append(text) or 0)
+    for extra in ([], ["--method", "rome"]):
+        args = build_parser().parse_args(["edit", "gemma3-270m", "--subject", "France", "--relation", "capital",
+                                          "--target", "Lyon", *extra])
+        assert args.func(args) == 0
+    inserts = [next(s for s in parse(t) if isinstance(s, ast.InsertStmt)) for t in texts]
+    assert inserts[0].method is None and default_method("gemma3-270m") == "neuron"
+    assert inserts[1].method == "rome"

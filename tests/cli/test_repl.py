@@ -79,6 +79,13 @@ def test_reference_covers_every_statement_and_its_examples_parse() -> None:
              and c not in (ast.Statement, ast.PipeStmt)}
     assert every - kinds == set()
     assert all(s.example.endswith(";") and s.syntax.startswith(s.name.split()[0]) for s in STATEMENTS)
+    from larql.lql.reference import PIPE
+
+    assert type(parse(PIPE[0])[0]) is ast.PipeStmt
+    for text in ('SHOW LAYERS RANGE 0-1;', "SHOW ENTITIES 3;", "COMPACT;", 'WALK "a" LAYERS ALL;',
+                 'INSERT INTO EDGES (entity, relation, target) VALUES ("a", "b", "c") MODE = COMPOSE;',
+                 'MERGE "b.vlp" ON CONFLICT KEEP_TARGET;', 'EXTRACT MODEL "m" INTO "o.vindex" WITH WEIGHTS;'):
+        parse(text)  # the other spellings the reference lists
 
 
 def test_history_and_settings_paths(tmp_path: Path) -> None:
