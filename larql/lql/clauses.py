@@ -56,9 +56,9 @@ REFUSALS: dict[type, tuple[Refusal, ...]] = {
                 "INSERT ... ALPHA is not supported: the inserted feature's scale is searched until p(target) "
                 "reaches CONFIDENCE, and weight edits optimise their own", "drop ALPHA"),
         Refusal(lambda s: s.confidence is not None and not _insert_uses_confidence(s),  # type: ignore[attr-defined, arg-type]
-                "INSERT ... CONFIDENCE applies to METHOD FEATURE with one row only: a weight edit optimises "
-                "until every target token is the top-1 on its prompts",
-                "drop CONFIDENCE, or insert one fact with METHOD FEATURE"),
+                "INSERT ... CONFIDENCE applies to METHOD FEATURE with one row only, without a prompt column: "
+                "a weight edit optimises until every target token is the top-1 on its prompts",
+                "drop CONFIDENCE, or insert one fact with METHOD FEATURE and no prompt"),
     ),
     ast.MergeStmt: (
         Refusal(lambda s: s.into is not None,  # type: ignore[attr-defined]
