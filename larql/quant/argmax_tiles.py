@@ -129,7 +129,7 @@ def _tile_scores(typingctx, packed, scales, xq, corr, dx, t, out):  # type: igno
 
 
 @intrinsic
-def _tile_scores_avx2(typingctx, packed, scales, xq, dx, t, out):  # type: ignore[no-untyped-def]
+def tile_scores_avx2(typingctx, packed, scales, xq, dx, t, out):  # type: ignore[no-untyped-def]
     """_tile_scores in AVX2 (no vpdpbusd): the same block dots s, exact, and the same float32 steps
     per row, so the same A bit for bit; the tile's 16 rows as two halves of 8 int32 lanes.
 
@@ -261,7 +261,7 @@ def scores_avx2(packed: NDArray[np.uint8], scales: NDArray[np.uint16], n_rows: i
     dx = np.empty(n // 32, dtype=np.float32)
     quantize_signed(x, xq, corr, dx)
     for t in prange(packed.shape[0]):
-        _tile_scores_avx2(packed, scales, xq.view(np.int32), dx, t, out)  # type: ignore[call-arg]
+        tile_scores_avx2(packed, scales, xq.view(np.int32), dx, t, out)  # type: ignore[call-arg]
 
 
 @njit(cache=True, parallel=True)
@@ -283,7 +283,7 @@ def candidates_avx2(packed: NDArray[np.uint8], scales: NDArray[np.uint16], n_row
     for ch in prange(n_chunks):
         top, at = np.float32(-np.inf), -1
         for t in range(ch * CHUNK, min(n_tiles, (ch + 1) * CHUNK)):
-            v: float = _tile_scores_avx2(packed, scales, x32, dx, t, approx)  # type: ignore[call-arg]
+            v: float = tile_scores_avx2(packed, scales, x32, dx, t, approx)  # type: ignore[call-arg]
             if v > top or at < 0 or ROWS * t + ROWS > n_rows:
                 for r in range(ROWS * t, min(n_rows, ROWS * t + ROWS)):
                     if approx[r] > top or at < 0:

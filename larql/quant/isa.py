@@ -2,8 +2,8 @@
 
     avx512vnni   vpdpbusd / vpdpwssd (AVX-512 VNNI, with AVX-512 VL for the 256-bit forms): every int8 pass
     avx2         vpmaddubsw + vpmaddwd: extraction's down_meta pass, greedy decode's tiled candidate
-                 pass and the gate KNN; the other passes (the row candidate pass, the editing top-k)
-                 take their float32 form
+                 pass, the editing top-k on the tiled copy and the gate KNN; the row candidate pass
+                 takes its float32 form
     float32      no int8 pass: the float32 forms, with the same answers
 
 The tier follows the features numba compiles for: this CPU's, or the ones `NUMBA_CPU_FEATURES`

@@ -320,7 +320,7 @@ class QuantMatrix:
         """Per row of x `[t, n_cols]`, the ids of the k largest entries of x @ W.T `[t, k]` (descending;
         an equal value keeps the lower id), a chunk of weight rows at a time: the `[t, n_rows]`
         product is never held (an edit's candidate tokens over Gemma's 262k-row unembedding). A
-        Q8_0 matrix with VNNI finds them from int8 scores on its tiled copy and ranks them by exact
+        Q8_0 matrix on an int8 tier finds them from int8 scores on its tiled copy and ranks them by exact
         (float64) scores (topk_tiles.py; 2.3x), for TILED_TOP_K_ROWS rows or more or once the copy
         exists; the float32 path agrees up to its rounding (two scores within ~1e-6 may swap)."""
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -329,7 +329,7 @@ class QuantMatrix:
         k = min(k, self.n_rows)
         if k <= 0:
             return np.zeros((len(x), 0), np.int64)
-        if (self.qtype == GGMLType.Q8_0 and argmax.HAVE_VNNI and len(x)
+        if (self.qtype == GGMLType.Q8_0 and argmax.HAVE_TILED and len(x)
                 and (len(x) >= TILED_TOP_K_ROWS or (self._tiled and self._tiled[0] is not None))):
             from larql.quant import topk_tiles  # only an edit's batches come here: not imported by `larql run`
 

@@ -26,7 +26,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numpy.typing import NDArray
 
-from larql.quant.argmax_tiles import ROWS, Tiled, quantize_signed
+from larql.quant import isa
+from larql.quant.argmax_tiles import ROWS, Tiled, quantize_signed, tile_scores_avx2
 from larql.quant.ir_parts import splat
 from larql.quant.kernels import F16_TO_F32
 from larql.quant.q8_bounds import bound_slack, rounding
@@ -97,13 +98,11 @@ def _tile_scores_batch(typingctx, packed, scales, xq, corr, dx, t, b0, out):  # 
 
 
 @njit(cache=True, parallel=True)
-def batch_scores(packed: NDArray[np.uint8], scales: NDArray[np.uint16], x: NDArray[np.float32],
-                 out: NDArray[np.float32], c: float) -> NDArray[np.float64]:  # pragma: no cover - numba
-    """A `[B, n_tiles * 16]` (out) of every tiled row for each activation x `[B, n]` (B a multiple of
-    TB); returns each activation's slack (argmax.py: |A_r - w_r . x| <= |w_r| * slack, c its rounding)."""
+def _quantize_batch(x: NDArray[np.float32], c: float) -> tuple[NDArray[np.int8], NDArray[np.int32],
+                                                               NDArray[np.float32], NDArray[np.float64]]:  # pragma: no cover - numba
+    """Each activation of x `[B, n]` by argmax_tiles.quantize_signed: (codes, corr, dx, slack), slack
+    argmax.py's (|A_r - w_r . x| <= |w_r| * slack, c its rounding)."""
     n_act, n = x.shape
-    if n_act % TB:
-        raise ValueError("batch_scores: the activations come in whole groups of TB")  # the intrinsic reads TB rows
     nb = n // 32
     xq = np.empty((n_act, n), dtype=np.int8)
     corr = np.empty((n_act, nb), dtype=np.int32)
@@ -112,6 +111,18 @@ def batch_scores(packed: NDArray[np.uint8], scales: NDArray[np.uint16], x: NDArr
     for b in prange(n_act):
         err, hat = quantize_signed(x[b], xq[b], corr[b], dx[b])
         slack[b] = bound_slack(x[b], err, hat, c)
+    return xq, corr, dx, slack
+
+
+@njit(cache=True, parallel=True)
+def batch_scores(packed: NDArray[np.uint8], scales: NDArray[np.uint16], x: NDArray[np.float32],
+                 out: NDArray[np.float32], c: float) -> NDArray[np.float64]:  # pragma: no cover - numba
+    """A `[B, n_tiles * 16]` (out) of every tiled row for each activation x `[B, n]` (B a multiple of
+    TB); returns each activation's slack (argmax.py: |A_r - w_r . x| <= |w_r| * slack, c its rounding)."""
+    n_act = x.shape[0]
+    if n_act % TB:
+        raise ValueError("batch_scores: the activations come in whole groups of TB")  # the intrinsic reads TB rows
+    xq, corr, dx, slack = _quantize_batch(x, c)
     x32 = xq.view(np.int32)
     n_tiles = packed.shape[0]
     n_tasks = (n_tiles + TILES_PER_TASK - 1) // TILES_PER_TASK
@@ -119,6 +130,24 @@ def batch_scores(packed: NDArray[np.uint8], scales: NDArray[np.uint16], x: NDArr
         for b0 in range(0, n_act, TB):
             for t in range(task * TILES_PER_TASK, min(n_tiles, (task + 1) * TILES_PER_TASK)):
                 _tile_scores_batch(packed, scales, x32, corr, dx, t, b0, out)  # type: ignore[call-arg]
+    return slack
+
+
+@njit(cache=True, parallel=True)
+def batch_scores_avx2(packed: NDArray[np.uint8], scales: NDArray[np.uint16], x: NDArray[np.float32],
+                      out: NDArray[np.float32], c: float) -> NDArray[np.float64]:  # pragma: no cover - numba
+    """`batch_scores` on the AVX2 tier: argmax_tiles' AVX2 kernel an activation at a time (the same A,
+    bit for bit), a task's tiles kept in cache while every activation passes over them."""
+    n_act = x.shape[0]
+    xq, _, dx, slack = _quantize_batch(x, c)
+    x32 = xq.view(np.int32)
+    n_tiles = packed.shape[0]
+    n_tasks = (n_tiles + TILES_PER_TASK - 1) // TILES_PER_TASK
+    for task in prange(n_tasks):
+        for b in range(n_act):
+            xb, db, ob = x32[b], dx[b], out[b]
+            for t in range(task * TILES_PER_TASK, min(n_tiles, (task + 1) * TILES_PER_TASK)):
+                tile_scores_avx2(packed, scales, xb, db, t, ob)  # type: ignore[call-arg]
     return slack
 
 
@@ -211,12 +240,13 @@ def top_k(tiled: Tiled, raw: NDArray[np.uint8], x: NDArray[np.float32], k: int) 
     padded = np.zeros((BATCH, x.shape[1]), np.float32)
     approx = np.empty((BATCH, tiled.packed.shape[0] * ROWS), np.float32)
     keep = np.empty((BATCH, n_rows), np.bool_)
+    score = batch_scores_avx2 if isa.TIER == "avx2" else batch_scores  # the tier's kernel (isa)
     for lo in range(0, len(x), BATCH):
         part = x[lo: lo + BATCH]
         padded[: len(part)] = part
         padded[len(part):] = 0.0
         n_act = -(-len(part) // TB) * TB
-        slack = batch_scores(tiled.packed, tiled.scales, padded[:n_act], approx[:n_act], rounding(x.shape[1]))
+        slack = score(tiled.packed, tiled.scales, padded[:n_act], approx[:n_act], rounding(x.shape[1]))
         candidates(approx[: len(part)], n_rows, tiled.norms, slack[: len(part)], k, keep[: len(part)])
         rescore(raw, F16_TO_F32, part, keep[: len(part)], out[lo: lo + len(part)])
     return out

@@ -6,10 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from larql.quant import GGMLType, QuantMatrix, argmax, argmax_tiles, tensor, topk_tiles
+from larql.quant import GGMLType, QuantMatrix, argmax, argmax_tiles, isa, tensor, topk_tiles
 from tests.unit.quant.test_kernels import random_matrix
 
-needs_vnni = pytest.mark.skipif(not argmax.HAVE_VNNI, reason="no AVX-512 VNNI: top_k runs the float32 chunks")
+needs_vnni = pytest.mark.skipif(not argmax.HAVE_VNNI, reason="no AVX-512 VNNI: the VNNI kernel cannot run")
+needs_tiled = pytest.mark.skipif(not argmax.HAVE_TILED, reason="the float32 tier: top_k runs the float32 chunks")
+needs_avx2 = pytest.mark.skipif(not isa.runs("avx2"), reason="no AVX2: the AVX2 kernel cannot run")
 
 
 def _exact_top_k(m: QuantMatrix, x: np.ndarray, k: int) -> np.ndarray:
@@ -35,7 +37,29 @@ def test_batch_scores_are_the_one_activation_kernels_bit_for_bit() -> None:
     assert np.all(slack > 0) and np.all(np.isfinite(slack))
 
 
-@needs_vnni
+@needs_avx2
+def test_the_avx2_batch_gives_each_activation_the_one_activation_scores_bit_for_bit() -> None:
+    """The AVX2 tier's batch (argmax_tiles' AVX2 kernel an activation at a time) gives argmax_tiles'
+    AVX2 scores, and so the VNNI batch's where that runs, and the same slack."""
+    m = random_matrix(GGMLType.Q8_0, 1029, 640, seed=3)
+    tiled = argmax_tiles.Tiled(m.raw, argmax.row_norms(m.raw))
+    x = (np.random.default_rng(4).standard_normal((2 * topk_tiles.TB + 3, 640)) * 2).astype(np.float32)
+    x[5] = 0.0
+    got = np.empty((len(x), tiled.packed.shape[0] * argmax_tiles.ROWS), np.float32)
+    slack = topk_tiles.batch_scores_avx2(tiled.packed, tiled.scales, x, got, argmax.rounding(640))
+    for b in range(len(x)):
+        one = np.empty(got.shape[1], np.float32)
+        argmax_tiles.scores_avx2(tiled.packed, tiled.scales, 1029, x[b], one)
+        assert np.array_equal(got[b, :1029].view(np.uint32), one[:1029].view(np.uint32)), b
+    if argmax.HAVE_VNNI:
+        n = 2 * topk_tiles.TB
+        vnni = np.empty((n, got.shape[1]), np.float32)
+        vnni_slack = topk_tiles.batch_scores(tiled.packed, tiled.scales, x[:n], vnni, argmax.rounding(640))
+        assert np.array_equal(got[:n, :1029].view(np.uint32), vnni[:, :1029].view(np.uint32))
+        assert np.array_equal(slack[:n], vnni_slack)
+
+
+@needs_tiled
 @pytest.mark.parametrize("k", [1, 9, 300])
 def test_top_k_is_the_exact_top_k_with_ties_to_the_lower_id(k: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Through the tiled copy (the float32 chunks made to fail), top_k of 70 activations (a full
@@ -64,7 +88,7 @@ def test_top_k_is_the_exact_top_k_with_ties_to_the_lower_id(k: int, monkeypatch:
         assert list(got[6, :3]) == [17, 700, 900]
 
 
-@needs_vnni
+@needs_tiled
 def test_a_few_rows_stay_on_the_float_path_until_the_copy_exists(monkeypatch: pytest.MonkeyPatch) -> None:
     """Below TILED_TOP_K_ROWS no tiled copy is made for top_k (its making would cost more than it saves);
     once it exists, any batch uses it; a non-finite activation takes the float32 path."""
