@@ -21,8 +21,10 @@ from collections.abc import Callable
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange
+from numba.core import cgutils
 from numpy.typing import NDArray
 
+from larql.quant import isa
 from larql.quant.block_rows import (
     I32,
     V2I32,
@@ -36,6 +38,7 @@ from larql.quant.block_rows import (
     add_scaled,
     bytes16,
     bytes_,
+    each_row,
     i32s,
     move_bits,
     row_kernel,
@@ -144,32 +147,54 @@ def _lane_order_q6_k() -> NDArray[np.int64]:
 LANES_Q4_K, LANES_Q6_K = _lane_order_q4_k(), _lane_order_q6_k()
 
 
-def _emit_q4_k(blk, acc, macc):  # type: ignore[no-untyped-def]
+def _q4_k_emit(permute: bool):  # type: ignore[no-untyped-def]
+    """Q4_K's block codegen; `permute` (AVX-512): each nibble's float32 by vpermps from the table 0..15,
+    which reads only the low 4 bits of each lane (no mask, no conversion; the same floats)."""
+    def emit(blks, accs, maccs):  # type: ignore[no-untyped-def]
+        _emit_q4_k(blks, accs, maccs, permute)
+
+    return emit
+
+
+def _emit_q4_k(blks, accs, maccs, permute):  # type: ignore[no-untyped-def]
     """Q4_K, 256 weights in 144 bytes: byte 0-1 d | 2-3 dmin | 4-15 scales | 16-143 qs, where 32-byte
     chunk c holds sub-block 2c in its low nibbles and 2c + 1 in its high ones. 64 qs bytes load as 16
-    32-bit lanes and each of a lane's 8 nibbles is a shift and a mask away, lane-wise (no shuffles): the
-    activation comes in that lane order (LANES_Q4_K). Lanes 0-7 are chunk 2p's, 8-15 chunk 2p + 1's, so
-    the 4 nibbles j of one parity share a scale per half: summed unscaled, then scaled once."""
-    b = blk.b
-    scales, mins = _k_scales(blk, blk.half(0), blk.half(2))
-    xsum = b.load(b.bitcast(blk.xsum, ir.PointerType(V8F32)), typ=V8F32, align=4)
-    b.store(b.call(blk.fma8, [mins, xsum, b.load(macc)]), macc)
+    32-bit lanes and each of a lane's 8 nibbles is a shift and a mask away, lane-wise (no shuffles):
+      lane i (bytes 4i..4i+3):  [b3 hi|b3 lo|b2 hi|b2 lo|b1 hi|b1 lo|b0 hi|b0 lo]   nibble j = lane >> 4j & 15
+    the activation comes in that lane order (LANES_Q4_K). Lanes 0-7 are chunk 2p's, 8-15 chunk 2p + 1's,
+    so the 4 nibbles j of one parity share a scale per half: summed unscaled, then scaled once. The
+    rows of `blks` are unpacked side by side, each activation vector loaded once for all of them."""
+    b = blks[0].b
+    if permute:
+        perm = cgutils.get_or_insert_function(b.module, ir.FunctionType(V16F32, [V16F32, V16I32]),
+                                              "llvm.x86.avx512.permvar.sf.512")
+        table = ir.Constant(V16F32, [float(i) for i in range(16)])
+    scales = []
+    for blk, macc in zip(blks, maccs):
+        sc, mins = _k_scales(blk, blk.half(0), blk.half(2))
+        xsum = b.load(b.bitcast(blk.xsum, ir.PointerType(V8F32)), typ=V8F32, align=4)
+        b.store(b.call(blk.fma8, [mins, xsum, b.load(macc)]), macc)
+        scales.append(sc)
     for p in range(2):
-        v = blk.load(16 + 64 * p, V16I32)
-        part = [None, None]
+        vs = [blk.load(16 + 64 * p, V16I32) for blk in blks]
+        parts = [[None, None] for _ in blks]
         for j in range(8):
-            nib = b.lshr(v, i32s(4 * j)) if j else v
-            qf = b.sitofp(b.and_(nib, i32s(15)) if j < 7 else nib, V16F32)
-            x = blk.xs(128 * p + 16 * j)
-            part[j % 2] = b.fmul(qf, x) if part[j % 2] is None else b.call(blk.fma, [qf, x, part[j % 2]])
-        for parity in range(2):
-            lanes = [4 * p + parity] * 8 + [4 * p + 2 + parity] * 8
-            sv = b.shuffle_vector(scales, scales, ir.Constant(ir.VectorType(I32, 16), lanes))
-            slot = acc[parity]
-            b.store(b.call(blk.fma, [part[parity], sv, b.load(slot)]), slot)
+            x = blks[0].xs(128 * p + 16 * j)
+            for v, part in zip(vs, parts):
+                nib = b.lshr(v, i32s(4 * j)) if j else v
+                if permute:
+                    qf = b.call(perm, [table, nib])
+                else:
+                    qf = b.sitofp(b.and_(nib, i32s(15)) if j < 7 else nib, V16F32)
+                part[j % 2] = b.fmul(qf, x) if part[j % 2] is None else b.call(blks[0].fma, [qf, x, part[j % 2]])
+        for sc, part, acc in zip(scales, parts, accs):
+            for parity in range(2):
+                lanes = [4 * p + parity] * 8 + [4 * p + 2 + parity] * 8
+                sv = b.shuffle_vector(sc, sc, ir.Constant(ir.VectorType(I32, 16), lanes))
+                b.store(b.call(blks[0].fma, [part[parity], sv, b.load(acc[parity])]), acc[parity])
 
 
-def _emit_q6_k(blk, acc, macc):  # type: ignore[no-untyped-def]
+def _emit_q6_k(blks, accs, maccs):  # type: ignore[no-untyped-def]
     """Q6_K, 256 weights in 210 bytes, w = (d sc[e // 16]) (q - 32), q 6 bits (reference.py):
        byte 0-127 ql (low 4 bits) | 128-191 qh (high 2 bits) | 192-207 sc (int8) | 208-209 d (f16)
     weight e = 128h + 32t + c: low = ql[64h + 32(t % 2) + c] >> 4(t // 2) & 15, high = qh[32h + c] >> 2t & 3.
@@ -177,33 +202,54 @@ def _emit_q6_k(blk, acc, macc):  # type: ignore[no-untyped-def]
     twice (lanes 8-15 shifted right by 2), so each byte's integer is built for 4 weights a lane at once:
       t = 0, 1:  ql & 0x0f | (qh << 4) & 0x30        t = 2, 3:  (ql >> 4) & 0x0f | qh & 0x30
     then 32 off bytewise, and byte k out by a shift left and an arithmetic shift right. The activation
-    is in that lane order (LANES_Q6_K); the four k share each lane's scale: summed, then scaled."""
-    b = blk.b
-    d = blk.half(208)
-    scales = b.fmul(b.sitofp(b.sext(blk.load(192, V16I8), V16I32), V16F32), splat(b, d, V16F32))
+    is in that lane order (LANES_Q6_K); the four k share each lane's scale: summed, then scaled. The
+    rows of `blks` side by side, each activation vector loaded once for all of them."""
+    b = blks[0].b
+    scales = []
+    for blk in blks:
+        d = blk.half(208)
+        scales.append(b.fmul(b.sitofp(b.sext(blk.load(192, V16I8), V16I32), V16F32), splat(b, d, V16F32)))
     for h in range(2):
-        ql = blk.load(64 * h, V16I32)
-        qh8 = blk.load(128 + 32 * h, V8I32)
-        qh = b.shuffle_vector(qh8, b.lshr(qh8, ir.Constant(V8I32, [2] * 8)),
-                              ir.Constant(ir.VectorType(I32, 16), list(range(16))))
-        q01 = b.or_(b.and_(ql, i32s(0x0F0F0F0F)), b.and_(b.shl(qh, i32s(4)), i32s(0x30303030)))
-        q23 = b.or_(b.and_(b.lshr(ql, i32s(4)), i32s(0x0F0F0F0F)), b.and_(qh, i32s(0x30303030)))
-        for n, q in enumerate((q01, q23)):
-            q = b.bitcast(b.sub(b.bitcast(q, V64I8), bytes_(64, 32)), V16I32)
-            part = None
+        qs = []
+        for blk in blks:
+            ql = blk.load(64 * h, V16I32)
+            qh8 = blk.load(128 + 32 * h, V8I32)
+            qh = b.shuffle_vector(qh8, b.lshr(qh8, ir.Constant(V8I32, [2] * 8)),
+                                  ir.Constant(ir.VectorType(I32, 16), list(range(16))))
+            q01 = b.or_(b.and_(ql, i32s(0x0F0F0F0F)), b.and_(b.shl(qh, i32s(4)), i32s(0x30303030)))
+            q23 = b.or_(b.and_(b.lshr(ql, i32s(4)), i32s(0x0F0F0F0F)), b.and_(qh, i32s(0x30303030)))
+            qs.append([b.bitcast(b.sub(b.bitcast(q, V64I8), bytes_(64, 32)), V16I32) for q in (q01, q23)])
+        for n in range(2):
+            parts = [None] * len(blks)
             for k in range(4):
-                w = b.ashr(b.shl(q, i32s(24 - 8 * k)) if k < 3 else q, i32s(24))
-                qf, x = b.sitofp(w, V16F32), blk.xs(128 * h + 64 * n + 16 * k)
-                part = b.fmul(qf, x) if part is None else b.call(blk.fma, [qf, x, part])
+                x = blks[0].xs(128 * h + 64 * n + 16 * k)
+                for i, q in enumerate(qs):
+                    w = b.ashr(b.shl(q[n], i32s(24 - 8 * k)) if k < 3 else q[n], i32s(24))
+                    qf = b.sitofp(w, V16F32)
+                    parts[i] = b.fmul(qf, x) if parts[i] is None else b.call(blks[0].fma, [qf, x, parts[i]])
             lanes = [8 * h + 4 * n + i // 4 for i in range(16)]
-            sv = b.shuffle_vector(scales, scales, ir.Constant(ir.VectorType(I32, 16), lanes))
-            slot = acc[n]
-            b.store(b.call(blk.fma, [part, sv, b.load(slot)]), slot)
+            for sc, part, acc in zip(scales, parts, accs):
+                sv = b.shuffle_vector(sc, sc, ir.Constant(ir.VectorType(I32, 16), lanes))
+                b.store(b.call(blks[0].fma, [part, sv, b.load(acc[n])]), acc[n])
 
 
-_Q4_K, _Q5_K = row_kernel(144, 256, _emit_q4_k), row_kernel(176, 256, _emit_q5_k)
-_Q6_K, _Q4_0 = row_kernel(210, 256, _emit_q6_k), row_kernel(18, 32, _emit_q4_0)
-_Q5_0 = row_kernel(22, 32, _emit_q5_0)
+# AVX-512 (32 vector registers): Q4_K's nibbles to float32 by vpermps, and rows of at least LONG_ROW
+# weights several a call (2 for Q4_K, 4 for Q6_K), the activation's vectors loaded once for them: an
+# activation of 24 KB and more no longer stays in L1. Streamed from memory, in GB per CPU-second (one
+# thread, bench_direct_kernels.py): Q4_K 10240 columns 8.8 -> 11.5, 6912: 10.0 -> 11.1; Q6_K 10240
+# 9.3 -> 10.8, 6912 9.9 -> 11.0. Shorter rows stay one a call: the rows side by side are as many
+# streams of a row's length, too short for the hardware prefetcher (4096 columns: Q6_K 11.0 one a
+# call, 9.8 four; 2560: 10.6 / 7.8), where one row after another is one stream; vpermps alone takes
+# Q4_K at 2560 columns from 11.0 to 12.3. With AVX2's 16 registers the rows' accumulators spill
+# (two rows 10% slower in L2): one row a call.
+WIDE = isa.target_has("avx512f")
+ROWS_Q4_K, ROWS_Q6_K = (2, 4) if WIDE else (1, 1)
+LONG_ROW = 6144
+_Q4_K1, _Q4_KN = row_kernel(144, 256, _q4_k_emit(WIDE)), row_kernel(144, 256, _q4_k_emit(WIDE), rows=ROWS_Q4_K)
+_Q6_K1, _Q6_KN = row_kernel(210, 256, _emit_q6_k), row_kernel(210, 256, _emit_q6_k, rows=ROWS_Q6_K)
+_Q4_K_PLAIN = row_kernel(144, 256, _q4_k_emit(False))  # the AVX2 form on every target (the tests' reference)
+_Q5_K, _Q4_0 = row_kernel(176, 256, each_row(_emit_q5_k)), row_kernel(18, 32, each_row(_emit_q4_0))
+_Q5_0 = row_kernel(22, 32, each_row(_emit_q5_0))
 
 
 @njit(cache=True)
@@ -231,11 +277,29 @@ def _in_lane_order(x: NDArray[np.float32], order: NDArray[np.int64]) -> NDArray[
 
 @njit(cache=True, parallel=True)
 def matvec_q4_k(w: NDArray[np.uint8], x: NDArray[np.float32], out: NDArray[np.float32]) -> None:  # pragma: no cover - numba
-    """out[r] = row r of the Q4_K blocks w `[rows, 144 * blocks]` times x `[256 * blocks]`."""
+    """out[r] = row r of the Q4_K blocks w `[rows, 144 * blocks]` times x `[256 * blocks]`: ROWS_Q4_K rows a
+    call for rows of LONG_ROW weights or more, else one (each row's sums those of matvec_q4_k_one, the
+    same bits)."""
+    xsum = _group_sums(x)
+    xl = _in_lane_order(x, LANES_Q4_K)
+    if ROWS_Q4_K > 1 and x.shape[0] >= LONG_ROW:
+        n = w.shape[0] // ROWS_Q4_K
+        for r in prange(n):
+            _Q4_KN(w, ROWS_Q4_K * r, xl, xsum, out)
+        for r in range(n * ROWS_Q4_K, w.shape[0]):
+            _Q4_K1(w, r, xl, xsum, out)
+    else:
+        for r in prange(w.shape[0]):
+            _Q4_K1(w, r, xl, xsum, out)
+
+
+@njit(cache=True, parallel=True)
+def matvec_q4_k_one(w: NDArray[np.uint8], x: NDArray[np.float32], out: NDArray[np.float32]) -> None:  # pragma: no cover - numba
+    """matvec_q4_k a row a call, its nibbles converted by shift, mask and cvtdq2ps on every target."""
     xsum = _group_sums(x)
     xl = _in_lane_order(x, LANES_Q4_K)
     for r in prange(w.shape[0]):
-        _Q4_K(w, r, xl, xsum, out)
+        _Q4_K_PLAIN(w, r, xl, xsum, out)
 
 
 @njit(cache=True, parallel=True)
@@ -248,10 +312,27 @@ def matvec_q5_k(w: NDArray[np.uint8], x: NDArray[np.float32], out: NDArray[np.fl
 
 @njit(cache=True, parallel=True)
 def matvec_q6_k(w: NDArray[np.uint8], x: NDArray[np.float32], out: NDArray[np.float32]) -> None:  # pragma: no cover - numba
-    """out[r] = row r of the Q6_K blocks w `[rows, 210 * blocks]` times x `[256 * blocks]`."""
+    """out[r] = row r of the Q6_K blocks w `[rows, 210 * blocks]` times x `[256 * blocks]`: ROWS_Q6_K rows a
+    call for rows of LONG_ROW weights or more, else one (each row's sums those of matvec_q6_k_one, the
+    same bits)."""
+    xl = _in_lane_order(x, LANES_Q6_K)
+    if ROWS_Q6_K > 1 and x.shape[0] >= LONG_ROW:
+        n = w.shape[0] // ROWS_Q6_K
+        for r in prange(n):
+            _Q6_KN(w, ROWS_Q6_K * r, xl, xl, out)
+        for r in range(n * ROWS_Q6_K, w.shape[0]):
+            _Q6_K1(w, r, xl, xl, out)
+    else:
+        for r in prange(w.shape[0]):
+            _Q6_K1(w, r, xl, xl, out)
+
+
+@njit(cache=True, parallel=True)
+def matvec_q6_k_one(w: NDArray[np.uint8], x: NDArray[np.float32], out: NDArray[np.float32]) -> None:  # pragma: no cover - numba
+    """matvec_q6_k a row a call."""
     xl = _in_lane_order(x, LANES_Q6_K)
     for r in prange(w.shape[0]):
-        _Q6_K(w, r, xl, xl, out)
+        _Q6_K1(w, r, xl, xl, out)
 
 
 @njit(cache=True, parallel=True)
