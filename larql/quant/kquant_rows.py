@@ -194,16 +194,31 @@ def _emit_q4_k(blks, accs, maccs, permute):  # type: ignore[no-untyped-def]
                 b.store(b.call(blks[0].fma, [part[parity], sv, b.load(acc[parity])]), acc[parity])
 
 
-def _emit_q6_k(blks, accs, maccs):  # type: ignore[no-untyped-def]
+def _q6_k_emit(magic: bool):  # type: ignore[no-untyped-def]
+    """Q6_K's block codegen; `magic` (AVX-512, whose vpternlogd masks and sets bits in one instruction):
+    each 6-bit integer into a float32's mantissa under a fixed exponent, then that float minus
+    (its power of two + 32) -- exactly q - 32, the same floats as the conversion; byte k of a lane
+    (q at bits 8k..8k+5) under the exponent of 2^(23 - 8k), so that no shift brings it down (k < 3):
+      [0|exponent of 2^(23-8k)|0..0|q|0..0]  =  2^(23-8k) + q      (q's lowest bit at mantissa bit 8k)
+    three instructions per 16 weights where shift left, arithmetic shift right and conversion are
+    four, and no bytewise subtraction of 32 before."""
+    def emit(blks, accs, maccs):  # type: ignore[no-untyped-def]
+        _emit_q6_k(blks, accs, maccs, magic)
+
+    return emit
+
+
+def _emit_q6_k(blks, accs, maccs, magic):  # type: ignore[no-untyped-def]
     """Q6_K, 256 weights in 210 bytes, w = (d sc[e // 16]) (q - 32), q 6 bits (reference.py):
        byte 0-127 ql (low 4 bits) | 128-191 qh (high 2 bits) | 192-207 sc (int8) | 208-209 d (f16)
     weight e = 128h + 32t + c: low = ql[64h + 32(t % 2) + c] >> 4(t // 2) & 15, high = qh[32h + c] >> 2t & 3.
     In 32-bit lanes, per half h: ql's 64 bytes as 16 lanes (lanes 8-15 hold t = 1, 3) and qh's 32 bytes
     twice (lanes 8-15 shifted right by 2), so each byte's integer is built for 4 weights a lane at once:
       t = 0, 1:  ql & 0x0f | (qh << 4) & 0x30        t = 2, 3:  (ql >> 4) & 0x0f | qh & 0x30
-    then 32 off bytewise, and byte k out by a shift left and an arithmetic shift right. The activation
-    is in that lane order (LANES_Q6_K); the four k share each lane's scale: summed, then scaled. The
-    rows of `blks` side by side, each activation vector loaded once for all of them."""
+    then 32 off bytewise, and byte k out by a shift left and an arithmetic shift right (or, `magic`,
+    each byte as a float's mantissa: _q6_k_emit). The activation is in that lane order (LANES_Q6_K); the
+    four k share each lane's scale: summed, then scaled. The rows of `blks` side by side, each
+    activation vector loaded once for all of them."""
     b = blks[0].b
     scales = []
     for blk in blks:
@@ -218,14 +233,20 @@ def _emit_q6_k(blks, accs, maccs):  # type: ignore[no-untyped-def]
                                   ir.Constant(ir.VectorType(I32, 16), list(range(16))))
             q01 = b.or_(b.and_(ql, i32s(0x0F0F0F0F)), b.and_(b.shl(qh, i32s(4)), i32s(0x30303030)))
             q23 = b.or_(b.and_(b.lshr(ql, i32s(4)), i32s(0x0F0F0F0F)), b.and_(qh, i32s(0x30303030)))
-            qs.append([b.bitcast(b.sub(b.bitcast(q, V64I8), bytes_(64, 32)), V16I32) for q in (q01, q23)])
+            qs.append([q01, q23] if magic else
+                      [b.bitcast(b.sub(b.bitcast(q, V64I8), bytes_(64, 32)), V16I32) for q in (q01, q23)])
         for n in range(2):
             parts = [None] * len(blks)
             for k in range(4):
                 x = blks[0].xs(128 * h + 64 * n + 16 * k)
                 for i, q in enumerate(qs):
-                    w = b.ashr(b.shl(q[n], i32s(24 - 8 * k)) if k < 3 else q[n], i32s(24))
-                    qf = b.sitofp(w, V16F32)
+                    if magic:  # 2^(23 - 8k) + q, less 2^(23 - 8k) + 32 (byte 3 first down to byte 0's place)
+                        v = b.and_(q[n], i32s(0x3F << 8 * k)) if k < 3 else b.lshr(q[n], i32s(24))
+                        e = 23 - 8 * k if k < 3 else 23
+                        f = b.bitcast(b.or_(v, i32s((127 + e) << 23)), V16F32)
+                        qf = b.fsub(f, ir.Constant(V16F32, [float(2 ** e + 32)] * 16))
+                    else:
+                        qf = b.sitofp(b.ashr(b.shl(q[n], i32s(24 - 8 * k)) if k < 3 else q[n], i32s(24)), V16F32)
                     parts[i] = b.fmul(qf, x) if parts[i] is None else b.call(blks[0].fma, [qf, x, parts[i]])
             lanes = [8 * h + 4 * n + i // 4 for i in range(16)]
             for sc, part, acc in zip(scales, parts, accs):
@@ -233,20 +254,22 @@ def _emit_q6_k(blks, accs, maccs):  # type: ignore[no-untyped-def]
                 b.store(b.call(blks[0].fma, [part, sv, b.load(acc[n])]), acc[n])
 
 
-# AVX-512 (32 vector registers): Q4_K's nibbles to float32 by vpermps, and rows of at least LONG_ROW
-# weights several a call (2 for Q4_K, 4 for Q6_K), the activation's vectors loaded once for them: an
-# activation of 24 KB and more no longer stays in L1. Streamed from memory, in GB per CPU-second (one
-# thread, bench_direct_kernels.py): Q4_K 10240 columns 8.8 -> 11.5, 6912: 10.0 -> 11.1; Q6_K 10240
-# 9.3 -> 10.8, 6912 9.9 -> 11.0. Shorter rows stay one a call: the rows side by side are as many
-# streams of a row's length, too short for the hardware prefetcher (4096 columns: Q6_K 11.0 one a
-# call, 9.8 four; 2560: 10.6 / 7.8), where one row after another is one stream; vpermps alone takes
-# Q4_K at 2560 columns from 11.0 to 12.3. With AVX2's 16 registers the rows' accumulators spill
-# (two rows 10% slower in L2): one row a call.
+# AVX-512 (32 vector registers, vpermps, vpternlogd): Q4_K's nibbles to float32 by vpermps, Q6_K's
+# integers by the exponent trick (_q6_k_emit), and rows of at least LONG_ROW weights several a call
+# (2 for Q4_K, 4 for Q6_K), the activation's vectors loaded once for them: an activation of 24 KB and
+# more no longer stays in L1. Streamed from memory, GB per CPU-second on one thread against the
+# one-row AVX2 form (bench_direct_kernels.py, a busy machine): Q4_K 10240 columns 8.8 -> 11.5, 6912
+# 10.0 -> 11.1, 2560 11.0 -> 12.3; Q6_K 10240 9.9 -> 12.5, 6912 10.5 -> 12.4, 2560 11.3 -> 14.2.
+# Shorter rows stay one a call: rows side by side are as many streams of a row's length, too short
+# for the hardware prefetcher (Q6_K at 2560 columns: 8.9 four a call), where one row after another
+# is one stream. With AVX2's 16 registers the rows' accumulators spill (two rows 10% slower in L2)
+# and there is no vpternlogd: the one-row form, as before.
 WIDE = isa.target_has("avx512f")
 ROWS_Q4_K, ROWS_Q6_K = (2, 4) if WIDE else (1, 1)
 LONG_ROW = 6144
 _Q4_K1, _Q4_KN = row_kernel(144, 256, _q4_k_emit(WIDE)), row_kernel(144, 256, _q4_k_emit(WIDE), rows=ROWS_Q4_K)
-_Q6_K1, _Q6_KN = row_kernel(210, 256, _emit_q6_k), row_kernel(210, 256, _emit_q6_k, rows=ROWS_Q6_K)
+_Q6_K1, _Q6_KN = row_kernel(210, 256, _q6_k_emit(WIDE)), row_kernel(210, 256, _q6_k_emit(WIDE), rows=ROWS_Q6_K)
+_Q6_K_PLAIN = row_kernel(210, 256, _q6_k_emit(False))  # the AVX2 form on every target (the tests' reference)
 _Q4_K_PLAIN = row_kernel(144, 256, _q4_k_emit(False))  # the AVX2 form on every target (the tests' reference)
 _Q5_K, _Q4_0 = row_kernel(176, 256, each_row(_emit_q5_k)), row_kernel(18, 32, each_row(_emit_q4_0))
 _Q5_0 = row_kernel(22, 32, each_row(_emit_q5_0))
@@ -329,10 +352,10 @@ def matvec_q6_k(w: NDArray[np.uint8], x: NDArray[np.float32], out: NDArray[np.fl
 
 @njit(cache=True, parallel=True)
 def matvec_q6_k_one(w: NDArray[np.uint8], x: NDArray[np.float32], out: NDArray[np.float32]) -> None:  # pragma: no cover - numba
-    """matvec_q6_k a row a call."""
+    """matvec_q6_k a row a call, its integers converted by shifts and cvtdq2ps on every target."""
     xl = _in_lane_order(x, LANES_Q6_K)
     for r in prange(w.shape[0]):
-        _Q6_K1(w, r, xl, xl, out)
+        _Q6_K_PLAIN(w, r, xl, xl, out)
 
 
 @njit(cache=True, parallel=True)
