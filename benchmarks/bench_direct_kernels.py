@@ -33,7 +33,7 @@ from larql.quant import GGMLType, kquant_rows
 from larql.quant.types import row_bytes
 
 SHAPES = {"Q4_K": [(10240, 2560), (2560, 10240), (2048, 2560)], "Q6_K": [(2560, 10240), (1024, 2560), (262144, 2560)],
-          "Q5_0": [(6912, 1152)], "Q4_0": [(6912, 1152)]}
+          "Q5_0": [(6912, 1152), (1024, 1152)], "Q4_0": [(6912, 1152)]}
 STREAM_BYTES = 384 << 20
 
 

@@ -100,15 +100,21 @@ def test_the_unpacking_vectorizes(qtype: GGMLType) -> None:
     assert re.search(r"cvtdq2ps\s+%[xyz]mm", asm) and "cvtsi2ss" not in asm
 
 
-@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q6_K], ids=lambda t: t.name)
+# each type's one-row form with its integers converted as on AVX2 (shifts, masks, cvtdq2ps)
+ONE_ROW = {GGMLType.Q4_K: kquant_rows.matvec_q4_k_one, GGMLType.Q6_K: kquant_rows.matvec_q6_k_one,
+           GGMLType.Q5_0: kquant_rows.matvec_q5_0_one}
+
+
+@pytest.mark.parametrize("qtype", list(ONE_ROW), ids=lambda t: t.name)
 @pytest.mark.parametrize("shape", [(1, 6144), (2, 6144), (3, 6400), (5, 6400), (8, 6144), (9, 6656), (13, 2560), (6, 6400)],
                          ids=lambda s: f"{s[0]}x{s[1]}")
 def test_several_rows_a_call_are_the_one_row_bits(qtype: GGMLType, shape: tuple[int, int]) -> None:
-    """matvec_q4_k / matvec_q6_k (several rows a call for long rows on AVX-512, Q4_K's nibbles by vpermps)
-    equal the one-row kernels bit for bit, at row counts that leave a remainder of one to three rows."""
+    """The decode kernels (on AVX-512: long rows several a call, integers to float32 by permutes, the
+    exponent trick and masked adds) equal the one-row AVX2 forms bit for bit, at row counts that leave
+    a remainder of one to three rows."""
     rows, cols = shape
     m = random_matrix(qtype, rows, cols, seed=rows + cols)
-    one = {GGMLType.Q4_K: kquant_rows.matvec_q4_k_one, GGMLType.Q6_K: kquant_rows.matvec_q6_k_one}[qtype]
+    one = ONE_ROW[qtype]
     for seed in range(2):
         x = np.random.default_rng(seed).standard_normal(cols).astype(np.float32)
         x[::5] *= 300.0
