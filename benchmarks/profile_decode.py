@@ -9,9 +9,11 @@ GGML type and shape, with its GB/s of GGUF bytes), the norms, the q/k step, atte
 activation, the embedding, the final norm and the lm_head (a greedy step's argmax over the vocab).
 What the timers do not cover is "python" (the loop, allocations, the timers themselves). The
 machine's floor beside it: a STREAM-like copy's GB/s (bench_scale.copy_bandwidth) and the bytes
-one token reads over it. --ab loads the model a second time with its Q4_K / Q6_K matrices on the
-one-row kernels decode ran before the multi-row ones (kquant_rows.matvec_*_one) and decodes a token
-of each in turn, so that the machine's other work slows both alike. --peer times llama.cpp's greedy decode on the same file (bench_larql's
+one token reads over it. --ab loads the model a second time with its Q4_K / Q6_K / Q5_0 matrices on
+the one-row AVX2 forms decode ran before the AVX-512 ones (kquant_rows.matvec_*_one), one matrix a
+parallel region (no kquant_pairs), and decodes a
+token of each in turn, so that the machine's other work slows both alike (attention's one-thread
+path for short contexts is in both). --peer times llama.cpp's greedy decode on the same file (bench_larql's
 method, llama-cpp-python in a child process). Writes benchmarks/results/NAME.json with the CPU,
 tier and load average.
 """
@@ -81,7 +83,11 @@ def instrument(model: Any) -> None:
         mats = [getattr(lw, r) for r in ROLES]
         wrapped = [timed(f"matvec {r} {m.qtype.name} {m.n_rows}x{m.n_cols}", k, m.nbytes)
                    for r, m, k in zip(ROLES, mats, args[0])]
-        plan.args[i] = (wrapped, *args[1:])
+        pairs = tuple(None if k is None else
+                      timed(f"matvec {a}+{b} {ma.qtype.name} {ma.n_rows}+{mb.n_rows}x{ma.n_cols}", k, ma.nbytes + mb.nbytes)
+                      for k, (a, b), (ma, mb) in zip(args[-1], (("q", "k"), ("gate", "up")),
+                                                     ((lw.q, lw.k), (lw.gate, lw.up))))
+        plan.args[i] = (wrapped, *args[1:-1], pairs)
     out = fwd.w.output
     head = f"lm_head argmax {out.qtype.name} {out.n_rows}x{out.n_cols}"
     argmax = out.argmax_matvec
@@ -92,16 +98,18 @@ def instrument(model: Any) -> None:
 
 def loaded(path: str, one_row: bool, n: int) -> tuple[Any, Any, list[int], int]:
     """The model, a KV cache, the prompt ids and the next token after two warm decode steps; one_row:
-    its Q4_K / Q6_K matrices bound to the one-row kernels (kquant_rows.matvec_*_one, what decode ran
-    before the multi-row ones), for an A/B in one process."""
+    its Q4_K / Q6_K / Q5_0 matrices bound to the one-row AVX2 forms (kquant_rows.matvec_*_one, what
+    decode ran before the AVX-512 forms), for an A/B in one process."""
     import larql
     from larql.cli.benchmark import prompt_ids
-    from larql.quant import GGMLType, kquant_rows
+    from larql.quant import GGMLType, kquant_pairs, kquant_rows
 
-    saved = dict(kquant_rows.MATVEC)
+    saved, pairs = dict(kquant_rows.MATVEC), dict(kquant_pairs.PAIR)
     if one_row:
+        kquant_pairs.PAIR.clear()
         kquant_rows.MATVEC[int(GGMLType.Q4_K)] = kquant_rows.matvec_q4_k_one
         kquant_rows.MATVEC[int(GGMLType.Q6_K)] = kquant_rows.matvec_q6_k_one
+        kquant_rows.MATVEC[int(GGMLType.Q5_0)] = kquant_rows.matvec_q5_0_one
     try:
         model = larql.load(path)
         ids = prompt_ids(model, 16)
@@ -112,6 +120,7 @@ def loaded(path: str, one_row: bool, n: int) -> tuple[Any, Any, list[int], int]:
     finally:
         kquant_rows.MATVEC.clear()
         kquant_rows.MATVEC.update(saved)
+        kquant_pairs.PAIR.update(pairs)
     gate = model._forward.w.layers[0].gate
     if gate is not None and gate.qtype == GGMLType.Q4_K:
         bound = getattr(gate.vector_kernel(), "func", None)

@@ -292,17 +292,17 @@ def _emit_q6_k(blks, accs, maccs, magic):  # type: ignore[no-untyped-def]
 WIDE = isa.target_has("avx512f")
 ROWS_Q4_K, ROWS_Q6_K = (2, 4) if WIDE else (1, 1)
 LONG_ROW = 6144
-_Q4_K1, _Q4_KN = row_kernel(144, 256, _q4_k_emit(WIDE)), row_kernel(144, 256, _q4_k_emit(WIDE), rows=ROWS_Q4_K)
+Q4_K_ROW, _Q4_KN = row_kernel(144, 256, _q4_k_emit(WIDE)), row_kernel(144, 256, _q4_k_emit(WIDE), rows=ROWS_Q4_K)
 _Q6_K1, _Q6_KN = row_kernel(210, 256, _q6_k_emit(WIDE)), row_kernel(210, 256, _q6_k_emit(WIDE), rows=ROWS_Q6_K)
 _Q6_K_PLAIN = row_kernel(210, 256, _q6_k_emit(False))  # the AVX2 form on every target (the tests' reference)
 _Q4_K_PLAIN = row_kernel(144, 256, _q4_k_emit(False))  # the AVX2 form on every target (the tests' reference)
 _Q5_K, _Q4_0 = row_kernel(176, 256, each_row(_emit_q5_k)), row_kernel(18, 32, each_row(_emit_q4_0))
-_Q5_0 = row_kernel(22, 32, each_row(_q5_0_emit(WIDE)))
+Q5_0_ROW = row_kernel(22, 32, each_row(_q5_0_emit(WIDE)))
 _Q5_0_PLAIN = row_kernel(22, 32, each_row(_q5_0_emit(False)))  # the AVX2 form on every target
 
 
 @njit(cache=True)
-def _group_sums(x: NDArray[np.float32]) -> NDArray[np.float32]:  # pragma: no cover - numba
+def group_sums(x: NDArray[np.float32]) -> NDArray[np.float32]:  # pragma: no cover - numba
     """The sums of x's groups of 32 (what the k-quants' mins multiply), padded to whole blocks of 8."""
     n = x.shape[0] // 32
     xsum = np.zeros((n + 7) // 8 * 8, dtype=np.float32)
@@ -315,7 +315,7 @@ def _group_sums(x: NDArray[np.float32]) -> NDArray[np.float32]:  # pragma: no co
 
 
 @njit(cache=True)
-def _in_lane_order(x: NDArray[np.float32], order: NDArray[np.int64]) -> NDArray[np.float32]:  # pragma: no cover - numba
+def in_lane_order(x: NDArray[np.float32], order: NDArray[np.int64]) -> NDArray[np.float32]:  # pragma: no cover - numba
     """x with each block of 256 in the lane order `order` (a kernel's LANES_*), once per call."""
     out = np.empty_like(x)
     for k in range(x.shape[0] // 256):
@@ -329,24 +329,24 @@ def matvec_q4_k(w: NDArray[np.uint8], x: NDArray[np.float32], out: NDArray[np.fl
     """out[r] = row r of the Q4_K blocks w `[rows, 144 * blocks]` times x `[256 * blocks]`: ROWS_Q4_K rows a
     call for rows of LONG_ROW weights or more, else one (each row's sums those of matvec_q4_k_one, the
     same bits)."""
-    xsum = _group_sums(x)
-    xl = _in_lane_order(x, LANES_Q4_K)
+    xsum = group_sums(x)
+    xl = in_lane_order(x, LANES_Q4_K)
     if ROWS_Q4_K > 1 and x.shape[0] >= LONG_ROW:
         n = w.shape[0] // ROWS_Q4_K
         for r in prange(n):
             _Q4_KN(w, ROWS_Q4_K * r, xl, xsum, out)
         for r in range(n * ROWS_Q4_K, w.shape[0]):
-            _Q4_K1(w, r, xl, xsum, out)
+            Q4_K_ROW(w, r, xl, xsum, out)
     else:
         for r in prange(w.shape[0]):
-            _Q4_K1(w, r, xl, xsum, out)
+            Q4_K_ROW(w, r, xl, xsum, out)
 
 
 @njit(cache=True, parallel=True)
 def matvec_q4_k_one(w: NDArray[np.uint8], x: NDArray[np.float32], out: NDArray[np.float32]) -> None:  # pragma: no cover - numba
     """matvec_q4_k a row a call, its nibbles converted by shift, mask and cvtdq2ps on every target."""
-    xsum = _group_sums(x)
-    xl = _in_lane_order(x, LANES_Q4_K)
+    xsum = group_sums(x)
+    xl = in_lane_order(x, LANES_Q4_K)
     for r in prange(w.shape[0]):
         _Q4_K_PLAIN(w, r, xl, xsum, out)
 
@@ -354,7 +354,7 @@ def matvec_q4_k_one(w: NDArray[np.uint8], x: NDArray[np.float32], out: NDArray[n
 @njit(cache=True, parallel=True)
 def matvec_q5_k(w: NDArray[np.uint8], x: NDArray[np.float32], out: NDArray[np.float32]) -> None:  # pragma: no cover - numba
     """out[r] = row r of the Q5_K blocks w `[rows, 176 * blocks]` times x `[256 * blocks]`."""
-    xsum = _group_sums(x)
+    xsum = group_sums(x)
     for r in prange(w.shape[0]):
         _Q5_K(w, r, x, xsum, out)
 
@@ -364,7 +364,7 @@ def matvec_q6_k(w: NDArray[np.uint8], x: NDArray[np.float32], out: NDArray[np.fl
     """out[r] = row r of the Q6_K blocks w `[rows, 210 * blocks]` times x `[256 * blocks]`: ROWS_Q6_K rows a
     call for rows of LONG_ROW weights or more, else one (each row's sums those of matvec_q6_k_one, the
     same bits)."""
-    xl = _in_lane_order(x, LANES_Q6_K)
+    xl = in_lane_order(x, LANES_Q6_K)
     if ROWS_Q6_K > 1 and x.shape[0] >= LONG_ROW:
         n = w.shape[0] // ROWS_Q6_K
         for r in prange(n):
@@ -379,7 +379,7 @@ def matvec_q6_k(w: NDArray[np.uint8], x: NDArray[np.float32], out: NDArray[np.fl
 @njit(cache=True, parallel=True)
 def matvec_q6_k_one(w: NDArray[np.uint8], x: NDArray[np.float32], out: NDArray[np.float32]) -> None:  # pragma: no cover - numba
     """matvec_q6_k a row a call, its integers converted by shifts and cvtdq2ps on every target."""
-    xl = _in_lane_order(x, LANES_Q6_K)
+    xl = in_lane_order(x, LANES_Q6_K)
     for r in prange(w.shape[0]):
         _Q6_K_PLAIN(w, r, xl, xl, out)
 
@@ -388,7 +388,7 @@ def matvec_q6_k_one(w: NDArray[np.uint8], x: NDArray[np.float32], out: NDArray[n
 def matvec_q5_0(w: NDArray[np.uint8], x: NDArray[np.float32], out: NDArray[np.float32]) -> None:  # pragma: no cover - numba
     """out[r] = row r of the Q5_0 blocks w `[rows, 22 * blocks]` times x `[32 * blocks]`."""
     for r in prange(w.shape[0]):
-        _Q5_0(w, r, x, x, out)
+        Q5_0_ROW(w, r, x, x, out)
 
 
 @njit(cache=True, parallel=True)
