@@ -91,8 +91,7 @@ def add_scaled(blk, slot, dot, scale):  # type: ignore[no-untyped-def]
     b.store(b.call(blk.fma, [dot, splat(b, scale, V16F32), b.load(slot)]), slot)
 
 
-def row_kernel(block_bytes: int, block_weights: int, emit: Callable[..., None], rows: int = 1,  # type: ignore[no-untyped-def]
-               ahead: int = AHEAD):
+def row_kernel(block_bytes: int, block_weights: int, emit: Callable[..., None], rows: int = 1):  # type: ignore[no-untyped-def]
     """An intrinsic row(w, r, x, xsum, out): out[r + i] = row r + i of the blocks w `[rows, bytes]` times
     x for i < `rows`, each block's codegen by emit(blks, accs, maccs) for those rows at once: blks[i]
     row i's Block, accs[i] its two 16-lane accumulators (read and written through slots) and maccs[i]
@@ -116,8 +115,8 @@ def row_kernel(block_bytes: int, block_weights: int, emit: Callable[..., None], 
             first = [builder.add(args[1], ir.Constant(I64, i)) for i in range(rows)]
             rowp = [ir_row(context, builder, a[0], args[0], ri, block_bytes)[0] for ri in first]
             nb = ir_row(context, builder, a[0], args[0], args[1], block_bytes)[1]
-            ahead_rows = [ir_row(context, builder, a[0], args[0], builder.add(ri, ir.Constant(I64, ahead)),
-                                 block_bytes)[0] for ri in first] if ahead else []
+            ahead = [ir_row(context, builder, a[0], args[0], builder.add(ri, ir.Constant(I64, AHEAD)),
+                            block_bytes)[0] for ri in first]
             # blocks alternate between two sets of accumulators, and within a block two more: four
             # multiply-add chains in flight per row
             acc = [[[cgutils.alloca_once_value(builder, ir.Constant(V16F32, None)) for _ in range(2)]
@@ -128,7 +127,7 @@ def row_kernel(block_bytes: int, block_weights: int, emit: Callable[..., None], 
             def block(k, j):  # type: ignore[no-untyped-def]
                 off = builder.mul(k, ir.Constant(I64, block_bytes))
                 # the rows AHEAD rows on: a line per 64 bytes (small blocks: every other block, one line)
-                for pa in ahead_rows:
+                for pa in ahead:
                     for line in (range(0, block_bytes, 64) if block_bytes >= 64 else range(0 if j == 0 else 64, 1)):
                         p = builder.gep(pa, [builder.add(off, ir.Constant(I64, line))], source_etype=I8)
                         builder.call(prefetch, [p, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])

@@ -11,7 +11,10 @@ offsets). Q4_K and Q6_K load their bytes as 32-bit lanes and take each lane's 4-
 out with constant shifts and masks, lane-wise, with no shuffles; the activation is put once per call in
 the order those lanes hold the weights (LANES_Q4_K, LANES_Q6_K). Float32 throughout, in another order
 than the exact dequantization (the last bits differ: a dot product summed in another order).
-Every shift is by a constant, so the unpacking vectorizes on AVX2 as on AVX-512.
+Every shift is by a constant, so the unpacking vectorizes on AVX2 as on AVX-512. An AVX-512 target
+takes Q4_K, Q6_K and Q5_0's integers to float32 in fewer instructions (permutes, the exponent trick,
+masked adds: the same floats) and long rows several a call (WIDE below): decode runs the same bits
+on every tier, the `*_one` kernels being the AVX2 forms on any target.
 """
 
 from __future__ import annotations
