@@ -17,6 +17,7 @@ Forward runs the others, and every hooked or edited pass, as before.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from numpy.typing import NDArray
 from larql.model import fused, prefill_ops
 from larql.model.config import ModelConfig
 from larql.model.weights import LayerWeights
+from larql.quant import kquant_pairs, kquant_rows
 from larql.quant.tensor import QuantMatrix
 
 F32 = NDArray[np.float32]
@@ -36,6 +38,18 @@ def matvec(m: QuantMatrix | None) -> MatVec | None:
     """The kernel QuantMatrix.matmul runs for m and one activation, bound to m's weights (None where
     the layer must take the general path: F32 / F16 / BF16 weights)."""
     return None if m is None else m.vector_kernel()
+
+
+def _pair(a: QuantMatrix | None, b: QuantMatrix | None) -> Callable[[F32, F32, F32], None] | None:
+    """a and b's pair kernel (kquant_pairs.py) bound to their blocks: (x, out_a, out_b), the same bits as
+    each one's kernel; None unless both are of a type that has one and run its direct kernel (not a
+    repacked copy's)."""
+    if a is None or b is None or a.qtype != b.qtype or a.n_cols != b.n_cols:
+        return None
+    kernel, direct = kquant_pairs.PAIR.get(int(a.qtype)), kquant_rows.MATVEC.get(int(a.qtype))
+    if kernel is None or any(getattr(m.vector_kernel(), "func", None) is not direct for m in (a, b)):
+        return None
+    return partial(kernel, a.raw, b.raw)
 
 
 def _vec(w: F32 | None) -> F32 | None:
@@ -66,10 +80,11 @@ class DecodeLayers:
         mats = [matvec(m) for m in (lw.q, lw.k, lw.v, lw.o, lw.gate, lw.up, lw.down)]
         if any(m is None for m in mats):
             return None
+        pairs = (_pair(lw.q, lw.k), _pair(lw.gate, lw.up))
         sizes = (lw.q.n_rows, lw.k.n_rows, lw.v.n_rows, lw.gate.n_rows if lw.gate is not None else 0)
         norms = (_vec(lw.q_norm) if cfg.qk_norm else _NO_VEC, _vec(lw.k_norm) if cfg.qk_norm else _NO_VEC)
         return (mats, sizes, _vec(lw.q_bias), _vec(lw.k_bias), _vec(lw.v_bias), *norms, _vec(lw.attn_norm),
-                _vec(lw.ffn_norm), _vec(lw.post_attn_norm), _vec(lw.post_ffn_norm))
+                _vec(lw.ffn_norm), _vec(lw.post_attn_norm), _vec(lw.post_ffn_norm), pairs)
 
     def covers(self, i: int) -> bool:
         return self.args[i] is not None
@@ -82,13 +97,16 @@ class DecodeLayers:
         below 0, and x / inf = 0, as it should be (prefill_ops.gated_mul ignores it per call)."""
         eps, args, window = self.eps, self.args[i], self.windows[i]
         assert args is not None  # run only for a layer `covers`
-        (mq, mk, mv, mo, mg, mu, md), (nq, nk, nv, nf), qb, kb, vb, qn, kn, an, fn, pan, pfn = args
+        (mq, mk, mv, mo, mg, mu, md), (nq, nk, nv, nf), qb, kb, vb, qn, kn, an, fn, pan, pfn, (qk, gu) = args
         d = self.cfg.head_dim
         h = np.empty_like(x)  # (1, hidden)
         fused.rms_norm_rows(x, an, eps, h)
         q, k, v = np.empty(nq, np.float32), np.empty(nk, np.float32), np.empty(nv, np.float32)
-        mq(h[0], q)  # (n_heads*d,)
-        mk(h[0], k)  # (n_kv*d,)
+        if qk is not None:  # one parallel region for both (kquant_pairs.py)
+            qk(h[0], q, k)  # (n_heads*d,), (n_kv*d,)
+        else:
+            mq(h[0], q)  # (n_heads*d,)
+            mk(h[0], k)  # (n_kv*d,)
         mv(h[0], v)  # (n_kv*d,)
         if qb is not None:
             q += qb
@@ -105,8 +123,11 @@ class DecodeLayers:
         _add(x, a, pan, eps)
         fused.rms_norm_rows(x, fn, eps, h)
         gate, up, t = np.empty(nf, np.float32), np.empty(nf, np.float32), np.empty(nf, np.float32)
-        mg(h[0], gate)  # (ffn,)
-        mu(h[0], up)  # (ffn,)
+        if gu is not None:
+            gu(h[0], gate, up)  # (ffn,) each
+        else:
+            mg(h[0], gate)  # (ffn,)
+            mu(h[0], up)  # (ffn,)
         prefill_ops.gated_mul_into(self.activation, gate, up, t)  # act(gate) * up; overflow ignored by the caller
         m = np.empty_like(x)  # (1, hidden)
         md(t, m[0])

@@ -134,6 +134,11 @@ def _attend_part(q, keys, values, kv, h0, group, a, b, scale, softcap, w, o, top
 # MAX_PARTS of them: a function of the length alone, not of the thread count, so that the same step
 # gives the same bits on one thread (a busy machine, busy.py) as on eight.
 PART_MIN, MAX_PARTS = 128, 8
+# Below this many (position, key/value head) pairs the ranges run on this thread: a parallel region
+# costs more than their work (Gemma 3 4B, 4 key/value heads, 26 positions: 9 us on one thread, 88-160
+# us on two with the other core busy; every decode step runs one a layer). The same ranges either way,
+# so the same bits.
+SERIAL_BELOW = 1024
 
 
 @njit(cache=True, fastmath=True, parallel=True)
@@ -158,11 +163,18 @@ def attend_one(q, keys, values, first, stop, scale, softcap, out):
     top = np.empty((tasks, group), dtype=np.float32)
     total = np.empty((tasks, group), dtype=np.float32)
     w = np.empty((tasks, group, max(size, 1)), dtype=np.float32)
-    for t in prange(tasks):
-        kv, p = t // parts, t % parts
-        a = first + p * size  # < stop: parts <= n // PART_MIN, so every range holds positions
-        _attend_part(q, keys, values, kv, kv * group, group, a, min(stop, a + size), scale, softcap, w[t], o[t],
-                     top[t], total[t])
+    if n * n_kv < SERIAL_BELOW:
+        for t in range(tasks):
+            kv, p = t // parts, t % parts
+            a = first + p * size
+            _attend_part(q, keys, values, kv, kv * group, group, a, min(stop, a + size), scale, softcap, w[t],
+                         o[t], top[t], total[t])
+    else:
+        for t in prange(tasks):
+            kv, p = t // parts, t % parts
+            a = first + p * size  # < stop: parts <= n // PART_MIN, so every range holds positions
+            _attend_part(q, keys, values, kv, kv * group, group, a, min(stop, a + size), scale, softcap, w[t],
+                         o[t], top[t], total[t])
     for h in range(n_heads):
         kv, g = h // group, h % group
         best = np.float32(-np.inf)

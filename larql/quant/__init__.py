@@ -8,7 +8,8 @@
     quantize.py      Q4_K and Q6_K quantizers
     repack.py        decode-speed int8 copies of 4/5/6-bit blocks; matvec_rows.py, q8_0_rows.py: their matvecs
     kquant_rows.py   decode's matvec straight from Q4_K / Q5_K / Q6_K / Q4_0 / Q5_0 blocks (no repacked copy);
-                     block_rows.py: the LLVM IR frame of those row kernels
+                     block_rows.py: the LLVM IR frame of those row kernels; kquant_pairs.py: two matrices
+                     of one type (a layer's q and k, gate and up) in one parallel region
     argmax.py        the exact argmax of the lm_head matvec; argmax_tiles.py, topk_tiles.py: its tiled
                      int8 candidate passes; q8_bounds.py: the bounds that make them exact
     ir_parts.py      LLVM IR pieces the hand-written row kernels share

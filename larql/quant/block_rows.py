@@ -1,7 +1,12 @@
 """The frame of the row kernels that read GGUF blocks directly (kquant_rows.py): an LLVM IR intrinsic
 per block layout whose per-block code a kernel module writes, with its accumulators as SSA values
 (matvec_rows.py's reason: numba arrays of partial sums cost a store and a reload per block), two
-blocks in flight, the row AHEAD rows on prefetched, and the constants and moves the unpacking uses."""
+blocks in flight, the rows AHEAD rows on prefetched, and the constants and moves the unpacking uses.
+
+A kernel may take several rows at once (`rows`): each block's code is written for all of them
+interleaved, so that the activation a block multiplies is loaded once for the rows, not once per row
+(the loads of x were as many as the multiply-adds). Each row's arithmetic is the one-row kernel's, in
+the same order: the same bits."""
 
 from __future__ import annotations
 
@@ -25,17 +30,8 @@ class Block:
     """What a block's codegen needs: the builder, the block's first byte, the activation's pointer
     at the block's first weight, the sums of 32, and the multiply-add intrinsics."""
 
-    def __init__(self, builder, fma, fma8, base, x, xsum, slots):  # type: ignore[no-untyped-def]
+    def __init__(self, builder, fma, fma8, base, x, xsum):  # type: ignore[no-untyped-def]
         self.b, self.fma, self.fma8, self.base, self.x, self.xsum = builder, fma, fma8, base, x, xsum
-        self.slots = slots  # 16 floats on the stack (spill / scalar)
-
-    def spill(self, v):  # type: ignore[no-untyped-def]
-        """Store a vector of up to 16 floats for `scalar` to read lane by lane: a broadcast from memory
-        is one instruction where extracting a lane and splatting it is two or three."""
-        self.b.store(v, self.b.bitcast(self.slots, ir.PointerType(v.type)))
-
-    def scalar(self, i: int):  # type: ignore[no-untyped-def]
-        return self.b.load(self.b.gep(self.slots, [ir.Constant(I64, i)], source_etype=F32), typ=F32)
 
     def byte(self, off: int):  # type: ignore[no-untyped-def]
         return self.b.gep(self.base, [ir.Constant(I64, off)], source_etype=I8)
@@ -95,10 +91,11 @@ def add_scaled(blk, slot, dot, scale):  # type: ignore[no-untyped-def]
     b.store(b.call(blk.fma, [dot, splat(b, scale, V16F32), b.load(slot)]), slot)
 
 
-def row_kernel(block_bytes: int, block_weights: int, emit: Callable[..., None]):  # type: ignore[no-untyped-def]
-    """An intrinsic row(w, r, x, xsum, out): out[r] = row r of the blocks w `[rows, bytes]` times x,
-    each block's codegen by emit(blk, acc, macc) where acc is the block's two 16-lane accumulators
-    (read and written through `acc[i]` slots) and macc its 8-lane one for the offsets."""
+def row_kernel(block_bytes: int, block_weights: int, emit: Callable[..., None], rows: int = 1):  # type: ignore[no-untyped-def]
+    """An intrinsic row(w, r, x, xsum, out): out[r + i] = row r + i of the blocks w `[rows, bytes]` times
+    x for i < `rows`, each block's codegen by emit(blks, accs, maccs) for those rows at once: blks[i]
+    row i's Block, accs[i] its two 16-lane accumulators (read and written through slots) and maccs[i]
+    its 8-lane one for the offsets."""
 
     @intrinsic
     def row(typingctx, w, r, x, xsum, out):  # type: ignore[no-untyped-def]
@@ -115,35 +112,38 @@ def row_kernel(block_bytes: int, block_weights: int, emit: Callable[..., None]):
                                                   "llvm.fma.v8f32")
             prefetch = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [
                 ir.PointerType(I8), I32, I32, I32]), "llvm.prefetch")
-            rowp, nb = ir_row(context, builder, a[0], args[0], args[1], block_bytes)
-            ahead = ir_row(context, builder, a[0], args[0], builder.add(args[1], ir.Constant(I64, AHEAD)),
-                           block_bytes)[0]
+            first = [builder.add(args[1], ir.Constant(I64, i)) for i in range(rows)]
+            rowp = [ir_row(context, builder, a[0], args[0], ri, block_bytes)[0] for ri in first]
+            nb = ir_row(context, builder, a[0], args[0], args[1], block_bytes)[1]
+            ahead = [ir_row(context, builder, a[0], args[0], builder.add(ri, ir.Constant(I64, AHEAD)),
+                            block_bytes)[0] for ri in first]
             # blocks alternate between two sets of accumulators, and within a block two more: four
-            # multiply-add chains in flight
-            acc = [[cgutils.alloca_once_value(builder, ir.Constant(V16F32, None)) for _ in range(2)]
-                   for _ in range(2)]
-            macc = [cgutils.alloca_once_value(builder, ir.Constant(V8F32, None)) for _ in range(2)]
-            slots = builder.bitcast(cgutils.alloca_once(builder, V16F32), ir.PointerType(F32))
+            # multiply-add chains in flight per row
+            acc = [[[cgutils.alloca_once_value(builder, ir.Constant(V16F32, None)) for _ in range(2)]
+                    for _ in range(2)] for _ in range(rows)]
+            macc = [[cgutils.alloca_once_value(builder, ir.Constant(V8F32, None)) for _ in range(2)]
+                    for _ in range(rows)]
 
             def block(k, j):  # type: ignore[no-untyped-def]
                 off = builder.mul(k, ir.Constant(I64, block_bytes))
-                # the row AHEAD rows on: a line per 64 bytes (small blocks: every other block, one line)
-                for line in (range(0, block_bytes, 64) if block_bytes >= 64 else range(0 if j == 0 else 64, 1)):
-                    p = builder.gep(ahead, [builder.add(off, ir.Constant(I64, line))], source_etype=I8)
-                    builder.call(prefetch, [p, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
-                base = builder.gep(rowp, [off], source_etype=I8)
+                # the rows AHEAD rows on: a line per 64 bytes (small blocks: every other block, one line)
+                for pa in ahead:
+                    for line in (range(0, block_bytes, 64) if block_bytes >= 64 else range(0 if j == 0 else 64, 1)):
+                        p = builder.gep(pa, [builder.add(off, ir.Constant(I64, line))], source_etype=I8)
+                        builder.call(prefetch, [p, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
                 x = builder.gep(xa, [builder.mul(k, ir.Constant(I64, block_weights))], source_etype=F32)
                 xsum = builder.gep(ua, [builder.mul(k, ir.Constant(I64, block_weights // 32))],
                                    source_etype=F32)
-                blk = Block(builder, fma, fma8, base, x, xsum, slots)
-                emit(blk, acc[j], macc[j])
+                blks = [Block(builder, fma, fma8, builder.gep(p, [off], source_etype=I8), x, xsum) for p in rowp]
+                emit(blks, [acc[i][j] for i in range(rows)], [macc[i][j] for i in range(rows)])
 
             in_pairs(builder, nb, block)
-            v = builder.fadd(builder.fadd(builder.load(acc[0][0]), builder.load(acc[0][1])),
-                             builder.fadd(builder.load(acc[1][0]), builder.load(acc[1][1])))
-            m = builder.fadd(builder.load(macc[0]), builder.load(macc[1]))
-            total = builder.fsub(hsum(builder, v), hsum(builder, m))
-            builder.store(total, builder.gep(oo, [args[1]], source_etype=F32))
+            for i in range(rows):
+                v = builder.fadd(builder.fadd(builder.load(acc[i][0][0]), builder.load(acc[i][0][1])),
+                                 builder.fadd(builder.load(acc[i][1][0]), builder.load(acc[i][1][1])))
+                m = builder.fadd(builder.load(macc[i][0]), builder.load(macc[i][1]))
+                total = builder.fsub(hsum(builder, v), hsum(builder, m))
+                builder.store(total, builder.gep(oo, [first[i]], source_etype=F32))
             return context.get_dummy_value()
 
         return sig, codegen
@@ -151,3 +151,11 @@ def row_kernel(block_bytes: int, block_weights: int, emit: Callable[..., None]):
     return row
 
 
+def each_row(emit: Callable[..., None]) -> Callable[..., None]:
+    """A one-row block codegen emit(blk, acc, macc) as row_kernel's emit for any number of rows: the
+    rows' code one after the other (their loads of x the same values, which LLVM loads once)."""
+    def rows_emit(blks, accs, maccs):  # type: ignore[no-untyped-def]
+        for blk, acc, macc in zip(blks, accs, maccs):
+            emit(blk, acc, macc)
+
+    return rows_emit

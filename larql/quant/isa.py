@@ -41,6 +41,14 @@ def target_features(listed: str | None) -> Mapping[str, bool]:
     return {f[1:]: f[0] == "+" for f in listed.replace(" ", "").split(",") if len(f) > 1 and f[0] in "+-"}
 
 
+def target_has(feature: str) -> bool:
+    """Whether numba compiles for a CPU with this LLVM feature (e.g. "avx512f"): the kernels that need
+    it are written only then."""
+    from numba.core import config
+
+    return bool(target_features(getattr(config, "CPU_FEATURES", None)).get(feature))
+
+
 def choose(requested: str | None, best: str, no_vnni: bool) -> str:
     """The tier for a request (`LARQL_ISA`'s value or None) when numba's target runs `best` at most;
     `no_vnni`: `LARQL_NO_VNNI` set."""

@@ -50,3 +50,30 @@ def test_decode_attention_matches_the_masked_numpy_path(n_heads: int, n_kv: int,
     assert np.max(np.abs(fast - masked)) < 1e-5 * np.max(np.abs(masked))
     copied = attention(q, keys.copy(), values.copy(), s - 1, 0.2, window, softcap)  # not a view of a cache
     assert np.array_equal(copied, fast)
+
+
+@pytest.mark.parametrize("s", [200, 256, 300], ids=lambda s: f"{s}pos")
+def test_decode_attention_on_one_thread_or_two_below_and_above_the_serial_size(s: int) -> None:
+    """attend_one runs its ranges on this thread below fused.SERIAL_BELOW (position, key/value head)
+    pairs and on numba's threads above it (4 key/value heads: 200 and 256 positions below, 300 above):
+    the masked numpy path's values either way, and the same bits on one thread as on two."""
+    import numba
+
+    from larql.model import fused
+    from larql.model.attention import attention
+
+    n_heads, n_kv, d = 8, 4, 32
+    assert 200 * n_kv < fused.SERIAL_BELOW <= 300 * n_kv
+    rng = np.random.default_rng(s)
+    keys = rng.standard_normal((n_kv, s, d)).astype(np.float32)
+    values = rng.standard_normal((n_kv, s, d)).astype(np.float32)
+    q = rng.standard_normal((1, n_heads, d)).astype(np.float32)
+    fast = attention(q, keys, values, s - 1, 0.2, 0, 0.0)
+    masked = attention(q, keys, values, s - 1, 0.2, 0, 0.0, scores_hook=lambda x: x)
+    assert np.max(np.abs(fast - masked)) < 1e-5 * np.max(np.abs(masked))
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        assert np.array_equal(attention(q, keys, values, s - 1, 0.2, 0, 0.0), fast)
+    finally:
+        numba.set_num_threads(threads)

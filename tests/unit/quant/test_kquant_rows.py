@@ -2,7 +2,7 @@
 numpy reference dequantization, for every type it covers: shapes whose column count is a multiple of
 256 but not of 512 (an odd number of k-quant blocks: the unpaired last block), Q4_0 / Q5_0 rows of an
 odd number of blocks, one-row and odd-row matrices, extreme scales; and that the bound is tight enough to
-see a single wrong weight."""
+see a single wrong weight; and that the several-rows kernels give each row the one-row kernel's bits."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from larql.quant import BLOCK_LAYOUT, GGMLType, QuantMatrix, dequantize_referenc
 from tests.unit.quant.test_kernels import random_matrix
 
 TYPES = sorted(GGMLType(t) for t in kquant_rows.MATVEC)
-SHAPES = [(70, 512), (1, 256), (5, 768), (33, 2304), (3, 2560), (7, 96), (3, 1184)]
+# (7, 6400) and (5, 6144): rows of LONG_ROW weights or more, which the AVX-512 kernels take several a call
+SHAPES = [(70, 512), (1, 256), (5, 768), (33, 2304), (3, 2560), (7, 96), (3, 1184), (7, 6400), (5, 6144)]
 # first byte of the quantized integers in a block (after the scales), per type
 _QS = {GGMLType.Q4_K: 16, GGMLType.Q5_K: 48, GGMLType.Q6_K: 0, GGMLType.Q4_0: 2, GGMLType.Q5_0: 6}
 
@@ -97,3 +98,37 @@ def test_the_unpacking_vectorizes(qtype: GGMLType) -> None:
     serial(m.raw, np.zeros(256, np.float32), np.empty(2, np.float32))
     asm = "\n".join(serial.inspect_asm().values())
     assert re.search(r"cvtdq2ps\s+%[xyz]mm", asm) and "cvtsi2ss" not in asm
+
+
+# each type's one-row form with its integers converted as on AVX2 (shifts, masks, cvtdq2ps)
+ONE_ROW = {GGMLType.Q4_K: kquant_rows.matvec_q4_k_one, GGMLType.Q6_K: kquant_rows.matvec_q6_k_one,
+           GGMLType.Q5_0: kquant_rows.matvec_q5_0_one}
+
+
+@pytest.mark.parametrize("qtype", list(ONE_ROW), ids=lambda t: t.name)
+@pytest.mark.parametrize("shape", [(1, 6144), (2, 6144), (3, 6400), (5, 6400), (8, 6144), (9, 6656), (13, 2560), (6, 6400)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_several_rows_a_call_are_the_one_row_bits(qtype: GGMLType, shape: tuple[int, int]) -> None:
+    """The decode kernels (on AVX-512: long rows several a call, integers to float32 by permutes, the
+    exponent trick and masked adds) equal the one-row AVX2 forms bit for bit, at row counts that leave
+    a remainder of one to three rows."""
+    rows, cols = shape
+    m = random_matrix(qtype, rows, cols, seed=rows + cols)
+    one = ONE_ROW[qtype]
+    for seed in range(2):
+        x = np.random.default_rng(seed).standard_normal(cols).astype(np.float32)
+        x[::5] *= 300.0
+        want = np.full(rows, np.nan, dtype=np.float32)
+        one(m.raw, x, want)
+        assert np.array_equal(_product(m, x), want)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or not kquant_rows.WIDE, reason="AVX-512 assembly")
+def test_avx512_q4_k_takes_nibbles_by_permute() -> None:
+    """On an AVX-512 target the Q4_K kernel turns nibbles into float32 by a 16-lane permute (vpermps, or
+    vpermd: the same bits) of the table 0..15, not by mask and conversion."""
+    serial = njit(kquant_rows.matvec_q4_k.py_func)
+    m = random_matrix(GGMLType.Q4_K, 2, 256)
+    serial(m.raw, np.zeros(256, np.float32), np.empty(2, np.float32))
+    asm = "\n".join(serial.inspect_asm().values())
+    assert re.search(r"vperm[dp]s?\s+%zmm\d+, %zmm\d+, %zmm\d+", asm)
