@@ -118,9 +118,10 @@ def main() -> None:
     ap.add_argument("--types", default="Q4_K,Q6_K")
     ap.add_argument("--name", default="direct-kernels")
     ap.add_argument("--tier", choices=("host", "avx2"), default="host")
+    ap.add_argument("--numba-cache", default=None, help="numba's cache directory for the avx2 build (default: a new one)")
     args = ap.parse_args()
     if args.tier == "avx2" and os.environ.get("NUMBA_CPU_NAME") != "haswell":
-        env = dict(os.environ, **AVX2_BUILD, NUMBA_CACHE_DIR=os.environ.get("LARQL_AVX2_CACHE")
+        env = dict(os.environ, **AVX2_BUILD, NUMBA_CACHE_DIR=args.numba_cache
                    or tempfile.mkdtemp(prefix="numba-avx2-"))
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
     rng = np.random.default_rng(0)
