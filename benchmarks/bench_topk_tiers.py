@@ -1,6 +1,7 @@
 """down_meta's approximate pass and browse extraction of gemma3-270m on each CPU tier, on one machine.
 
     python benchmarks/bench_topk_tiers.py [--rounds 3] [--extract-runs 2] [--tiers avx512vnni,avx2,float32-avx2]
+                                          [--old /path/to/other/checkout] [--name tiers-DATE]
 
 Each tier runs in its own process with its own numba cache directory:
     avx512vnni     this CPU as it is (when it has AVX-512 VNNI)
@@ -12,8 +13,10 @@ The kernel figure is topk.top_tokens on a quarter of a Gemma 3 layer (2,048 feat
 random tokens x 640), the median of --rounds after a compiling call, wall and CPU seconds (CPU
 seconds mean more on a busy machine). Extraction: stage seconds from its progress reports, with
 topk.prepare and topk.top_tokens timed apart; the first run compiles and is reported apart; the
-sha256 of each tier's down_meta.bin (all must be equal). The load average is recorded with every
-figure. Writes benchmarks/results/tiers-DATE.json.
+sha256 of each tier's down_meta.bin (all must be equal). With --old, the same runs from another
+checkout (the code before a change), each tier's old run just before its new one, so both see the
+same machine; its down_meta.bin must be the same bytes too. The load average is recorded with every
+figure. Writes benchmarks/results/NAME.json (default tiers-DATE).
 """
 
 from __future__ import annotations
@@ -87,8 +90,8 @@ print(json.dumps({"isa": isa.TIER, "total_s": time.perf_counter() - t0, "stages_
 """
 
 
-def child(code: str, args: list[str], env: dict[str, str], cache: Path) -> dict[str, object]:
-    full = dict(os.environ, **env, PYTHONPATH=str(HERE), NUMBA_CACHE_DIR=str(cache), PYTHONDONTWRITEBYTECODE="1")
+def child(code: str, args: list[str], env: dict[str, str], cache: Path, tree: Path = HERE) -> dict[str, object]:
+    full = dict(os.environ, **env, PYTHONPATH=str(tree), NUMBA_CACHE_DIR=str(cache), PYTHONDONTWRITEBYTECODE="1")
     done = subprocess.run([sys.executable, "-c", code, *args], env=full, check=True, capture_output=True, text=True)
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
@@ -100,29 +103,41 @@ def down_meta_hash(vindex: Path) -> str:
     return hashlib.sha256((vindex / "down_meta.bin").read_bytes()).hexdigest()
 
 
+def tier_row(name: str, tree: Path, tmp: Path, rounds: int, extract_runs: int) -> dict[str, object]:
+    """One tier from one checkout: the kernel's rounds, then the extractions (the first compiles)."""
+    env, cache = TIERS[name], tmp / f"numba-{name}"
+    row: dict[str, object] = {"env": env, "tree": str(tree), "kernel": child(KERNEL, [str(rounds)], env, cache, tree)}
+    print(name, tree, "kernel", row["kernel"], flush=True)
+    runs = []
+    for run in range(extract_runs + 1):
+        runs.append(child(EXTRACT, [str(tmp / f"{name}.vindex")], env, cache, tree))
+        print(name, tree, "extract", "(compiles)" if run == 0 else "", runs[-1], flush=True)
+    row["extract_first_run"], row["extract"] = runs[0], runs[1:]
+    row["down_meta_sha256"] = down_meta_hash(tmp / f"{name}.vindex")
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="timed kernel calls per tier")
     parser.add_argument("--extract-runs", type=int, default=2, help="timed extractions per tier, after the first")
     parser.add_argument("--tiers", default=",".join(TIERS), help="which of: " + ", ".join(TIERS))
+    parser.add_argument("--old", type=Path, help="another checkout to run the same way, each tier just before this one")
+    parser.add_argument("--name", default=f"tiers-{datetime.date.today().isoformat()}", help="the results file's name")
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
     from larql.cli.benchmark import machine
 
-    tmp = Path(tempfile.mkdtemp())
     out: dict[str, object] = {"machine": machine(), "tiers": {}}
+    if args.old:
+        out["old"] = {}
     for name in args.tiers.split(","):
-        env, cache = TIERS[name], tmp / f"numba-{name}"
-        row: dict[str, object] = {"env": env, "kernel": child(KERNEL, [str(args.rounds)], env, cache)}
-        print(name, "kernel", row["kernel"], flush=True)
-        runs = []
-        for run in range(args.extract_runs + 1):
-            runs.append(child(EXTRACT, [str(tmp / f"{name}.vindex")], env, cache))
-            print(name, "extract", "(compiles)" if run == 0 else "", runs[-1], flush=True)
-        row["extract_first_run"], row["extract"] = runs[0], runs[1:]
-        row["down_meta_sha256"] = down_meta_hash(tmp / f"{name}.vindex")
-        out["tiers"][name] = row  # type: ignore[index]
-    path = save_results(f"tiers-{datetime.date.today().isoformat()}", out)
+        if args.old:
+            out["old"][name] = tier_row(name, args.old.resolve(), Path(tempfile.mkdtemp()), args.rounds,  # type: ignore[index]
+                                        args.extract_runs)
+        out["tiers"][name] = tier_row(name, HERE, Path(tempfile.mkdtemp()), args.rounds,  # type: ignore[index]
+                                      args.extract_runs)
+    path = save_results(args.name, out)
     print(f"wrote {path}")
 
 

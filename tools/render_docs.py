@@ -437,11 +437,18 @@ def render_tiers() -> str:
         out.append(f"| {labels[name]} | {_f(t['kernel']['median_wall_s'], 2)} | {_f(t['kernel']['median_cpu_s'], 2)} | "
                    f"{_f(extract[len(extract) // 2], 0)} | {_f(t['extract_first_run']['total_s'], 0)} |")
     loads = [x for t in d["tiers"].values() for x in (t["kernel"]["load_before"][0],)]
+    before = ""
+    if "old" in d:  # the same tiers from the code before the change, each run just before the new one
+        olds = [f"{labels[n]} {_f(sorted(e['total_s'] for e in t['extract'])[len(t['extract']) // 2], 0)} s "
+                f"(pass CPU {_f(t['kernel']['median_cpu_s'], 2)} s)" for n, t in d["old"].items()]
+        same = {t["down_meta_sha256"] for t in d["old"].values()} == sums
+        before = (f" The code before the AVX2 pass's 7-bit feature codes, in the same run: {'; '.join(olds)}; "
+                  f"its down_meta.bin the same bytes: {'yes' if same else 'no'}.")
     return ("\n".join(out) + f"\n\n{m['cpu']}, {m['cpus']} cpus, {m['threads']} threads, each tier in its own process "
             f"(the lower tiers built for haswell); the pass is the median of its rounds over a quarter of a Gemma 3 "
             f"layer; load average {min(loads):.1f}-{max(loads):.1f} before the passes (a busy machine: compare CPU "
             f"seconds). Every tier wrote the same down_meta.bin: "
-            f"{'yes' if len(sums) == 1 else 'no'}. " + _source(TIERS_RUN))
+            f"{'yes' if len(sums) == 1 else 'no'}.{before} " + _source(TIERS_RUN))
 
 
 def render_scale() -> str:
