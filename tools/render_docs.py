@@ -437,18 +437,42 @@ def render_tiers() -> str:
         out.append(f"| {labels[name]} | {_f(t['kernel']['median_wall_s'], 2)} | {_f(t['kernel']['median_cpu_s'], 2)} | "
                    f"{_f(extract[len(extract) // 2], 0)} | {_f(t['extract_first_run']['total_s'], 0)} |")
     loads = [x for t in d["tiers"].values() for x in (t["kernel"]["load_before"][0],)]
-    before = ""
-    if "old" in d:  # the same tiers from the code before the change, each run just before the new one
-        olds = [f"{labels[n]} {_f(sorted(e['total_s'] for e in t['extract'])[len(t['extract']) // 2], 0)} s "
-                f"(pass CPU {_f(t['kernel']['median_cpu_s'], 2)} s)" for n, t in d["old"].items()]
-        same = {t["down_meta_sha256"] for t in d["old"].values()} == sums
-        before = (f" The code before the AVX2 pass's 7-bit feature codes, in the same run: {'; '.join(olds)}; "
-                  f"its down_meta.bin the same bytes: {'yes' if same else 'no'}.")
     return ("\n".join(out) + f"\n\n{m['cpu']}, {m['cpus']} cpus, {m['threads']} threads, each tier in its own process "
             f"(the lower tiers built for haswell); the pass is the median of its rounds over a quarter of a Gemma 3 "
             f"layer; load average {min(loads):.1f}-{max(loads):.1f} before the passes (a busy machine: compare CPU "
             f"seconds). Every tier wrote the same down_meta.bin: "
-            f"{'yes' if len(sums) == 1 else 'no'}.{before} " + _source(TIERS_RUN))
+            f"{'yes' if len(sums) == 1 else 'no'}. " + _source(TIERS_RUN))
+
+
+TIERS_CHANGE_RUN = "tiers-2026-11-28b"
+
+
+def render_tiers_change() -> str:
+    """The AVX2 pass's 7-bit feature codes against the code before them, both in one run
+    (bench_topk_tiers.py --old: the checkouts taking turns), per tier: wall and CPU seconds."""
+    d = _load(TIERS_CHANGE_RUN)
+    m = d["machine"]
+    labels = {"avx512vnni": "AVX-512 VNNI int8", "avx2": "AVX2 int8", "float32-avx2": "float32 (an AVX2 build)"}
+
+    def med(xs: list[float]) -> float:
+        return sorted(xs)[len(xs) // 2]
+
+    out = ["| tier | extraction s, before | after | its CPU s, before | after | real-layer pass CPU s, before | after |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    loads, same = [], True
+    for name, new in d["tiers"].items():
+        old = d["old"][name]
+        cells = [f"{_f(med([e[key] for e in r['extract']]), 0)}" for key in ("total_s", "cpu_s") for r in (old, new)]
+        cells += [_f(r["kernel_real"]["median_cpu_s"], 2) for r in (old, new)]
+        out.append(f"| {labels[name]} | " + " | ".join(cells) + " |")
+        loads += [e["load_before"] for r in (old, new) for e in r["extract"]]
+        same = same and old["down_meta_sha256"] == new["down_meta_sha256"]
+    return ("\n".join(out) + f"\n\n{m['cpu']}, {m['cpus']} cpus, {m['threads']} threads (the real-layer pass: one "
+            "thread, layer 9's first 512 features against the whole vocabulary, the median of its rounds); timed "
+            f"extractions each side: {len(d['tiers'][next(iter(d['tiers']))]['extract'])} (the median; after a "
+            f"compiling one), before and after taking turns; load average {min(loads):.1f}-{max(loads):.1f} before them (a shared "
+            f"machine: the CPU seconds are the fairer figure). down_meta.bin the same bytes before and after: "
+            f"{'yes' if same else 'no'}. " + _source(TIERS_CHANGE_RUN))
 
 
 def render_scale() -> str:
@@ -472,6 +496,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "ray": render_ray,
     "ray-paper": lambda: render_ray(paper=True),
     "tiers": render_tiers,
+    "tiers-change": render_tiers_change,
     "runtime": render_runtime,
     "runtime-runs": render_runtime_runs,
     "editing-methods": render_editing_methods,

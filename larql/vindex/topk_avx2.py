@@ -12,7 +12,10 @@ block's int32 sums start at -64 x the token's block code sum (`token_corr`, made
 
 The feature's coarser codes only widen the bound E (||w - w^|| doubles; the token side's error is
 zero for a Q8_0 unembedding): more candidates are rescored, the same ids and values come out.
-The tile goes in steps of 16 tokens (two vectors), each feature broadcast once for both.
+The tile goes in four steps of 8 tokens, so MR int32 and MR float32 accumulators fit AVX2's 16
+registers. Summing several vpmaddubsw results in int16 before vpmaddwd (exact while a lane's
+|w . u| fits 2^15, checkable per tile from code norms), or sharing each broadcast across two or
+four token vectors, measured no faster on a Zen 4 EPYC built for haswell (docs/design/cpu-paths.md).
 """
 
 from __future__ import annotations

@@ -26,8 +26,9 @@ float64 test in _offer, which decides, would keep.
 
 On the avx2 tier (larql.quant.isa) topk_avx2's kernel forms A from the same token codes and
 7-bit feature codes (quantize_blocks' qmax 63): the same bound with their ||w - w^||, about twice
-the 8-bit one, so more candidates, the same answers. On the float32 tier A is a float32 sgemm per vocabulary chunk, E = ||u|| ||w|| (1.01 h
-2^-24 + 2^-23) + tau, and the same candidate logic applies: every path gives the same bits.
+the 8-bit one, so more candidates, the same answers. On the float32 tier A is a float32 sgemm per
+vocabulary chunk, E = ||u|| ||w|| (1.01 h 2^-24 + 2^-23) + tau, and the same candidate logic
+applies: every path gives the same bits.
 A feature whose candidates outgrow their buffer (many tokens within E of its k-th score) goes
 again with a wider one, then through the float32 pass, then is scored exactly over the whole
 vocabulary (topk.top_tokens).
