@@ -29,7 +29,9 @@ RUN = ("import sys, time; from larql.vindex.extract import extract; t = time.per
 
 def extract_timed(tree: Path, out: Path, cache: Path, level: str) -> float:
     env = dict(os.environ, PYTHONPATH=str(tree), NUMBA_CACHE_DIR=str(cache), PYTHONDONTWRITEBYTECODE="1")
-    done = subprocess.run([sys.executable, "-c", RUN, str(out), level], env=env, check=True, capture_output=True, text=True)
+    # cwd: `python -c` puts the working directory first on sys.path, before PYTHONPATH's tree
+    done = subprocess.run([sys.executable, "-c", RUN, str(out), level], env=env, cwd=tree, check=True,
+                          capture_output=True, text=True)
     return float(done.stdout.strip().splitlines()[-1])
 
 

@@ -1,9 +1,10 @@
 """Exact top-k tokens per feature for down_meta: the unembedding prepared once, then per layer an
 approximate pass with a proven bound and exact rescoring (topk_kernels has the derivation).
 
-Two approximate passes give the same result: the int8 one on the avx512vnni and avx2 tiers
-(larql.quant.isa; its kernels: topk_kernels.scan_int8, topk_avx2.scan_avx2, the same scores bit for
-bit), a float32 sgemm per vocabulary chunk on the float32 tier. Inputs that are not finite, or so
+Three approximate passes give the same result: the int8 one on the avx512vnni tier
+(larql.quant.isa; topk_kernels.scan_int8), its AVX2 form with 7-bit feature codes on the avx2 tier
+(topk_avx2.scan_avx2: a wider bound, more candidates rescored), a float32 sgemm per vocabulary
+chunk on the float32 tier. Inputs that are not finite, or so
 large that float32 could overflow, take today's plain float32 scan.
 """
 
@@ -45,6 +46,7 @@ class Tokens:
     tsc: NDArray[np.float32] | None  # (tiles, 32 nb)
     tnorm: NDArray[np.float32] | None  # (tiles, 64): ||u|| of the tile's 32 tokens, then ||u - u^||
     safe: bool  # finite and small enough for the bounded passes
+    corr: NDArray[np.int32] | None = None  # (tiles, 32 nb): topk_avx2.token_corr (avx2 only)
 
 
 def prepare(u: NDArray[np.float32], tier: str | None = None) -> Tokens:
@@ -64,16 +66,19 @@ def prepare(u: NDArray[np.float32], tier: str | None = None) -> Tokens:
     packed = np.empty((tiles, 1024 * nb), np.uint8)
     tsc = np.empty((tiles, 32 * nb), np.float32)
     tnorm = np.zeros((tiles, 2 * tk.TILE), np.float32)
+    corr = np.empty((tiles, 32 * nb), np.int32) if tier == "avx2" else None
     err_max = 0.0
     for a in range(0, n, VOCAB_CHUNK):  # VOCAB_CHUNK is a multiple of TILE
         rows = u[a:a + VOCAB_CHUNK]
         m = len(rows)
         codes, scales = np.empty((m, 32 * nb), np.int8), np.empty((m, nb), np.float32)
         nrm, err, hat = np.empty(m), np.empty(m), np.empty(m)
-        tk.quantize_blocks(np.ascontiguousarray(rows), codes, scales, nrm, err, hat)
+        tk.quantize_blocks(np.ascontiguousarray(rows), codes, scales, nrm, err, hat, 127.0)
         norm64[a:a + m] = nrm
         t0, t1 = a // tk.TILE, a // tk.TILE + -(-m // tk.TILE)
         tk.pack_tokens(codes, scales, packed[t0:t1], tsc[t0:t1])
+        if corr is not None:
+            corr[t0:t1] = topk_avx2.token_corr(codes, t1 - t0)
         pad = (t1 - t0) * tk.TILE - m
         tnorm[t0:t1, :tk.TILE] = np.pad(_up(nrm), (0, pad)).reshape(-1, tk.TILE)
         tnorm[t0:t1, tk.TILE:] = np.pad(_up(err), (0, pad)).reshape(-1, tk.TILE)
@@ -81,7 +86,7 @@ def prepare(u: NDArray[np.float32], tier: str | None = None) -> Tokens:
     norm_max = float(norm64.max(initial=0.0))
     if tier == "avx2":
         packed ^= np.uint8(0x80)  # the codes signed: the AVX2 kernel's operand (topk_avx2)
-    return Tokens(u, tier, _up(norm64), norm_max, err_max, packed, tsc, tnorm, norm_max < _HUGE)
+    return Tokens(u, tier, _up(norm64), norm_max, err_max, packed, tsc, tnorm, norm_max < _HUGE, corr)
 
 
 State = tuple[NDArray[np.float64], NDArray[np.int32], NDArray[np.float64], NDArray[np.int32], NDArray[np.bool_]]
@@ -95,7 +100,8 @@ def _state(n_feat: int, k: int, cap: int) -> State:
 
 
 def _int8_pass(tok: Tokens, wt: NDArray[np.float32], k: int, cap: int) -> State:
-    """The int8 pass: W^T's rows quantized per 32 columns, padded to MR rows, then the tier's scan."""
+    """The int8 pass: W^T's rows quantized per 32 columns (7-bit codes for the AVX2 kernel), padded
+    to MR rows, then the tier's scan."""
     assert tok.packed is not None and tok.tsc is not None and tok.tnorm is not None
     f, h = wt.shape
     nb = tok.tsc.shape[1] // 32
@@ -104,7 +110,8 @@ def _int8_pass(tok: Tokens, wt: NDArray[np.float32], k: int, cap: int) -> State:
     x[:f] = wt
     codes, scales = np.empty((fp, 32 * nb), np.int8), np.empty((fp, nb), np.float32)
     nw, ew, nwh = np.empty(fp), np.empty(fp), np.empty(fp)
-    tk.quantize_blocks(x, codes, scales, nw, ew, nwh)
+    avx2 = tok.tier == "avx2"
+    tk.quantize_blocks(x, codes, scales, nw, ew, nwh, topk_avx2.QMAX if avx2 else 127.0)
     g = 1.01 * (nb + 1) * 2.0 ** -24
     wterm = np.zeros((fp, 4), np.float32)
     wterm[:, 0] = _up(ew + g * nwh + 2.0 ** -23 * nw)
@@ -113,8 +120,10 @@ def _int8_pass(tok: Tokens, wt: NDArray[np.float32], k: int, cap: int) -> State:
     tau = tk.tau(32 * nb)
     kf = 2.0 ** -20 * (tok.norm_max + tok.err_max) * (2 * nwh + wterm[:, 0] + wterm[:, 1]) + 2 * tau
     state = _state(fp, k, cap)
-    if tok.tier == "avx2":  # numba compiles a kernel on its first call: the VNNI one never on this tier
-        topk_avx2.scan_avx2(tok.packed, tok.tsc, tok.tnorm, tok.u.shape[0], codes, np.abs(codes), scales, wterm, tau,
+    if avx2:  # numba compiles a kernel on its first call: the VNNI one never on this tier
+        assert tok.corr is not None
+        wcodes = codes.view(np.uint8) + np.uint8(topk_avx2.OFFSET)  # c + 64: 1..127
+        topk_avx2.scan_avx2(tok.packed, tok.tsc, tok.tnorm, tok.corr, tok.u.shape[0], wcodes, scales, wterm, tau,
                             state[0], kf, *state[1:], PANEL)
     else:
         corr = (-128 * codes.reshape(fp, nb, 32).sum(axis=2, dtype=np.int32)).astype(np.int32)  # the +128 back
@@ -176,7 +185,8 @@ def top_tokens(tok: Tokens, wt: NDArray[np.float32], k: int) -> tuple[NDArray[np
         if not len(rest):
             break
         sub = wt if n == 0 else wt[rest]
-        cap = tk.CAP if n == 0 else max(tk.CAP, min(WIDE, WIDE_BYTES // (12 * len(rest))))
+        first = tk.CAP * (2 if tok.tier == "avx2" else 1)  # the 7-bit pass's wider bound: more candidates
+        cap = first if n == 0 else max(first, min(WIDE, WIDE_BYTES // (12 * len(rest))))
         lotop, cand_t, cand_hi, cand_n, over = run(tok, sub, k, cap)
         m = len(rest)
         ids, vals = np.zeros((m, k), np.uint32), np.full((m, k), -np.inf, np.float32)

@@ -24,9 +24,11 @@ kernel's own test is float32 and only a screen: it flags A + E >= T, T = L - kf 
 (~2^-20 of the largest |A| + E) above its float32 rounding, so it passes every token that the
 float64 test in _offer, which decides, would keep.
 
-On the avx2 tier (larql.quant.isa) topk_avx2's kernel forms the same A, bit for bit, from the same
-codes. On the float32 tier A is a float32 sgemm per vocabulary chunk, E = ||u|| ||w|| (1.01 h
-2^-24 + 2^-23) + tau, and the same candidate logic applies: every path gives the same bits.
+On the avx2 tier (larql.quant.isa) topk_avx2's kernel forms A from the same token codes and
+7-bit feature codes (quantize_blocks' qmax 63): the same bound with their ||w - w^||, about twice
+the 8-bit one, so more candidates, the same answers. On the float32 tier A is a float32 sgemm per
+vocabulary chunk, E = ||u|| ||w|| (1.01 h 2^-24 + 2^-23) + tau, and the same candidate logic
+applies: every path gives the same bits.
 A feature whose candidates outgrow their buffer (many tokens within E of its k-th score) goes
 again with a wider one, then through the float32 pass, then is scored exactly over the whole
 vocabulary (topk.top_tokens).
@@ -58,11 +60,12 @@ def tau(h: int) -> float:
 
 @njit(cache=True, parallel=True)
 def quantize_blocks(x: NDArray[np.float32], codes: NDArray[np.int8], scales: NDArray[np.float32],
-                    norm: NDArray[np.float64], err: NDArray[np.float64],
-                    hat: NDArray[np.float64]) -> None:  # pragma: no cover - numba
-    """Rows of x as int8 codes times a scale per 32 columns (d = max|block| / 127, codes in
-    -127..127; codes and scales padded with zeros past x's columns). norm, err, hat: ||x||,
-    ||x - x^||, ||x^|| per row in float64 (products exact), rounded up."""
+                    norm: NDArray[np.float64], err: NDArray[np.float64], hat: NDArray[np.float64],
+                    qmax: float = 127.0) -> None:  # pragma: no cover - numba
+    """Rows of x as int8 codes times a scale per 32 columns (d = max|block| / qmax, codes in
+    -qmax..qmax: 127, or 63 for the AVX2 pass's feature codes; codes and scales padded with zeros
+    past x's columns). norm, err, hat: ||x||, ||x - x^||, ||x^|| per row in float64 (products
+    exact), rounded up."""
     n, h = x.shape
     for r in prange(n):
         n2, e2, h2 = 0.0, 0.0, 0.0
@@ -70,12 +73,12 @@ def quantize_blocks(x: NDArray[np.float32], codes: NDArray[np.int8], scales: NDA
             top = np.float32(0.0)
             for j in range(32 * b, min(h, 32 * b + 32)):
                 top = max(top, abs(x[r, j]))
-            d = top / np.float32(127.0)
+            d = top / np.float32(qmax)
             scales[r, b] = d
             inv = 1.0 / np.float64(d) if d > 0 else 0.0
             for j in range(32 * b, 32 * b + 32):
                 v = np.float64(x[r, j]) if j < h else 0.0
-                c = min(max(np.rint(v * inv), -127.0), 127.0)
+                c = min(max(np.rint(v * inv), -qmax), qmax)
                 codes[r, j] = np.int8(c)
                 q = c * np.float64(d)
                 n2 += v * v
@@ -264,6 +267,8 @@ def offer_flagged(tile: int, g: int, vals: NDArray[np.float32], masks: NDArray[n
     with their scores A in vals), each with its bound E, to _offer."""
     for i in range(MR):
         f = g * MR + i
+        if masks[i] == 0:
+            continue
         for j in range(TILE):
             t = tile * TILE + j
             if (masks[i] >> np.uint32(j)) & np.uint32(1) and t < n_tok:
@@ -289,32 +294,58 @@ def screen_f32(s: NDArray[np.float32], base: int, unorm: NDArray[np.float32], wt
                 _offer(f, base + c, a, e, lotop, wterm, kf, cand_t, cand_hi, cand_n, over)
 
 
+@njit(cache=True)
+def _insert(top_ids: NDArray[np.uint32], top_vals: NDArray[np.float32], f: int, v: np.float32,
+            t: int) -> None:  # pragma: no cover - numba
+    """Token t with exact score v into feature f's top-k (after every lower id): an equal score
+    never displaces a lower id."""
+    k = top_ids.shape[1]
+    if v > top_vals[f, k - 1]:
+        j = k - 1
+        while j > 0 and top_vals[f, j - 1] < v:
+            top_vals[f, j], top_ids[f, j] = top_vals[f, j - 1], top_ids[f, j - 1]
+            j -= 1
+        top_vals[f, j], top_ids[f, j] = v, t
+
+
 @njit(cache=True, parallel=True)
 def finish(u: NDArray[np.float32], wt: NDArray[np.float32], lotop: NDArray[np.float64], cand_t: NDArray[np.int32],
            cand_hi: NDArray[np.float64], cand_n: NDArray[np.int32], over: NDArray[np.bool_],
            top_ids: NDArray[np.uint32], top_vals: NDArray[np.float32]) -> None:  # pragma: no cover - numba
     """Each feature's candidates with hi >= its final floor, scored exactly (float64 sum of the
-    float32 products, rounded to float32) in id order into its top-k: sorted by score descending,
-    an equal score never displacing a lower id. Features marked `over` are left alone."""
+    float32 products in column order, rounded to float32) in id order into its top-k: sorted by
+    score descending, an equal score never displacing a lower id. Features marked `over` are left
+    alone. Four candidates are summed side by side: four independent chains, each in its order."""
     k = top_ids.shape[1]
+    h = wt.shape[1]
     for f in prange(wt.shape[0]):
         if over[f]:
             continue
         floor = lotop[f, k - 1]
+        keep = np.empty(cand_n[f] + 3, np.int32)
+        n = 0
         for i in range(cand_n[f]):
-            if cand_hi[f, i] < floor:
-                continue
-            t = cand_t[f, i]
-            acc = 0.0
-            for j in range(wt.shape[1]):
-                acc += np.float64(u[t, j]) * np.float64(wt[f, j])
-            v = np.float32(acc)
-            if v > top_vals[f, k - 1]:
-                j = k - 1
-                while j > 0 and top_vals[f, j - 1] < v:
-                    top_vals[f, j], top_ids[f, j] = top_vals[f, j - 1], top_ids[f, j - 1]
-                    j -= 1
-                top_vals[f, j], top_ids[f, j] = v, t
+            if cand_hi[f, i] >= floor:
+                keep[n] = cand_t[f, i]
+                n += 1
+        for i in range(n, n + 3):
+            keep[i] = keep[0] if n else 0  # the tail's spare lanes: any valid row, never inserted
+        for i in range(0, n, 4):
+            t0, t1, t2, t3 = keep[i], keep[i + 1], keep[i + 2], keep[i + 3]
+            a0 = a1 = a2 = a3 = 0.0
+            for j in range(h):
+                x = np.float64(wt[f, j])
+                a0 += np.float64(u[t0, j]) * x
+                a1 += np.float64(u[t1, j]) * x
+                a2 += np.float64(u[t2, j]) * x
+                a3 += np.float64(u[t3, j]) * x
+            _insert(top_ids, top_vals, f, np.float32(a0), t0)
+            if i + 1 < n:
+                _insert(top_ids, top_vals, f, np.float32(a1), t1)
+            if i + 2 < n:
+                _insert(top_ids, top_vals, f, np.float32(a2), t2)
+            if i + 3 < n:
+                _insert(top_ids, top_vals, f, np.float32(a3), t3)
 
 
 @njit(cache=True, parallel=True)
