@@ -56,7 +56,7 @@ def _run(row: dict[str, Any], key: str, fmt: str) -> str:
 
 def render_scale() -> str:
     d = json.loads((RESULTS / "scale.json").read_text())
-    rows = d["models"]
+    rows = sorted(d["models"], key=lambda r: r["gguf_bytes"])  # smallest first, whichever run measured it
     bw = d["copy_gb_s"]
     head = ["| measure | " + " | ".join(f"{r['model']} ({r['gguf_bytes'] / 1e9:.2f} GB)" for r in rows) + " |",
             "|---|" + "---:|" * len(rows)]
