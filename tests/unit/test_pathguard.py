@@ -125,7 +125,8 @@ PATH_NAMES = {"path", "into", "save", "into_patch", "a", "b", "model", "labels"}
 NAMED_PATHS = {(ast.CompileStmt, "source"), (ast.MergeStmt, "source"), (ast.UseStmt, "target")}
 NOT_PATHS = {"level", "target", "format", "on_conflict", "dtype", "relation", "kind", "prompt", "layers", "mode",
              "entity", "band", "fields", "source", "for_token", "positions", "columns", "rows", "method", "expected",
-             "subject", "components"}
+             "subject", "components",
+             "sae"}  # SAE "x" FEATURE n names an attached SAE (its USE SAE path or hook point), as DROP SAE does
 ON_THE_STACK = {(ast.RemovePatchStmt, "path")}  # REMOVE PATCH names a patch on the stack, not a file
 
 
