@@ -84,8 +84,8 @@ def feature_shift(hook: str, edited_before: F32, edited_after: F32, unrelated_be
         order = np.lexsort((ids, -sign * delta))[:shown]
         return tuple(FeatureChange(int(f), float(mean0[f]), float(mean1[f])) for f in order if sign * delta[f] > 0)
 
-    kept = [len(_top(b, k) & _top(a, k)) / len(_top(b, k)) for b, a in zip(unrelated_before, unrelated_after)
-            if _top(b, k)]
+    tops = [(_top(b, k), _top(a, k)) for b, a in zip(unrelated_before, unrelated_after)]
+    kept = [len(tb & ta) / len(tb) for tb, ta in tops if tb]
     return FeatureShift(hook, pick(1.0), pick(-1.0), _relative(edited_before, edited_after),
                         float(np.mean(kept)) if kept else 1.0, _relative(unrelated_before, unrelated_after))
 

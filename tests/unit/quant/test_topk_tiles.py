@@ -14,6 +14,16 @@ needs_tiled = pytest.mark.skipif(not argmax.HAVE_TILED, reason="the float32 tier
 needs_avx2 = pytest.mark.skipif(not isa.runs("avx2"), reason="no AVX2: the AVX2 kernel cannot run")
 
 
+def _batch_case(n_act: int) -> tuple[argmax_tiles.Tiled, np.ndarray, np.ndarray]:
+    """A tiled 1,029-row Q8_0 matrix (a partial last tile), n_act activations (one of them zero) and
+    the approximate scores' buffer."""
+    m = random_matrix(GGMLType.Q8_0, 1029, 640, seed=3)
+    tiled = argmax_tiles.Tiled(m.raw, argmax.row_norms(m.raw))
+    x = (np.random.default_rng(4).standard_normal((n_act, 640)) * 2).astype(np.float32)
+    x[5] = 0.0
+    return tiled, x, np.empty((n_act, tiled.packed.shape[0] * argmax_tiles.ROWS), np.float32)
+
+
 def _exact_top_k(m: QuantMatrix, x: np.ndarray, k: int) -> np.ndarray:
     full = x.astype(np.float64) @ m.dequantize().astype(np.float64).T  # (t, rows)
     ids = np.arange(full.shape[1])
@@ -24,11 +34,7 @@ def _exact_top_k(m: QuantMatrix, x: np.ndarray, k: int) -> np.ndarray:
 def test_batch_scores_are_the_one_activation_kernels_bit_for_bit() -> None:
     """TB activations per tile visit give each activation the same A as argmax_tiles.scores (the same
     codes, block dots and fma order), partial last tile included."""
-    m = random_matrix(GGMLType.Q8_0, 1029, 640, seed=3)
-    tiled = argmax_tiles.Tiled(m.raw, argmax.row_norms(m.raw))
-    x = (np.random.default_rng(4).standard_normal((3 * topk_tiles.TB, 640)) * 2).astype(np.float32)
-    x[5] = 0.0
-    got = np.empty((len(x), tiled.packed.shape[0] * argmax_tiles.ROWS), np.float32)
+    tiled, x, got = _batch_case(3 * topk_tiles.TB)
     slack = topk_tiles.batch_scores(tiled.packed, tiled.scales, x, got, argmax.rounding(640))
     for b in range(len(x)):
         one = np.empty(got.shape[1], np.float32)
@@ -41,11 +47,7 @@ def test_batch_scores_are_the_one_activation_kernels_bit_for_bit() -> None:
 def test_the_avx2_batch_gives_each_activation_the_one_activation_scores_bit_for_bit() -> None:
     """The AVX2 tier's batch (argmax_tiles' AVX2 kernel an activation at a time) gives argmax_tiles'
     AVX2 scores, and so the VNNI batch's where that runs, and the same slack."""
-    m = random_matrix(GGMLType.Q8_0, 1029, 640, seed=3)
-    tiled = argmax_tiles.Tiled(m.raw, argmax.row_norms(m.raw))
-    x = (np.random.default_rng(4).standard_normal((2 * topk_tiles.TB + 3, 640)) * 2).astype(np.float32)
-    x[5] = 0.0
-    got = np.empty((len(x), tiled.packed.shape[0] * argmax_tiles.ROWS), np.float32)
+    tiled, x, got = _batch_case(2 * topk_tiles.TB + 3)
     slack = topk_tiles.batch_scores_avx2(tiled.packed, tiled.scales, x, got, argmax.rounding(640))
     for b in range(len(x)):
         one = np.empty(got.shape[1], np.float32)
