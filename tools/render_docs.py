@@ -553,11 +553,12 @@ def render_tiers() -> str:
 
 
 def render_scale() -> str:
-    """Real model sizes beside llama.cpp (tools/render_scale.py: kept apart, this module is long enough)."""
+    """Real model sizes beside llama.cpp (tools/render_scale.py: kept apart, this module is long enough);
+    the models the README's table measures take their speed from its run, so each has one figure."""
     sys.path.insert(0, str(ROOT / "tools"))
     from render_scale import render_scale as render
 
-    return render()
+    return render(speed_run=README_RUNTIME)
 
 
 def render_ray(paper: bool = False) -> str:

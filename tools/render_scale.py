@@ -1,5 +1,8 @@
 """The real-model-sizes table of docs/guide/performance.md, from benchmarks/results/scale.json
-(benchmarks/bench_scale.py); tools/render_docs.py fills the `scale` block with it."""
+(benchmarks/bench_scale.py); tools/render_docs.py fills the `scale` block with it.
+
+A model the README's speed table also measures (the bundled gemma3-270m) takes its decode and prefill
+from that table's results file, so the docs show one figure for it, with that run's setting stated."""
 
 from __future__ import annotations
 
@@ -54,15 +57,33 @@ def _run(row: dict[str, Any], key: str, fmt: str) -> str:
     return text + (f"; llama.cpp {fmt.format(theirs)}" if theirs is not None else "")
 
 
-def render_scale() -> str:
+def _speed_from(runtime: dict[str, Any], model: str) -> dict[str, Any] | None:
+    """A model's per-engine speed as a `larql bench` results file records it (None if it has no larql row)."""
+    keys = ("prefill_tok_s", "decode_tok_s", "prefill_rounds", "decode_rounds")
+    speed = {e["engine"]: {k: e[k] for k in keys if k in e} for e in runtime["engines"] if e["model"] == model}
+    return speed if "larql" in speed else None
+
+
+def render_scale(speed_run: str | None = None) -> str:
+    """The table; `speed_run` names the README's `larql bench` results file, whose models take their
+    speed from it."""
     d = json.loads((RESULTS / "scale.json").read_text())
     rows = sorted(d["models"], key=lambda r: r["gguf_bytes"])  # smallest first, whichever run measured it
+    runtime = json.loads((RESULTS / f"{speed_run}.json").read_text()) if speed_run else None
+    borrowed = []
+    for r in rows:
+        speed = _speed_from(runtime, r["model"]) if runtime else None
+        if speed:
+            r["speed"] = speed
+            borrowed.append(r["model"])
     bw = d["copy_gb_s"]
-    head = ["| measure | " + " | ".join(f"{r['model']} ({r['gguf_bytes'] / 1e9:.2f} GB)" for r in rows) + " |",
+    head = ["| measure | " + " | ".join(f"{r['model']} ({r['gguf_bytes'] / 1e9:.2f} GB"
+                                         + ("; speed: the README's run" if r["model"] in borrowed else "") + ")"
+                                         for r in rows) + " |",
             "|---|" + "---:|" * len(rows)]
     lines = [
         ("decode tok/s (vs llama.cpp)", [_speed(r, "decode_tok_s", 1) for r in rows]),
-        ("decode as a share of the bandwidth floor (copy GB/s of the run)",
+        ("decode as a share of the bandwidth floor (copy GB/s measured in the scale run)",
          [_floor(r, r.get("copy_gb_s", bw)) for r in rows]),
         (f"prefill {d['prompt']} tokens, tok/s (vs llama.cpp)", [_speed(r, "prefill_tok_s", 0) for r in rows]),
         (f"peak RSS of a `run` process ({d['run_tokens']} tokens), MB",
@@ -73,13 +94,25 @@ def render_scale() -> str:
     ]
     body = [f"| {name} | " + " | ".join(cells) + " |" for name, cells in lines]
     m = d["machine"]
-    loads = ", ".join(f"{r['model']} {r['load_average_start'][0]:.1f}-{r['load_average_end'][0]:.1f}" for r in rows)
+    loads = ", ".join(f"{r['model']} {r['load_average_start'][0]:.1f}-{r['load_average_end'][0]:.1f}"
+                      + (" (its memory and first token)" if r["model"] in borrowed else "") for r in rows)
+    measured = "the shapes'" if borrowed else "the"
     note = (f"{m['cpu']}, {m['threads']} threads, larql's tier {m.get('tier') or d.get('tier', '?')}; "
             f"llama-cpp-python {d.get('llama_cpp') or 'not installed'}; the shapes {d['quant'].upper()} by "
             f"llama.cpp's quantizer (gemma3-270m: the bundled file); bandwidth floor: the bytes one token reads "
-            f"over a one-thread numpy copy's GB/s (bytes read plus written); decode "
+            f"over a one-thread numpy copy's GB/s (bytes read plus written); {measured} decode "
             f"{d['decode']} greedy tokens, medians of {d['rounds']} rounds with llama.cpp in turn, the lowest and "
             f"highest round in brackets (llama.cpp's threads wait for each other by spinning, so one busy "
-            f"moment elsewhere costs it a whole round). Load average "
-            f"during each model's runs (the machine was shared): {loads}.")
-    return "\n".join(head + body) + "\n\n" + note + "\n\nSource: `benchmarks/results/scale.json`."
+            f"moment elsewhere costs it a whole round).")
+    sources = ["scale"]
+    if borrowed and runtime:
+        rm = runtime["machine"]
+        end = runtime.get("load_average_end")
+        note += (f" {' and '.join(borrowed)}'s decode and prefill are the README's speed table's run, so a model "
+                 f"has one figure in these docs: prefill of {runtime['prompt']} tokens, {runtime['decode']} greedy "
+                 f"decode tokens, medians of {runtime.get('rounds', 1)} rounds, load average "
+                 f"{rm['load_average'][0]:.1f}" + (f"-{end[0]:.1f}" if end else "") + ".")
+        sources.append(str(speed_run))
+    note += f" Load average during each model's runs of the scale run (the machine was shared): {loads}."
+    return ("\n".join(head + body) + "\n\n" + note + "\n\nSource: "
+            + ", ".join(f"`benchmarks/results/{s}.json`" for s in sources) + ".")
