@@ -527,6 +527,12 @@ def render_runtime_runs() -> str:
 TIERS_RUN = "tiers"
 
 
+def _middle(n: int) -> str:
+    """What the row of n sorted runs at index n // 2 is."""
+    return "its one timed run" if n == 1 else "the slower of its two timed runs" if n == 2 else \
+        f"the median of its {n} timed runs"
+
+
 def render_tiers() -> str:
     """down_meta's pass and browse extraction of gemma3-270m on each CPU tier, on one machine."""
     d = _load(TIERS_RUN)
@@ -544,11 +550,14 @@ def render_tiers() -> str:
         out.append(f"| {labels[name]} | {_f(t['kernel']['median_wall_s'], 2)} | {_f(t['kernel']['median_cpu_s'], 2)} | "
                    f"{_f(mid['total_s'], 0)} | {_f(mid['cpu_s'], 0) if 'cpu_s' in mid else '—'} | "
                    f"{_f(t['extract_first_run']['total_s'], 0)} |")
-    loads = [x for t in d["tiers"].values() for x in (t["kernel"]["load_before"][0],)]
+    # every load average the run recorded: before each pass, before and after each extraction
+    loads = [x for t in d["tiers"].values() for x in
+             [*t["kernel"]["load_before"], *[v for e in t["extract"] for v in (e["load_before"], e["load_after"])]]]
+    busy = " (more runnable tasks than cpus: compare CPU seconds)" if max(loads) > m["cpus"] else ""
     return ("\n".join(out) + f"\n\n{m['cpu']}, {m['cpus']} cpus, {m['threads']} threads, each tier in its own process "
             f"(the lower tiers built for haswell); the pass is the median of its rounds over a quarter of a Gemma 3 "
-            f"layer; load average {min(loads):.1f}-{max(loads):.1f} before the passes (a busy machine: compare CPU "
-            f"seconds). Every tier wrote the same down_meta.bin: "
+            f"layer, extraction {_middle(len(next(iter(d['tiers'].values()))['extract']))}; load average {min(loads):.1f}-{max(loads):.1f} during "
+            f"the runs{busy}. Every tier wrote the same down_meta.bin: "
             f"{'yes' if len(sums) == 1 else 'no'}. " + _source(TIERS_RUN))
 
 
