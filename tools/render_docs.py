@@ -457,8 +457,8 @@ def render_stacked_capitals() -> str:
 
 # The run the README's speed table shows: `larql bench --rounds N --out` on a quiet machine, both engines.
 README_RUNTIME = "runtime-prompt256-7rounds"
-# The runs the benchmarks page compares, one row each (the same code, the same machine, different days'
-# load and prompt lengths).
+# The runs the benchmarks page compares, one row each: the same machine, different days' code, load and
+# prompt lengths (a results file records no commit, so the rows say how far a ratio moves, not why).
 RUNTIME_RUNS = ("runtime-prompt256-7rounds", "runtime-prompt256-idle", "runtime-prompt256-3rounds",
                 "runtime-prompt1280")
 
@@ -520,7 +520,7 @@ def render_runtime_runs() -> str:
                    f"{_tier_label(m, d) or 'not recorded'} | {ratios} |")
     first = _load(RUNTIME_RUNS[0])["machine"]
     return ("larql's speed over llama.cpp's (ratios of the medians), each run on "
-            f"{first['cpu']}, {first['cpus']} cpus, {first['threads']} threads:\n\n" + "\n".join(out) + "\n\n"
+            f"{first['cpu']}, {first['cpus']} cpus, {first['threads']} threads, with the code of its day:\n\n" + "\n".join(out) + "\n\n"
             + _source(*RUNTIME_RUNS))
 
 
