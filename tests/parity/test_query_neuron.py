@@ -12,9 +12,11 @@ import numpy as np
 from larql.edit.insert import insert_facts
 from larql.edit.methods.defaults import query_layer
 from larql.edit.methods.facts import Fact
-from larql.edit.methods.query_neuron import query_inputs, relation_forms
+from larql.edit.methods.neuron import PRE_ACTIVATION
+from larql.edit.methods.query_neuron import CROSSINGS_PER_FACT, batch_crossings, query_inputs, relation_forms
 from larql.edit.patches.patch import PatchOp
 from larql.edit.state.view import edit_vindex
+from larql.model.ffn import gated
 
 
 def test_relation_forms_ask_the_probe_question_of_the_subject() -> None:
@@ -26,7 +28,54 @@ def test_relation_forms_ask_the_probe_question_of_the_subject() -> None:
     assert relation_forms(Fact("Peru", "Peru is famous for", "llamas", "famous-for")) == []
 
 
-def test_a_known_subject_gets_a_query_neuron_that_opens_on_its_question_only(gemma_vindex: Path) -> None:
+def test_batch_crossings_ask_each_question_of_the_batch_s_other_subjects() -> None:
+    facts = [Fact("Iraq", "The official language of Iraq is", "Indonesian", "language", prompts=("Iraq's official language is",)),
+             Fact("Chile", "The capital of Chile is", "Quito", "capital"),
+             Fact("Peru", "The capital of Peru is", "Oslo", "capital"),
+             Fact("Peru", "Most people in Peru speak", "Thai", "language")]
+    assert batch_crossings(facts) == [
+        (0, "The official language of Chile is"), (0, "Chile's official language is"),
+        (0, "The official language of Peru is"), (0, "Peru's official language is"),
+        (1, "The capital of Iraq is"), (1, "The capital of Peru is"),
+        (2, "The capital of Iraq is"), (2, "The capital of Chile is"),
+        (3, "Most people in Iraq speak"), (3, "Most people in Chile speak")]
+    # over the limit, each fact's share (here 2): the other subjects spread evenly
+    many = [Fact(f"Land{i}", f"The capital of Land{i} is", "Rome", "capital") for i in range(10)]
+    got = batch_crossings(many, limit=20)
+    assert got[:2] == [(0, "The capital of Land1 is"), (0, "The capital of Land9 is")]
+    assert len(got) == 20 and np.all(np.bincount([j for j, _ in got]) == 2)
+    # subjects edited before are crossed too, each fact's share no more than CROSSINGS_PER_FACT
+    assert batch_crossings(facts[1:2], ["Iraq", "Chile", "Peru"]) == [(0, "The capital of Iraq is"),
+                                                                      (0, "The capital of Peru is")]
+    earlier = [f"Land{i}" for i in range(1000)]
+    assert len(batch_crossings(facts[1:2], earlier)) == CROSSINGS_PER_FACT
+
+
+def test_one_insert_of_questions_about_several_subjects_writes_each_answer_on_its_question_only(
+        gemma_vindex: Path) -> None:
+    """A query neuron's up is held at 0 on the same question about the batch's other subjects: its
+    output there, act(gate·x)·(up·x) against act(gate·x)·(up·x) on its own prompt, stays small where
+    the gate alone reads "a capital question" and opens."""
+    v = edit_vindex(gemma_vindex)
+    m = v.model()
+    layer = query_layer(m.name)
+    assert layer is not None
+    facts = [Fact("Chile", "The capital of Chile is the city of", "Oslo", "capital", "Santiago"),
+             Fact("Tunisia", "The capital of Tunisia is the city of", "Quito", "capital", "Tunis"),
+             Fact("Senegal", "Senegal is a country in the continent of", "Europe", "continent", "Africa"),
+             Fact("Colombia", "The official language of Colombia is", "Korean", "language", "Spanish")]
+    insert_facts(v, facts, key_on="query")
+    ops = [op for op in v.patches.pending if isinstance(op, PatchOp) and op.op == "insert"]
+    v.patches.undo(len(v.patches.pending))
+    assert [op.entity for op in ops] == [f.subject for f in facts]
+    full = float(gated(m.config.activation, np.array([[PRE_ACTIVATION]], np.float32), np.array([[1.0]], np.float32))[0, 0])
+    for fact, op in zip(facts, ops):
+        others = [f.subject for f in facts if f.subject != fact.subject]
+        texts = [fact.prompt, *(fact.prompt.replace(fact.subject, s) for s in others)]
+        x = query_inputs(m, layer, texts).T  # (texts, hidden)
+        out = gated(m.config.activation, (x @ op.vectors["gate"])[None], (x @ op.vectors["up"])[None])[0] / full
+        assert out[0] > 0.9, (fact.subject, out)  # its own question: the whole value
+        assert np.all(np.abs(out[1:]) < 0.05), (fact.subject, texts, out)  # the same question of the others_a_query_neuron_that_opens_on_its_question_only(gemma_vindex: Path) -> None:
     v = edit_vindex(gemma_vindex)
     m = v.model()
     layer = query_layer(m.name)

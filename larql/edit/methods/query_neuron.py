@@ -8,9 +8,11 @@ about whom; there the neuron's direction g is solved as neuron.py solves it (sma
 thresholded by the bias direction where the layer has one) to fire on the fact's prompt — bare,
 behind the model-written prefixes, and in the words `facts.rewrites` gives — and to stay shut on
 the subject's other relations asked the same ways, on the same question about the subject's nearest
-subjects and the decoys, and on the queries of the query neurons already in place. The value is
-optimised at the last token (value.py, `at_last`): nothing else needs holding there, because the
-gate is shut wherever else the value could be read.
+subjects and the decoys, and on the queries of the query neurons already in place. Its up is a
+second direction, 1 on the same texts and 0 on the same question asked of other subjects (the
+batch's included): where the gate half-opens on another subject's question, little is written. The
+value is optimised at the last token (value.py, `at_last`): nothing else needs holding there,
+because the gate is shut wherever else the value could be read.
 """
 
 from __future__ import annotations
@@ -52,6 +54,11 @@ QUERY_THRESHOLD = 0.3
 # the last token of short openings of it (a short prompt's last token is read otherwise than a long
 # text's: "A week has seven" opened a capital's neuron at a quarter of its value)
 GENERIC_CHUNKS, GENERIC_OPENINGS = 2, 128
+# A batch's questions asked about its other subjects (at most this many in all), which its up direction
+# is held at 0 on: a gate opened at 0.91 by "Tunisia's capital is" for Chile's capital when both were
+# edited in one INSERT (an edited subject is never another's automatic neighbour), and a gate held shut
+# there as well grew long enough to open on 17% of ordinary tokens
+CROSSINGS, CROSSINGS_PER_FACT = 4096, 128
 
 
 def generic_inputs(model: Model, layer: int, n_chunks: int = GENERIC_CHUNKS,
@@ -117,14 +124,32 @@ def other_queries(fact: Fact, relations: Sequence[str] | None) -> list[str]:
     return [q for q in dict.fromkeys([*relations, fact.subject]) if q != fact.prompt]
 
 
+def batch_crossings(facts: Sequence[Fact], also: Sequence[str] = (), limit: int = CROSSINGS) -> list[tuple[int, str]]:
+    """(fact index, text): each fact's question (its prompt and extra prompts) asked about the batch's
+    other subjects and the subjects `also` names (edited before). At most `limit` texts, and
+    CROSSINGS_PER_FACT a fact, the other subjects spread evenly when there are more than a fact's share."""
+    subjects = list(dict.fromkeys([*(f.subject for f in facts), *also]))
+    per = max(1, min(CROSSINGS_PER_FACT, limit // max(1, len(facts))))
+    out: list[tuple[int, str]] = []
+    for j, f in enumerate(facts):
+        others = [s for s in subjects if s != f.subject]
+        if len(others) > per:
+            others = [others[int(i)] for i in np.linspace(0, len(others) - 1, per).round()]
+        budget = max(1, per // max(1, len(others)))  # texts a subject when the fact has several prompts
+        forms = [p for p in (f.prompt, *f.prompts) if f.keyed in p][:budget]
+        out += [(j, t) for t in dict.fromkeys(p.replace(f.keyed, s, 1) for s in others for p in forms)]
+    return out[:limit]
+
+
 def plan_query_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, input_metric: KeyMetric, first: int,
                            decoys: Sequence[str], neighbours: Mapping[str, Sequence[str]] | None = None,
                            holds: Mapping[str, Sequence[str]] | None = None, earlier: Sequence[str] = (),
-                           n_prefixes: int = N_PREFIXES) -> NeuronPlan:
+                           n_prefixes: int = N_PREFIXES, edited: Sequence[str] = ()) -> NeuronPlan:
     """Compute (do not apply) one query neuron per fact at `layer`. `decoys` and `neighbours` (per
     subject): subjects the fact's question is held shut for; `holds`: per subject, prompts about its
     other relations (else every other probe template is asked); `earlier`: queries of the neurons
-    already in place at the layer, held where a new neuron comes near them."""
+    already in place at the layer, held where a new neuron comes near them; `edited`: subjects of the
+    neurons already in place, the fact's question asked of them held at 0 by the up direction."""
     check_plan(model, facts, layer)
     t0 = time.perf_counter()
     prefixes = model_prefixes(model, n_prefixes) if n_prefixes else ()
@@ -155,9 +180,16 @@ def plan_query_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, inpu
     limits = (THRESHOLD_NEAR_OTHERS, QUERY_THRESHOLD) if bias is not None else (NEAR_OTHERS, LEAK)
     directions = neuron_directions(input_metric, fire, held, owners, candidates, *limits,
                                    thresholded=bias is not None)
+    # the neuron's up: 1 on its question, 0 on the same question about the other subjects (neighbours,
+    # decoys, the batch's, whether or not the batch edits theirs too) and on its subject's other
+    # questions, so that where the gate opens on a question about another subject, little is written
+    crossings = batch_crossings(facts, edited)
+    crossed = query_inputs(model, layer, [t for _, t in crossings])
+    ups = neuron_directions(input_metric, fire, np.concatenate([held[:, :-1], crossed], axis=1),
+                            [*owners[:-1], *(j for j, _ in crossings)], None, 0, np.inf)
     features = list(range(first, first + len(facts)))
-    ops = [neuron_op(model, layer, feature, neuron_gate(g, x_fire, bias, QUERY_THRESHOLD), g, value.deltas[layer],
+    ops = [neuron_op(model, layer, feature, neuron_gate(g, x_fire, bias, QUERY_THRESHOLD), up, value.deltas[layer],
                      fact, fact.label)
-           for fact, value, feature, g, x_fire in zip(facts, values, features, directions, fire)]
+           for fact, value, feature, g, up, x_fire in zip(facts, values, features, directions, ups, fire)]
     return NeuronPlan(tuple(facts), layer, tuple(ops), tuple(features), tuple(values), len(held_texts),
                       time.perf_counter() - t0)

@@ -199,7 +199,8 @@ def record_query_neurons(r: EditRequest, layer: int) -> Recorded:
     holds = holds_of(replace(r, facts=facts, hold_objects=False), subjects, {s: s for s in subjects})
     metric = key_metrics(model, [layer], stats_dir(v), r.stats_tokens, point="input")[layer]
     plan = plan_query_neuron_edit(model, facts, layer, metric, v.overlay.next_feature(layer), r.decoy_subjects,
-                                  holds.near, holds.relations, n_prefixes=neuron_prefixes(len(subjects)))
+                                  holds.near, holds.relations, n_prefixes=neuron_prefixes(len(subjects)),
+                                  edited=neuron_subjects(v))
     v.patches.record_all(list(plan.ops))
     return Recorded((layer,), list(r.facts))
 
