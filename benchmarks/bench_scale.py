@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="keep the models already in the results file that this run does not measure")
     args = ap.parse_args(argv)
 
-    from larql.cli.benchmark import llama_cpp_version, machine
+    from larql.cli.benchmark import llama_cpp_system, llama_cpp_version, machine
     from larql.model.load import resolve
 
     models: list[tuple[str, str, Path]] = [] if args.no_bundled else [("gemma3-270m", "gemma3-270m",
@@ -204,9 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                               "prompt": args.prompt, "decode": args.decode, "rounds": args.rounds,
                               "run_tokens": args.run_tokens, "quant": args.type, "models": []}
     if version is not None:  # how llama.cpp was built: the ISA its CPU backend uses
-        import llama_cpp
-
-        result["llama_cpp_system"] = llama_cpp.llama_print_system_info().decode().strip()
+        result["llama_cpp_system"] = llama_cpp_system()
     if args.append and (RESULTS / f"{args.name}.json").is_file():
         old = json.loads((RESULTS / f"{args.name}.json").read_text())
         kept = [m for m in old["models"] if m["model"] not in {label for label, _, _ in models}]

@@ -524,6 +524,61 @@ def render_runtime_runs() -> str:
             + _source(*RUNTIME_RUNS))
 
 
+# `larql bench` runs per x86 tier on the same AVX-512 machine, both engines compiled for that tier
+# (larql's numba kernels for haswell, llama-cpp-python without AVX-512): the speed on older CPUs; at
+# every core and at one thread (where llama.cpp's threads cannot spin-wait for a busy core).
+RUNTIME_TIER_RUNS = ("runtime-avx512-tier", "runtime-avx2-tier", "runtime-avx512-tier-1thread",
+                     "runtime-avx2-tier-1thread")
+_PEER_TIERS = {"avx512vnni": "AVX-512 VNNI build", "avx512": "AVX-512 build", "avxvnni": "AVX-VNNI build",
+               "avx2": "AVX2 build (no AVX-512)", "other": "build without AVX2"}
+
+
+def _engine_cells(engines: list[dict[str, Any]], model: str, key: str, digits: int) -> str:
+    """larql's figure, llama.cpp's and their ratio for one model and measure (`prefill_tok_s` or
+    `decode_tok_s`), each a median with its range."""
+    rounds = key.replace("_tok_s", "_rounds")
+    cells = []
+    for engine in ("larql", "llama.cpp"):
+        e = next((x for x in engines if x["model"] == model and x["engine"] == engine), None)
+        cells.append(_spread(e[key], e.get(rounds, []), digits) if e else "—")
+    return " | ".join(cells) + f" | **{_ratio(engines, model, key)}**"
+
+
+def render_runtime_tiers() -> str:
+    """larql beside llama.cpp per x86 tier: each row names the CPU, larql's kernel tier and the
+    instruction set llama.cpp was compiled for, as its results file records them."""
+    out = ["| CPU | larql tier | llama.cpp | model | larql prefill tok/s | llama.cpp prefill tok/s | prefill ratio | "
+           "larql decode tok/s | llama.cpp decode tok/s | decode ratio | load average (start, end) |",
+           "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    settings, busy = set(), False
+    for name in RUNTIME_TIER_RUNS:
+        d = _load(name)
+        m, engines = d["machine"], d["engines"]
+        tier = _tier_label(m, d) or "not recorded"
+        if m.get("numba_cpu"):
+            tier += f" (numba built for {m['numba_cpu']})"
+        peer = _PEER_TIERS.get(d.get("llama_cpp_tier", ""), "build not recorded")
+        load = f"{m['load_average'][0]:.2f}, {d['load_average_end'][0]:.2f}" if "load_average_end" in d else \
+            f"{m['load_average'][0]:.2f}"
+        settings.add((d["prompt"], d["decode"], d.get("rounds", 1), d.get("llama_cpp")))
+        busy = busy or max(m["load_average"][0], d.get("load_average_end", [0])[0]) > m["cpus"]
+        for model in dict.fromkeys(e["model"] for e in engines):
+            threads = f"{m['threads']} thread" + ("s" if m["threads"] != 1 else "")
+            out.append(f"| {m['cpu']}, {m['cpus']} cpus, {threads} | {tier} | {peer} | {model} | "
+                       f"{_engine_cells(engines, model, 'prefill_tok_s', 0)} | "
+                       f"{_engine_cells(engines, model, 'decode_tok_s', 1)} | {load} |")
+    how = "; ".join(f"prefill of a {p}-token prompt, {n} greedy decode steps, medians of {r} rounds with the two "
+                    f"engines in turn (lowest-highest round in brackets), llama-cpp-python {v}"
+                    for p, n, r, v in sorted(settings, key=str))
+    return ("\n".join(out) + f"\n\nEach row's CPU, larql tier and llama.cpp build as its results file records them "
+            f"(`machine`, `llama_cpp_system`); {how}. A ratio above 1x: larql is faster. "
+            + ("More runnable tasks than cpus during some of these runs (the load average column): with every "
+               "core, llama.cpp's threads wait for each other by spinning and a busy machine slows it more than "
+               "larql, whose decode runs on one thread while other processes run; the one-thread rows have no "
+               "such wait, so compare the tiers by those. " if busy else "")
+            + _source(*RUNTIME_TIER_RUNS))
+
+
 TIERS_RUN = "tiers"
 
 
@@ -585,6 +640,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "tiers": render_tiers,
     "runtime": render_runtime,
     "runtime-runs": render_runtime_runs,
+    "runtime-tiers": render_runtime_tiers,
     "editing-methods": render_editing_methods,
     "editing-scale": render_editing_scale,
     "editing-smollm2-methods": render_editing_smollm2_methods,

@@ -111,6 +111,30 @@ def llama_cpp_version() -> str | None:
     return str(getattr(llama_cpp, "__version__", "?"))
 
 
+def llama_cpp_system() -> str | None:
+    """How the installed llama.cpp was built (`llama_print_system_info`: "CPU : SSE3 = 1 | ... | AVX512 = 0
+    | ..."), or None when llama-cpp-python is not installed. The benchmark's child process imports the
+    same build (it inherits this environment), so this names the instruction set the peer ran."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    return str(llama_cpp.llama_print_system_info().decode().strip())
+
+
+def llama_cpp_tier(system: str) -> str:
+    """The widest x86 integer-dot form a llama.cpp build uses, from its system info, in the names of
+    larql's tiers (larql/quant/isa.py) plus "avx512" (AVX-512 without VNNI) and "avxvnni" (the VEX
+    VNNI of client CPUs); "other" for a build with none of them (e.g. ARM, or SSE only)."""
+    # "CPU : SSE3 = 1 | AVX2 = 1 | ...": the backend's name prefixes the first flag
+    flags = {k.split(":")[-1].strip(): v.strip() == "1" for k, _, v in
+             (part.partition("=") for part in system.split("|")) if v.strip()}
+    for flag, tier in (("AVX512_VNNI", "avx512vnni"), ("AVX512", "avx512"), ("AVX_VNNI", "avxvnni"), ("AVX2", "avx2")):
+        if flags.get(flag):
+            return tier
+    return "other"
+
+
 def llama_last_logits(llm: Any) -> Any:
     """llama-cpp-python's logits for the last evaluated token. `Llama.scores` stays zero unless
     logits_all=True (sampling moved into its sampler), and logits_all would make llama.cpp compute
@@ -169,9 +193,10 @@ def run_bench(models: Sequence[str], n_prompt: int, n_decode: int, peers: bool =
     (larql, then llama.cpp, then larql again...: on a shared machine the neighbours' load moves both
     alike within a round), each engine's figures the medians over its rounds.
 
-    Returns {"machine", "prompt", "decode", "rounds", "llama_cpp" (version or None), "engines":
-    [EngineSpeed as dicts], "peer_errors": {model: why llama.cpp could not load or run it},
-    "load_average_end"} (the machine's load average at the start is in "machine").
+    Returns {"machine", "prompt", "decode", "rounds", "llama_cpp" (version or None), "llama_cpp_system"
+    and "llama_cpp_tier" (how that build was compiled, when measured), "engines": [EngineSpeed as
+    dicts], "peer_errors": {model: why llama.cpp could not load or run it}, "load_average_end"} (the
+    machine's load average at the start is in "machine").
 
     Example:
         >>> r = run_bench(["smollm2-135m"], n_prompt=64, n_decode=16)
@@ -205,7 +230,10 @@ def run_bench(models: Sequence[str], n_prompt: int, n_decode: int, peers: bool =
         engines.append(_medians(ours))
         if theirs and key not in peer_errors:
             engines.append(_medians(theirs))
-    return {"machine": info, "prompt": n_prompt, "decode": n_decode, "rounds": rounds, "llama_cpp": version,
+    # the peer's instruction set: a llama.cpp built for an older CPU (no AVX-512, say) runs that tier here
+    system = llama_cpp_system() if version is not None else None
+    build = {"llama_cpp_system": system, "llama_cpp_tier": llama_cpp_tier(system)} if system else {}
+    return {"machine": info, "prompt": n_prompt, "decode": n_decode, "rounds": rounds, "llama_cpp": version, **build,
             "engines": [asdict(e) for e in engines], "peer_errors": peer_errors,
             "load_average_end": [round(x, 2) for x in os.getloadavg()]}
 
@@ -233,6 +261,9 @@ def describe_run(result: dict[str, Any]) -> str:
     m = result["machine"]
     rounds = result.get("rounds", 1)
     over = f", medians of {rounds} rounds in turn" if rounds > 1 else ""
+    tiers = f", larql tier {m['isa']}" if "isa" in m else ""
+    if "llama_cpp_tier" in result:
+        tiers += f", llama.cpp built for {result['llama_cpp_tier']}"
     return (f"prefill {result['prompt']} tokens, greedy decode {result['decode']} tokens{over}; {m['cpu']}, "
-            f"{m['cpus']} cpus, {m['threads']} threads, load average {m['load_average'][0]}"
+            f"{m['cpus']} cpus, {m['threads']} threads{tiers}, load average {m['load_average'][0]}"
             + (f" -> {result['load_average_end'][0]}" if "load_average_end" in result else ""))

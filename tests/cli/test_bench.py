@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from larql.cli.benchmark import LLAMA_CPP_INSTALL, describe_run, llama_cpp_version, table
+from larql.cli.benchmark import LLAMA_CPP_INSTALL, describe_run, llama_cpp_tier, llama_cpp_version, table
 from tests.cli.conftest import larql
 
 
@@ -22,6 +22,7 @@ def test_bench_prints_the_speed_table(tiny_gguf: Path, tmp_path: Path) -> None:
     assert {"platform", "cpu", "cpus", "isa", "threads", "load_average"} <= set(saved["machine"])
     assert saved["engines"][0]["decode_tok_s"] > 0 and saved["engines"][0]["prefill_tok_s"] > 0
     if llama_cpp_version() is None:
+        assert "llama_cpp_system" not in saved
         assert r.stderr.strip().endswith(f"llama-cpp-python is not installed ({LLAMA_CPP_INSTALL})")
         assert len(saved["engines"]) == 1
     elif saved["peer_errors"]:  # llama.cpp did not load the tiny model: said, and larql's row kept
@@ -29,6 +30,8 @@ def test_bench_prints_the_speed_table(tiny_gguf: Path, tmp_path: Path) -> None:
         assert [e["engine"] for e in saved["engines"]] == ["larql"]
     else:
         assert [e["engine"] for e in saved["engines"]] == ["larql", "llama.cpp"]
+    if llama_cpp_version() is not None:  # the peer's build is recorded beside its figures
+        assert saved["llama_cpp_tier"] in {"avx512vnni", "avx512", "avxvnni", "avx2", "other"}
 
 
 def test_bench_json_and_bad_arguments(tiny_gguf: Path) -> None:
@@ -64,6 +67,21 @@ def test_the_table_shows_the_rounds_spread() -> None:
              "prefill_rounds": [600.0], "decode_rounds": [50.0]}]
     assert table(rows).splitlines()[2:] == ["| m | larql | 400 (390-410) | 55.0 (50.0-60.0) | 1.10x |",
                                             "| m | llama.cpp | 600 | 50.0 | 1.00x |"]
+
+
+def test_the_peer_build_is_named_by_its_widest_int8_form() -> None:
+    """A llama.cpp compiled without AVX-512 on an AVX-512 machine runs its AVX2 kernels: the results
+    file says so from the build's system info, not from the CPU."""
+    native = ("CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 1 | "
+              "AVX512_VBMI = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 |")
+    avx2 = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 |"
+    assert llama_cpp_tier(native) == "avx512vnni" and llama_cpp_tier(avx2) == "avx2"
+    assert llama_cpp_tier("CPU : AVX2 = 1 | AVX512 = 0 | AVX512_VNNI = 0 |") == "avx2"
+    assert llama_cpp_tier("CPU : AVX2 = 1 | AVX512 = 1 |") == "avx512"
+    assert llama_cpp_tier("CPU : NEON = 1 | ARM_FMA = 1 | DOTPROD = 1 |") == "other"
+    result = {"machine": {"cpu": "c", "cpus": 2, "threads": 2, "isa": "avx2", "load_average": [1.0]},
+              "prompt": 16, "decode": 4, "llama_cpp_tier": "avx2"}
+    assert "threads, larql tier avx2, llama.cpp built for avx2, load average" in describe_run(result)
 
 
 def test_llama_cpp_failing_in_its_process_is_one_error(tmp_path: Path) -> None:
