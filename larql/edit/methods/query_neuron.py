@@ -180,16 +180,19 @@ def plan_query_neuron_edit(model: Model, facts: Sequence[Fact], layer: int, inpu
     limits = (THRESHOLD_NEAR_OTHERS, QUERY_THRESHOLD) if bias is not None else (NEAR_OTHERS, LEAK)
     directions = neuron_directions(input_metric, fire, held, owners, candidates, *limits,
                                    thresholded=bias is not None)
+    gates = [neuron_gate(g, x_fire, bias, QUERY_THRESHOLD) for g, x_fire in zip(directions, fire)]
     # the neuron's up: 1 on its question, 0 on the same question about the other subjects (neighbours,
-    # decoys, the batch's, whether or not the batch edits theirs too) and on its subject's other
-    # questions, so that where the gate opens on a question about another subject, little is written
+    # decoys, the batch's, whether or not the batch edits theirs too), on its subject's other questions
+    # and on the ordinary text where its gate still opens, so that where the gate opens on anything
+    # but its question, little is written
     crossings = batch_crossings(facts, edited)
     crossed = query_inputs(model, layer, [t for _, t in crossings])
-    ups = neuron_directions(input_metric, fire, np.concatenate([held[:, :-1], crossed], axis=1),
-                            [*owners[:-1], *(j for j, _ in crossings)], None, 0, np.inf)
+    opened = [(j, k) for j, gate in enumerate(gates) for k in np.flatnonzero(gate @ candidates > 0)]
+    ups = neuron_directions(input_metric, fire,
+                            np.concatenate([held[:, :-1], crossed, candidates[:, [k for _, k in opened]]], axis=1),
+                            [*owners[:-1], *(j for j, _ in crossings), *(j for j, _ in opened)], None, 0, np.inf)
     features = list(range(first, first + len(facts)))
-    ops = [neuron_op(model, layer, feature, neuron_gate(g, x_fire, bias, QUERY_THRESHOLD), up, value.deltas[layer],
-                     fact, fact.label)
-           for fact, value, feature, g, up, x_fire in zip(facts, values, features, directions, ups, fire)]
+    ops = [neuron_op(model, layer, feature, gate, up, value.deltas[layer], fact, fact.label)
+           for fact, value, feature, gate, up in zip(facts, values, features, gates, ups)]
     return NeuronPlan(tuple(facts), layer, tuple(ops), tuple(features), tuple(values), len(held_texts),
                       time.perf_counter() - t0)
