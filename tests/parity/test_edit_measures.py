@@ -13,10 +13,11 @@ from larql.edit.measure.generation import greedy_continuations
 from larql.edit.measure.perplexity import held_out_text, perplexity, windows
 from larql.edit.measure.scoring import Scorer
 from larql.model.generate import log_softmax
+from larql.model.model import Model
 from larql.model.targets import target_ids
 
 
-def test_perplexity_is_exp_mean_nll_of_full_logits(gemma) -> None:
+def test_perplexity_is_exp_mean_nll_of_full_logits(gemma: Model) -> None:
     text = held_out_text()[:250]
     got = perplexity(gemma, text, window=32, piece=8)  # several windows, each in several cached pieces
     nlls = []
@@ -32,13 +33,13 @@ def test_perplexity_is_exp_mean_nll_of_full_logits(gemma) -> None:
     assert len(windows(gemma, text, 32)) > 1 and all(len(w) == 32 for w in windows(gemma, text, 32)[:-1])
 
 
-def test_greedy_continuations_are_generate(gemma) -> None:
+def test_greedy_continuations_are_generate(gemma: Model) -> None:
     prompts = ["The capital of France is", "Bees make", "The Mona Lisa was painted by"]
     got = greedy_continuations(gemma, prompts, max_new_tokens=6, batch=2)  # two batches
     assert got == [gemma.generate(p, max_new_tokens=6).text for p in prompts]
 
 
-def test_scores_are_the_float64_softmax_and_gen_its_own_generation(gemma) -> None:
+def test_scores_are_the_float64_softmax_and_gen_its_own_generation(gemma: Model) -> None:
     # the records' scores as computed before the WILD continuation served GEN and the softmax ran in
     # float32: GEN from its own 8-token generation, log-probabilities from float64 log-softmax rows
     recs = [EditRecord("gold", "The chemical symbol for gold is", " Au", target_true=" Ag"),
