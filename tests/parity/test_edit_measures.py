@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from larql.edit.measure.evaluate import GEN_TOKENS, EditRecord, score_records
-from larql.edit.measure.generation import greedy_continuations
+from larql.edit.measure.generation import greedy_continuations, greedy_ids
 from larql.edit.measure.perplexity import held_out_text, perplexity, windows
 from larql.edit.measure.scoring import Scorer
 from larql.model.generate import log_softmax
@@ -37,6 +37,9 @@ def test_greedy_continuations_are_generate(gemma: Model) -> None:
     prompts = ["The capital of France is", "Bees make", "The Mona Lisa was painted by"]
     got = greedy_continuations(gemma, prompts, max_new_tokens=6, batch=2)  # two batches
     assert got == [gemma.generate(p, max_new_tokens=6).text for p in prompts]
+    sc = Scorer(gemma)  # continued from the teacher-forced prompt passes, as score_records does
+    sc.prefetch([(prompts[0], " Paris")], greedy=prompts, max_new_tokens=6)
+    assert [sc.continuation(p) for p in prompts] == greedy_ids(gemma, prompts, max_new_tokens=6)
 
 
 def test_scores_are_the_float64_softmax_and_gen_its_own_generation(gemma: Model) -> None:

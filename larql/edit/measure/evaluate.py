@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.measure.generation import continuation_text, greedy_ids, wild_hit
+from larql.edit.measure.generation import continuation_text, wild_hit
 from larql.edit.measure.perplexity import perplexity
 from larql.edit.measure.scoring import Scorer
 from larql.edit.methods.facts import Fact, model_prefixes
@@ -189,13 +189,13 @@ def _pairs(rec: EditRecord, prefixes: Sequence[str]) -> list[tuple[str, str]]:
 
 
 def score_records(model: Model, records: Sequence[EditRecord], prefixes: Sequence[str]) -> list[EditScores]:
-    """Each record's scores, every prompt scored in batches (Scorer.prefetch) and every greedy
-    continuation generated together: the prompt's, once, serves both GEN (its first GEN_TOKENS
-    tokens) and gen_ES."""
+    """Each record's scores, every prompt scored in batches (Scorer.prefetch), which also continues
+    each prompt greedily from its pass (the WILD continuations); the prompt's own continuation
+    serves both GEN (its first GEN_TOKENS tokens) and gen_ES."""
     sc = Scorer(model)
-    sc.prefetch(pair for rec in records for pair in _pairs(rec, prefixes))
     wild_prompts = [p for rec in records for p in [rec.prompt, *_paraphrases(rec, prefixes)]]
-    wild = iter(greedy_ids(model, wild_prompts))
+    sc.prefetch((pair for rec in records for pair in _pairs(rec, prefixes)), greedy=wild_prompts)
+    wild = iter([sc.continuation(p) for p in wild_prompts])
     out = []
     for rec in records:
         s = EditScores()

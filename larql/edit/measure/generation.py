@@ -12,6 +12,7 @@ import re
 from collections.abc import Sequence
 from functools import lru_cache
 
+from larql.model.attention import KVCache
 from larql.model.model import Model
 
 WILD_TOKENS = 10  # new tokens per continuation: room for a multi-token answer after a short lead-in
@@ -26,22 +27,32 @@ def greedy_ids(model: Model, prompts: Sequence[str], max_new_tokens: int = WILD_
     kept, as `Model.generate_batch` keeps it), `batch` prompts stepped together through
     `Model.next_top1_batch` (the exact argmax)."""
     out: list[list[int]] = []
-    eos = set(model.tokenizer.eos_ids)
     for at in range(0, len(prompts), batch):
         ids = [model.tokenize(p) for p in prompts[at: at + batch]]
-        caches = [model.new_cache(len(p) + max_new_tokens) for p in ids]
-        new: list[list[int]] = [[] for _ in ids]
-        running, feed = list(range(len(ids))), ids
-        for _ in range(max_new_tokens):
-            if not running:
-                break
-            tops, _ = model.next_top1_batch(feed, [caches[b] for b in running])
-            for b, tok in zip(running, tops):
-                new[b].append(int(tok))
-            running = [b for b in running if new[b][-1] not in eos]
-            feed = [[new[b][-1]] for b in running]
-        out += new
+        out += continue_greedily(model, ids, [model.new_cache(len(p) + max_new_tokens) for p in ids],
+                                 [[] for _ in ids], max_new_tokens)
     return out
+
+
+def continue_greedily(model: Model, feed: list[list[int]], caches: list[KVCache], new: list[list[int]],
+                      max_new_tokens: int) -> list[list[int]]:
+    """Greedy continuations stepped together: sequence b runs `feed[b]` after what `caches[b]` holds,
+    its tokens chosen so far being `new[b]` (whose last is `feed[b]` where there is one), until it has
+    `max_new_tokens` of them or an EOS. Returns `new`, extended."""
+    eos = set(model.tokenizer.eos_ids)
+
+    def going(b: int) -> bool:
+        return len(new[b]) < max_new_tokens and not (new[b] and new[b][-1] in eos)
+
+    running = [b for b in range(len(new)) if going(b)]
+    feed = [feed[b] for b in running]
+    while running:
+        tops, _ = model.next_top1_batch(feed, [caches[b] for b in running])
+        for b, tok in zip(running, tops):
+            new[b].append(int(tok))
+        running = [b for b in running if going(b)]
+        feed = [[new[b][-1]] for b in running]
+    return new
 
 
 def continuation_text(model: Model, ids: Sequence[int]) -> str:

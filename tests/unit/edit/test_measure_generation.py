@@ -9,7 +9,7 @@ import pytest
 
 from larql.edit.measure.evaluate import GEN_TOKENS, EditRecord, score_records
 from larql.edit.measure.generation import WILD_TOKENS, greedy_continuations, greedy_ids
-from larql.edit.measure.scoring import nll
+from larql.edit.measure.scoring import Scorer, nll
 from larql.edit.state.view import edit_vindex
 from larql.model.model import Model
 from tests.synthetic import TinySpec, tiny_vindex
@@ -56,3 +56,15 @@ def test_float32_nll_is_the_float64_log_softmax() -> None:
     np.testing.assert_allclose(nll(logits, want), ref, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(logits, kept)  # left alone without overwrite
     np.testing.assert_allclose(nll(logits, want, overwrite=True), ref, rtol=1e-6, atol=1e-6)
+
+
+def test_scorer_continues_its_prompts_as_greedy_generation(model: Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    import larql.edit.measure.scoring as scoring
+
+    monkeypatch.setattr(scoring, "BATCH", 2)  # continuations stepped in several batches, one left over
+    monkeypatch.setattr(scoring, "BATCH_ROWS", 4)  # and started from several prompt passes
+    sc = Scorer(model)
+    asked = [*PROMPTS, PROMPTS[0]]  # one asked twice: continued once
+    sc.prefetch([(PROMPTS[1], "x"), (PROMPTS[2], "blue")], greedy=asked)
+    assert [sc.continuation(p) for p in asked] == [*greedy_ids(model, PROMPTS), greedy_ids(model, PROMPTS[:1])[0]]
+    assert sc.token_logps(PROMPTS[1], "x")  # the pairs scored beside them
