@@ -25,13 +25,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-from bench_editing import machine
-from results_file import save_results
-
 import larql.threads
 
-larql.threads.configure()  # BLAS gets one thread on a busy machine (bench_editing.py says why)
+larql.threads.configure()  # before numpy starts OpenBLAS, whose pool sizes itself once: one thread on a busy machine
+
+import numpy as np  # noqa: E402
+from bench_editing import machine  # noqa: E402
+from results_file import save_results  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "fictional_1000.json"
 COLUMNS = ("ES", "PS", "NS", "gen_ES", "gen_PS", "unrelated_top1_kept", "perplexity", "perplexity_change")

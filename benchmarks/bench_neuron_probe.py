@@ -19,12 +19,13 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
-from results_file import save_results
-
 import larql.threads
 
-larql.threads.configure()
+larql.threads.configure()  # before numpy starts OpenBLAS, whose pool sizes itself once: one thread on a busy machine
+
+import numpy as np  # noqa: E402
+from results_file import save_results  # noqa: E402
+
 OPEN = 0.2  # of the activation a neuron was built to reach at its subject
 
 

@@ -15,12 +15,12 @@ import argparse
 import os
 import platform
 
-import numpy as np
-from results_file import save_results
-
 import larql.threads
 
-larql.threads.configure()
+larql.threads.configure()  # before numpy starts OpenBLAS, whose pool sizes itself once: one thread on a busy machine
+
+import numpy as np  # noqa: E402
+from results_file import save_results  # noqa: E402
 
 
 def main() -> None:

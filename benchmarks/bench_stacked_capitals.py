@@ -15,12 +15,12 @@ import os
 import platform
 import time
 
-import numpy as np
-from results_file import save_results
-
 import larql.threads
 
-larql.threads.configure()
+larql.threads.configure()  # before numpy starts OpenBLAS, whose pool sizes itself once: one thread on a busy machine
+
+import numpy as np  # noqa: E402
+from results_file import save_results  # noqa: E402
 
 # (country, new capital): every new capital is another country's real one
 EDITS = (("Japan", "Warsaw"), ("France", "Rome"), ("Spain", "Cairo"), ("Canada", "Madrid"), ("Egypt", "Ottawa"),

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +85,27 @@ def test_user_environ_is_the_environment_before_configure() -> None:
     ours, users = json.loads(r.stdout)
     assert ours == ["3000", "1", "1", "x"], r.stderr
     assert users == [None, "5", None, "x"]
+
+
+def _imports_numpy(node: ast.stmt) -> bool:
+    if isinstance(node, ast.Import):
+        return any(a.name.split(".")[0] == "numpy" for a in node.names)
+    return isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "numpy"
+
+
+def _calls_configure(node: ast.stmt) -> bool:
+    return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+            and ast.unparse(node.value.func) in ("configure", "larql.threads.configure"))
+
+
+def test_benchmarks_configure_threads_before_numpy_loads() -> None:
+    # OpenBLAS sizes its pool when numpy is imported: a benchmark that imports numpy before its
+    # configure() runs BLAS on every core on a busy machine (2-3x slower edit scoring at load 6)
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    late = []
+    for path in sorted(bench.glob("*.py")):
+        body = ast.parse(path.read_text(encoding="utf-8")).body
+        at = next((i for i, node in enumerate(body) if _calls_configure(node)), None)
+        if at is not None and any(_imports_numpy(node) for node in body[:at]):
+            late.append(path.name)
+    assert late == []

@@ -367,13 +367,13 @@ def render_editing_relations() -> str:
     return text + _source("editing-relations-query", "editing-relations-query-stacked", "editing-relations-single")
 
 
-def render_edit_stream() -> str:
+def render_edit_stream(name: str = "edit-stream") -> str:
     """A stream of INSERT statements in one session: the first edits' scores after each checkpoint,
     teacher-forced and by generation, held-out perplexity, and the time per INSERT as the stream grows."""
-    d = _load("edit-stream")
+    d = _load(name)
     out = ["| edits made | first edits scored | ES | PS | NS | gen_ES | gen_PS | unrelated top-1 kept | "
-           "held-out perplexity (change) | s per INSERT since the row above | load average |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "held-out perplexity (change) | s per INSERT since the row above | s to score the row | load average |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in [d["unedited"], *d["checkpoints"]]:
         change = f" ({r['perplexity_change']:+.2f}%)" if r.get("perplexity_change") is not None else ""
         before = r.get("unedited_same_edits") or {}  # NS of the same edits' prompts before any edit
@@ -381,7 +381,7 @@ def render_edit_stream() -> str:
         out.append(f"| {r['after']:,} | {r['scored']} | {_f(r['ES'])} | {_f(r['PS'])} | {ns} | "
                    f"{_f(r['gen_ES'])} | {_f(r['gen_PS'])} | {_f(r.get('unrelated_top1_kept'))}% | "
                    f"{_f(r.get('perplexity'), 2)}{change} | {_f(r.get('insert_seconds_mean'))} | "
-                   f"{_f(r['load_average'][0])} |")
+                   f"{_f(r.get('scoring_seconds'), 0)} | {_f(r['load_average'][0])} |")
     slope = d.get("insert_seconds_slope")
     secs = d["insert_seconds"]
     text = (f"{d['model']}, METHOD {d['method'].upper()}, `benchmarks/data/{d['data']}`, each edit its own INSERT "
@@ -396,7 +396,7 @@ def render_edit_stream() -> str:
                  f"({_tier(d['machine'], d)})")
         cpu = d.get("insert_cpu_seconds_slope")
         text += (f"; in CPU seconds of the process, {cpu:+.3f} s per earlier edit. " if cpu is not None else ". ")
-    return text + _source("edit-stream")
+    return text + _source(name)
 
 
 def _g(x: float) -> str:
@@ -647,6 +647,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "editing-relations": render_editing_relations,
     "stacked-capitals": render_stacked_capitals,
     "edit-stream": render_edit_stream,
+    "edit-stream-smollm2": lambda: render_edit_stream("edit-stream-smollm2"),
     "fuzz": render_fuzz,
     "sae-lens": render_sae_lens,
     "http-routes": lambda: render_routes()[0],

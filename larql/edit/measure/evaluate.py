@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from larql.edit.measure.generation import greedy_continuations, wild_hit
+from larql.edit.measure.generation import continuation_text, wild_hit
 from larql.edit.measure.perplexity import perplexity
 from larql.edit.measure.scoring import Scorer
 from larql.edit.methods.facts import Fact, model_prefixes
@@ -55,7 +55,7 @@ from larql.model.model import Model
 F32 = NDArray[np.float32]
 EVAL_PREFIX_SEED = 1  # the edit optimises on facts.PREFIX_SEED's prefixes; these are others
 EVAL_PREFIXES = 3
-GEN_TOKENS = 8
+GEN_TOKENS = 8  # GEN reads the first this many tokens of the prompt's WILD continuation (WILD_TOKENS)
 FLUENCY_TOKENS = 32
 UNRELATED = ("The sun rises in the", "Two plus two equals", "The largest ocean on Earth is the",
              "A dog is a kind of", "The opposite of hot is", "Water freezes at zero degrees",
@@ -189,18 +189,20 @@ def _pairs(rec: EditRecord, prefixes: Sequence[str]) -> list[tuple[str, str]]:
 
 
 def score_records(model: Model, records: Sequence[EditRecord], prefixes: Sequence[str]) -> list[EditScores]:
-    """Each record's scores, every prompt scored in batches (Scorer.prefetch) and the GEN
-    continuations generated together."""
+    """Each record's scores, every prompt scored in batches (Scorer.prefetch), which also continues
+    each prompt greedily from its pass (the WILD continuations); the prompt's own continuation
+    serves both GEN (its first GEN_TOKENS tokens) and gen_ES."""
     sc = Scorer(model)
-    sc.prefetch(pair for rec in records for pair in _pairs(rec, prefixes))
-    gens = model.generate_batch([model.tokenize(r.prompt) for r in records], GEN_TOKENS)
     wild_prompts = [p for rec in records for p in [rec.prompt, *_paraphrases(rec, prefixes)]]
-    wild = iter(greedy_continuations(model, wild_prompts))
+    sc.prefetch((pair for rec in records for pair in _pairs(rec, prefixes)), greedy=wild_prompts)
+    wild = iter([sc.continuation(p) for p in wild_prompts])
     out = []
-    for rec, gen in zip(records, gens):
+    for rec in records:
         s = EditScores()
-        s.gen_es = wild_hit(next(wild), rec.target_new, rec.target_true)
-        s.gen_ps = [wild_hit(next(wild), rec.target_new, rec.target_true) for _ in _paraphrases(rec, prefixes)]
+        gen = next(wild)
+        s.gen_es = wild_hit(continuation_text(model, gen), rec.target_new, rec.target_true)
+        s.gen_ps = [wild_hit(continuation_text(model, next(wild)), rec.target_new, rec.target_true)
+                    for _ in _paraphrases(rec, prefixes)]
         s.acc, s.p_new = _accuracy(sc, rec.prompt, rec.target_new)
         paras = _paraphrases(rec, prefixes)
         for p in paras:
@@ -223,7 +225,7 @@ def score_records(model: Model, records: Sequence[EditRecord], prefixes: Sequenc
             s.rs.append(_compare(sc, prompt, target, rec.target_new).whole)
         for prompt, target in rec.other_relations:
             s.rels.append(float(sc.token_logps(sc.prompt(prompt), target)[0][1]))
-        s.gen = float(rec.target_new.strip().lower() in model.detokenize(gen).lower())
+        s.gen = float(rec.target_new.strip().lower() in model.detokenize(gen[:GEN_TOKENS]).lower())
         out.append(s)
     return out
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from larql.edit.measure.scoring import nll
 from larql.errors import EditError
 from larql.model.model import Model
 
@@ -66,9 +67,6 @@ def perplexity(model: Model, text: str, window: int = WINDOW, piece: int = PIECE
             chunk = ids[start: min(start + piece, len(ids) - 1)]  # the last token predicts nothing
             (logits,) = model.forward_batch([chunk], caches=[cache])  # (len(chunk), vocab)
             want = np.asarray(ids[start + 1: start + 1 + len(chunk)])  # the next token of each row
-            z = logits.astype(np.float64)
-            z -= z.max(axis=1, keepdims=True)
-            lse = np.log(np.exp(z).sum(axis=1))
-            total -= float(np.sum(z[np.arange(len(want)), want] - lse))
+            total += float(np.sum(nll(logits, want, overwrite=True)))
             count += len(want)
     return Perplexity(total / count, count)
