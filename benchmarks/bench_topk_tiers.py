@@ -42,6 +42,19 @@ HASWELL = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fsgsbase,+
 AVX2_BUILD = {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": HASWELL, "OPENBLAS_CORETYPE": "Haswell"}
 TIERS = {"avx512vnni": {}, "avx2": AVX2_BUILD, "float32-avx2": {**AVX2_BUILD, "LARQL_ISA": "float32"}}
 
+# the timed rounds of a kernel child: `top_tokens(tok, wt, 10)` after the setup, `EXTRA` added to its JSON line
+TIMED = """
+wall, cpu, load = [], [], []
+for _ in range(int(sys.argv[1])):
+    load.append(os.getloadavg()[0])
+    t, c = time.perf_counter(), time.process_time()
+    topk.top_tokens(tok, wt, 10)
+    wall.append(time.perf_counter() - t)
+    cpu.append(time.process_time() - c)
+print(json.dumps({"isa": isa.TIER, **EXTRA, "wall_s": wall, "cpu_s": cpu, "median_wall_s": statistics.median(wall),
+                  "median_cpu_s": statistics.median(cpu), "load_before": load}))
+"""
+
 KERNEL = """
 import json, os, statistics, sys, time
 import numpy as np
@@ -52,16 +65,8 @@ u = rng.standard_normal((65536, 640)).astype(np.float32)
 wt = (rng.standard_normal((2048, 640)) * 0.05).astype(np.float32)
 tok = topk.prepare(u)
 topk.top_tokens(tok, wt[:64], 10)
-wall, cpu, load = [], [], []
-for _ in range(int(sys.argv[1])):
-    load.append(os.getloadavg()[0])
-    t, c = time.perf_counter(), time.process_time()
-    topk.top_tokens(tok, wt, 10)
-    wall.append(time.perf_counter() - t)
-    cpu.append(time.process_time() - c)
-print(json.dumps({"isa": isa.TIER, "wall_s": wall, "cpu_s": cpu, "median_wall_s": statistics.median(wall),
-                  "median_cpu_s": statistics.median(cpu), "load_before": load}))
-"""
+EXTRA = {}
+""" + TIMED
 
 REAL_KERNEL = """
 import json, os, statistics, sys, time
@@ -72,16 +77,8 @@ w = load_model("gemma3-270m").weights
 tok = topk.prepare(w.output.dequantize())
 wt = w.layers[9].down.dequantize().T[:512].copy()
 topk.top_tokens(tok, wt[:16], 10)
-wall, cpu, load = [], [], []
-for _ in range(int(sys.argv[1])):
-    load.append(os.getloadavg()[0])
-    t, c = time.perf_counter(), time.process_time()
-    topk.top_tokens(tok, wt, 10)
-    wall.append(time.perf_counter() - t)
-    cpu.append(time.process_time() - c)
-print(json.dumps({"isa": isa.TIER, "threads": 1, "wall_s": wall, "cpu_s": cpu, "median_wall_s": statistics.median(wall),
-                  "median_cpu_s": statistics.median(cpu), "load_before": load}))
-"""
+EXTRA = {"threads": 1}
+""" + TIMED
 ONE_THREAD = {"NUMBA_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}  # CPU seconds are work, not waiting
 
 EXTRACT = """
